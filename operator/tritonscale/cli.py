@@ -1,0 +1,119 @@
+"""The `tritonscale` command line: thin adapters that parse options and delegate.
+
+A user's mistake ends in one line on stderr and a non-zero exit, never a traceback:
+commands raise `click.ClickException` (or an error type listed in `USER_ERRORS`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+import requests
+
+from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+from tritonscale.local_triton import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
+
+# Errors that are the user's to fix (bad input, a busy port, a missing binary): one line.
+USER_ERRORS: tuple[type[Exception], ...] = (LocalTritonError,)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except USER_ERRORS as error:
+            raise click.ClickException(str(error)) from None
+
+
+@click.group(cls=_Group, context_settings={"auto_envvar_prefix": "TRITONSCALE"})
+@click.version_option(package_name="tritonscale")
+def main() -> None:
+    """Tritonscale: Triton async BLS pipelines with instance counts tuned from metrics."""
+
+
+def _stop_on_signals() -> None:
+    """Turn SIGTERM into KeyboardInterrupt so that Ctrl-C and `kill` stop the same way."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+@main.command()
+@click.option(
+    "--model-repository",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_MODEL_REPOSITORY,
+    show_default=True,
+    help="Triton model repository to serve.",
+)
+@click.option("--http-port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=8001, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=8002, show_default=True)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="Load only this model (repeatable); default: every model of the repository.",
+)
+def serve(
+    model_repository: Path,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    models: tuple[str, ...],
+) -> None:
+    """Run a local tritonserver on a model repository until Ctrl-C or SIGTERM."""
+    _stop_on_signals()
+    server = LocalTriton(
+        model_repository,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        models=list(models) or None,
+    )
+    click.echo(f"starting tritonserver on {server.model_repository} ...")
+    try:
+        with server:
+            names = models or _loaded_models(server)
+            click.echo(
+                f"ready in {server.startup_s:.1f} s: {len(names)} models ({', '.join(names)})\n"
+                f"  HTTP    http://{server.http_url}\n"
+                f"  gRPC    {server.grpc_url}\n"
+                f"  metrics {server.metrics_url}"
+            )
+            if os.environ.get(REPOSITORY_KEY_ENV):
+                click.echo(f"model-repository API key: from ${REPOSITORY_KEY_ENV}")
+            else:
+                click.echo(
+                    f"model-repository API key (header {REPOSITORY_KEY_HEADER}): "
+                    f"{server.repository_key}"
+                )
+            while server.is_running():
+                time.sleep(0.5)
+            raise LocalTritonError(
+                f"tritonserver stopped unexpectedly; see its log at {server.log_path}"
+            )
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+
+
+def _loaded_models(server: LocalTriton) -> list[str]:
+    index = requests.post(
+        f"http://{server.http_url}/v2/repository/index",
+        json={"ready": True},
+        headers=server.repository_headers,
+        timeout=5,
+    )
+    index.raise_for_status()
+    return sorted(row["name"] for row in index.json())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

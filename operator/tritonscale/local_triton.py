@@ -1,0 +1,319 @@
+"""A real tritonserver on this machine, from the `nvidia-pytriton` wheel.
+
+`nvidia-pytriton==0.7.0` ships tritonserver 2.51.0 (the NGC 24.10 image's version), the
+Python backend and one backend stub per Python version. `LocalTriton` assembles a private
+backend folder with the stub for the running Python, starts the server in explicit model
+control mode with every model loaded and the model-repository API locked behind a header,
+waits until each model is ready, and stops the whole process group on exit so that no
+stub outlives the server. Tests, the demo, the benchmarks and `tritonscale serve` use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import requests
+
+from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+
+# The source checkout's model repository (operator/tritonscale/ -> repo root / models).
+DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parents[2] / "models"
+
+
+class LocalTritonError(RuntimeError):
+    """The local server could not start or stay up; the message is one line for a person."""
+
+
+def free_port() -> int:
+    """A TCP port that nothing listens on right now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port_is_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+        return False
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+class TritonInstall:
+    """Where the wheel put the server, its libraries, the Python backend and the stubs."""
+
+    def __init__(self) -> None:
+        package = _package_dir("pytriton")
+        if package is None:
+            raise LocalTritonError(
+                "tritonserver not found: install the server extra "
+                "(pip install -e '.[server]', which brings nvidia-pytriton==0.7.0)"
+            )
+        root = package / "tritonserver"
+        self.binary = root / "bin" / "tritonserver"
+        self.python_backend = root / "backends" / "python"
+        self.libraries = package.parent / "nvidia_pytriton.libs"
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        self.stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not self.binary.is_file():
+            raise LocalTritonError(f"tritonserver binary missing at {self.binary}")
+        if not self.stub.is_file():
+            raise LocalTritonError(
+                f"no Python backend stub for Python {version} in nvidia-pytriton "
+                f"(looked for {self.stub}); use a Python it ships a stub for (3.8-3.13)"
+            )
+
+    def make_backend_directory(self, into: Path) -> Path:
+        """A private backend folder: the Python backend plus the stub for this Python.
+
+        The stub must sit beside libtriton_python.so; we link rather than write into
+        site-packages, which may be read-only or shared by several Pythons.
+        """
+        python = into / "python"
+        python.mkdir(parents=True)
+        for item in self.python_backend.iterdir():
+            if item.name != "__pycache__":
+                (python / item.name).symlink_to(item)
+        (python / "triton_python_backend_stub").symlink_to(self.stub)
+        return into
+
+
+class LocalTriton:
+    """A tritonserver process on `model_repository`; use it as a context manager.
+
+    Ports default to Triton's own (8000/8001/8002); pass 0 for a free port each.
+    `models=None` loads every model of the repository (`--load-model=*`).
+    """
+
+    def __init__(
+        self,
+        model_repository: str | os.PathLike[str] = DEFAULT_MODEL_REPOSITORY,
+        *,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        repository_key: str | None = None,
+        models: list[str] | None = None,
+        summary_latencies: bool = True,
+        exit_timeout_s: int = 10,
+        startup_timeout_s: float = 240.0,
+        log_path: str | os.PathLike[str] | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.model_repository = Path(model_repository).resolve()
+        self.http_port = http_port or free_port()
+        self.grpc_port = grpc_port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        self.repository_key = (
+            repository_key or os.environ.get(REPOSITORY_KEY_ENV) or secrets.token_urlsafe(24)
+        )
+        self.models = models
+        self.summary_latencies = summary_latencies
+        self.exit_timeout_s = exit_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.extra_args = list(extra_args or [])
+        self._workdir: Path | None = None
+        self._log_path = Path(log_path) if log_path else None
+        self._log_file = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.startup_s: float | None = None
+
+    # ---- addresses -------------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def repository_headers(self) -> dict[str, str]:
+        """The header that unlocks the model-repository API (load, unload, index)."""
+        return {REPOSITORY_KEY_HEADER: self.repository_key}
+
+    @property
+    def log_path(self) -> Path:
+        assert self._log_path is not None, "the server has not been started"
+        return self._log_path
+
+    # ---- life cycle ------------------------------------------------------------------
+    def command(self, backend_directory: Path) -> list[str]:
+        restricted = f"model-repository:{REPOSITORY_KEY_HEADER}={self.repository_key}"
+        args = [
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backend_directory}",
+            "--model-control-mode=explicit",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--http-restricted-api={restricted}",
+            f"--grpc-restricted-protocol={restricted}",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            # Keep going when one model fails so that we can name it and Triton's reason.
+            "--exit-on-error=false",
+            "--strict-readiness=true",
+        ]
+        if self.summary_latencies:
+            args.append("--metrics-config=summary_latencies=true")
+        if self.models is None:
+            args.append("--load-model=*")
+        else:
+            args += [f"--load-model={name}" for name in self.models]
+        return [str(TritonInstall().binary), *args, *self.extra_args]
+
+    def start(self) -> LocalTriton:
+        if not self.model_repository.is_dir():
+            raise LocalTritonError(f"model repository not found: {self.model_repository}")
+        if not any(entry.is_dir() for entry in self.model_repository.iterdir()):
+            raise LocalTritonError(f"model repository has no models: {self.model_repository}")
+        install = TritonInstall()
+        for name, port in (
+            ("HTTP", self.http_port),
+            ("gRPC", self.grpc_port),
+            ("metrics", self.metrics_port),
+        ):
+            if _port_is_taken(port):
+                raise LocalTritonError(
+                    f"{name} port {port} is already in use (another tritonserver?); "
+                    f"choose another with --{name.lower()}-port"
+                )
+        self._workdir = Path(tempfile.mkdtemp(prefix="tritonscale-"))
+        backends = install.make_backend_directory(self._workdir / "backends")
+        if self._log_path is None:
+            self._log_path = self._workdir / "tritonserver.log"
+        self._log_file = open(self._log_path, "wb")  # noqa: SIM115 - closed in stop()
+
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(install.libraries), env.get("LD_LIBRARY_PATH", "")) if p
+        )
+        # The stub's embedded interpreter takes its prefix from the first python3 on
+        # PATH: put this environment's first so models import its numpy.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            self.command(backends),
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group: stubs die with it
+        )
+        try:
+            self._wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        base = f"http://{self.http_url}"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise LocalTritonError(
+                    f"tritonserver exited with code {self.process.returncode}: {self._last_error()}"
+                )
+            try:
+                index = requests.post(
+                    f"{base}/v2/repository/index",
+                    json={},
+                    headers=self.repository_headers,
+                    timeout=2,
+                )
+            except requests.RequestException:
+                time.sleep(0.25)
+                continue
+            if index.status_code == 200:
+                states = index.json()
+                wanted = self.models
+                rows = [row for row in states if wanted is None or row["name"] in wanted]
+                failed = [row for row in rows if row.get("state") == "UNAVAILABLE"]
+                if failed:
+                    row = failed[0]
+                    # Python backend reasons carry a traceback after the first line.
+                    reason = (row.get("reason") or "no reason given").strip().splitlines()[0]
+                    raise LocalTritonError(
+                        f"model '{row['name']}' failed to load: {reason} (log: {self.log_path})"
+                    )
+                loading = [row for row in rows if row.get("state") != "READY"]
+                if rows and not loading:
+                    return
+            time.sleep(0.25)
+        raise LocalTritonError(
+            f"tritonserver not ready after {self.startup_timeout_s:.0f} s; log: {self.log_path}"
+        )
+
+    def _last_error(self) -> str:
+        """The most telling line of the server's log, for a one-line error."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "no log"
+        for pattern in (r"^E\d+", r"error", r"failed"):
+            hits = [line for line in lines if re.search(pattern, line, re.IGNORECASE)]
+            if hits:
+                return hits[-1].strip()
+        return lines[-1].strip() if lines else "no output"
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM, wait for Triton's own unload timeout, then kill the whole group."""
+        process, self.process = self.process, None
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=self.exit_timeout_s + 10)
+            except subprocess.TimeoutExpired:
+                pass
+            # Stubs are in the server's process group; none may outlive it.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir / "backends", ignore_errors=True)
+
+    def __enter__(self) -> LocalTriton:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

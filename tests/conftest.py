@@ -1,0 +1,21 @@
+"""Shared fixtures: one real tritonserver on models/ for the whole test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall
+
+from tests.tooling import missing
+
+
+@pytest.fixture(scope="session")
+def triton() -> Iterator[LocalTriton]:
+    """A real tritonserver on the project's models/, every model loaded, free ports."""
+    try:
+        TritonInstall()
+    except LocalTritonError as error:
+        missing(str(error))
+    with LocalTriton(http_port=0, grpc_port=0, metrics_port=0) as server:
+        yield server

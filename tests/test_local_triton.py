@@ -1,0 +1,269 @@
+"""The local runtime: a real tritonserver, its errors, its locked repository API, live reloads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+from tritonscale.local_triton import LocalTriton, LocalTritonError, free_port
+
+ECHO_CONFIG = """
+name: "{name}"
+backend: "python"
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+ECHO_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]
+            )
+            for r in requests
+        ]
+"""
+
+
+def write_model(repository: Path, name: str, source: str = ECHO_MODEL) -> None:
+    version = repository / name / "1"
+    version.mkdir(parents=True)
+    (repository / name / "config.pbtxt").write_text(ECHO_CONFIG.format(name=name))
+    (version / "model.py").write_text(source)
+
+
+def add_sub_inputs() -> list[httpclient.InferInput]:
+    inputs = [httpclient.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+    inputs[0].set_data_from_numpy(np.arange(4, dtype=np.float32))
+    inputs[1].set_data_from_numpy(np.ones(4, dtype=np.float32))
+    return inputs
+
+
+def live_instance_count(server: LocalTriton, model: str) -> int:
+    config = requests.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=5).json()
+    return sum(group["count"] for group in config["instance_group"])
+
+
+def load_with_instances(server: LocalTriton, model: str, count: int) -> requests.Response:
+    """The operator's actuation: the live config with only instance_group changed."""
+    config = requests.get(f"http://{server.http_url}/v2/models/{model}/config", timeout=5).json()
+    config["instance_group"] = [{"count": count, "kind": "KIND_CPU"}]
+    return requests.post(
+        f"http://{server.http_url}/v2/repository/models/{model}/load",
+        json={"parameters": {"config": json.dumps(config)}},
+        headers=server.repository_headers,
+        timeout=60,
+    )
+
+
+def stub_processes(model_repository: Path) -> list[str]:
+    """Python backend stubs still running for models of this repository."""
+    found = subprocess.run(
+        ["pgrep", "-a", "-f", f"triton_python_backend_stub {model_repository}"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [line for line in found.splitlines() if line.strip()]
+
+
+class TestStartup:
+    def test_a_model_that_fails_to_load_is_named_with_tritons_reason(self, tmp_path: Path) -> None:
+        write_model(tmp_path, "echo")
+        write_model(tmp_path, "broken", source="import no_such_module_anywhere\n")
+        server = LocalTriton(tmp_path, http_port=0, grpc_port=0, metrics_port=0)
+        with pytest.raises(LocalTritonError) as raised:
+            server.start()
+        message = str(raised.value)
+        assert "model 'broken' failed to load" in message
+        assert "no_such_module_anywhere" in message
+        assert "\n" not in message
+        assert not server.is_running()
+
+    def test_a_port_in_use_is_refused_before_starting(self, tmp_path: Path) -> None:
+        write_model(tmp_path, "echo")
+        with socket.socket() as busy:
+            busy.bind(("0.0.0.0", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            server = LocalTriton(tmp_path, http_port=port, grpc_port=0, metrics_port=0)
+            with pytest.raises(LocalTritonError, match=f"HTTP port {port} is already in use"):
+                server.start()
+
+    def test_a_missing_repository_is_a_clear_error(self, tmp_path: Path) -> None:
+        with pytest.raises(LocalTritonError, match="model repository not found"):
+            LocalTriton(tmp_path / "nowhere", http_port=0, grpc_port=0, metrics_port=0).start()
+
+    def test_stopping_leaves_no_stub_process_behind(self, tmp_path: Path) -> None:
+        write_model(tmp_path, "echo")
+        write_model(tmp_path, "echo_two")
+        with LocalTriton(tmp_path, http_port=0, grpc_port=0, metrics_port=0):
+            assert len(stub_processes(tmp_path)) == 2
+        assert stub_processes(tmp_path) == []
+
+
+class TestRepositoryApiIsLocked:
+    def test_http_load_without_the_header_is_refused(self, triton: LocalTriton) -> None:
+        url = f"http://{triton.http_url}/v2/repository/models/add_sub/load"
+        refused = requests.post(url, json={}, timeout=10)
+        assert refused.status_code == 403
+        assert REPOSITORY_KEY_HEADER in refused.text
+        wrong = requests.post(url, json={}, headers={REPOSITORY_KEY_HEADER: "guess"}, timeout=10)
+        assert wrong.status_code == 403
+
+    def test_http_load_carrying_file_content_without_the_header_is_refused(
+        self, triton: LocalTriton
+    ) -> None:
+        body = {
+            "parameters": {
+                "config": ECHO_CONFIG.format(name="intruder"),
+                "file:1/model.py": "aW1wb3J0IG9zOyBvcy5zeXN0ZW0oImlkIik=",  # import os; os.system("id")
+            }
+        }
+        url = f"http://{triton.http_url}/v2/repository/models/intruder/load"
+        assert requests.post(url, json=body, timeout=10).status_code == 403
+        assert requests.get(f"http://{triton.http_url}/v2/models/intruder/ready").status_code != 200
+
+    def test_http_unload_without_the_header_is_refused_and_the_model_keeps_serving(
+        self, triton: LocalTriton
+    ) -> None:
+        url = f"http://{triton.http_url}/v2/repository/models/add_sub/unload"
+        assert requests.post(url, json={}, timeout=10).status_code == 403
+        assert requests.get(f"http://{triton.http_url}/v2/models/add_sub/ready").status_code == 200
+
+    def test_grpc_load_and_unload_without_the_header_are_refused(self, triton: LocalTriton) -> None:
+        client = grpcclient.InferenceServerClient(triton.grpc_url)
+        for call in (client.load_model, client.unload_model):
+            with pytest.raises(InferenceServerException, match="restricted"):
+                call("add_sub")
+        assert client.is_model_ready("add_sub")
+        # With the header the same call goes through.
+        client.load_model("add_sub", headers=triton.repository_headers)
+        assert client.is_model_ready("add_sub")
+
+
+class TestLiveInstanceChange:
+    def test_reload_with_an_instance_group_override_under_load_loses_nothing(
+        self, triton: LocalTriton
+    ) -> None:
+        """The operator's one move: change instance_group in place while requests flow."""
+        failures: list[str] = []
+        successes = 0
+        stop = threading.Event()
+        lock = threading.Lock()
+
+        def send_requests() -> None:
+            nonlocal successes
+            client = httpclient.InferenceServerClient(triton.http_url)
+            while not stop.is_set():
+                try:
+                    result = client.infer("add_sub", add_sub_inputs())
+                    assert result.as_numpy("OUTPUT0").tolist() == [1.0, 2.0, 3.0, 4.0]
+                    with lock:
+                        successes += 1
+                except Exception as error:  # every kind of failure counts
+                    with lock:
+                        failures.append(repr(error))
+
+        senders = [threading.Thread(target=send_requests) for _ in range(8)]
+        for sender in senders:
+            sender.start()
+        try:
+            time.sleep(0.5)
+            started = time.monotonic()
+            response = load_with_instances(triton, "add_sub", 3)
+            applied_s = time.monotonic() - started
+            assert response.status_code == 200, response.text
+            assert live_instance_count(triton, "add_sub") == 3
+            time.sleep(0.5)
+            assert load_with_instances(triton, "add_sub", 1).status_code == 200
+            time.sleep(0.3)
+        finally:
+            stop.set()
+            for sender in senders:
+                sender.join()
+        assert failures == []
+        assert successes > 50
+        assert live_instance_count(triton, "add_sub") == 1
+        print(f"instance_group 1 -> 3 applied in {applied_s:.2f} s under load")
+
+
+class TestServeCommand:
+    def run_serve(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tritonscale.cli", "serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def test_serve_says_ready_serves_and_stops_cleanly_on_sigterm(self, tmp_path: Path) -> None:
+        write_model(tmp_path, "echo")
+        http_port = free_port()
+        serve = self.run_serve(
+            f"--model-repository={tmp_path}",
+            f"--http-port={http_port}",
+            f"--grpc-port={free_port()}",
+            f"--metrics-port={free_port()}",
+            env={REPOSITORY_KEY_ENV: "from-the-environment"},
+        )
+        lines: list[str] = []
+        assert serve.stdout is not None
+        for line in serve.stdout:
+            lines.append(line)
+            if "model-repository API key" in line:
+                break
+        output = "".join(lines)
+        assert "ready in" in output and "1 models (echo)" in output
+        assert "from-the-environment" not in output  # a key from the environment is not echoed
+        locked = requests.post(
+            f"http://127.0.0.1:{http_port}/v2/repository/models/echo/load",
+            json={},
+            headers={REPOSITORY_KEY_HEADER: "from-the-environment"},
+            timeout=30,
+        )
+        assert locked.status_code == 200
+        os.kill(serve.pid, signal.SIGTERM)
+        assert serve.wait(timeout=60) == 0
+        assert stub_processes(tmp_path) == []
+
+    def test_serve_on_a_busy_port_exits_with_one_line(self, tmp_path: Path) -> None:
+        write_model(tmp_path, "echo")
+        with socket.socket() as busy:
+            busy.bind(("0.0.0.0", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            serve = self.run_serve(
+                f"--model-repository={tmp_path}",
+                f"--http-port={free_port()}",
+                f"--grpc-port={port}",
+                f"--metrics-port={free_port()}",
+            )
+            output, _ = serve.communicate(timeout=60)
+        assert serve.returncode != 0
+        errors = [line for line in output.splitlines() if line.startswith("Error:")]
+        assert errors == [
+            f"Error: gRPC port {port} is already in use (another tritonserver?); "
+            "choose another with --grpc-port"
+        ]
+        assert "Traceback" not in output
