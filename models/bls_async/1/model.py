@@ -43,7 +43,9 @@ class TritonPythonModel:
         outputs = []
         for (model, output), bls_response in zip(FAN_OUT, bls_responses, strict=True):
             if bls_response.has_error():
-                message = f"{self.model_name}: model '{model}' failed: {bls_response.error().message()}"
+                message = (
+                    f"{self.model_name}: model '{model}' failed: {bls_response.error().message()}"
+                )
                 return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
             outputs.append(pb_utils.get_output_tensor_by_name(bls_response, output))
         return pb_utils.InferenceResponse(output_tensors=outputs)
