@@ -1,0 +1,357 @@
+"""AutoscalerSpec.from_dict / to_dict, and the label-selector helpers the drivers use."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tritonscale.selectors import selector_matches, selector_to_string
+from tritonscale.spec import AutoscalerSpec, InvalidSpec, ScalingPolicy
+
+SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
+
+
+def minimal(**overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"selector": copy.deepcopy(SELECTOR), "model": "pipeline_async"}
+    spec.update(overrides)
+    return spec
+
+
+class TestDefaults:
+    def test_a_minimal_spec_takes_the_contract_defaults(self) -> None:
+        spec = AutoscalerSpec.from_dict(minimal())
+        assert (spec.min_instances, spec.max_instances) == (1, 8)
+        assert spec.calls == ()
+        assert spec.instance_kind == ""
+        assert spec.targets.utilization == 0.7
+        assert spec.targets.queue_compute_ratio == 0.5
+        assert spec.targets.pending_per_instance == 2.0
+        assert spec.targets.gpu_utilization_ceiling == 0.9
+        assert spec.targets.gpu_memory_ceiling == 0.9
+        assert spec.tolerance == 0.1
+        up, down = spec.behavior.scale_up, spec.behavior.scale_down
+        assert (up.stabilization_window_seconds, up.select_policy) == (0, "Max")
+        assert up.policies == (ScalingPolicy("Instances", 4, 15), ScalingPolicy("Percent", 100, 15))
+        assert (down.stabilization_window_seconds, down.select_policy) == (300, "Max")
+        assert down.policies == (ScalingPolicy("Instances", 1, 60),)
+        assert (spec.metrics_window_seconds, spec.interval_seconds) == (60, 15)
+        assert (spec.paused, spec.dry_run) == (False, False)
+
+    def test_a_partial_behavior_keeps_the_other_defaults_as_the_hpa_does(self) -> None:
+        spec = AutoscalerSpec.from_dict(
+            minimal(
+                behavior={
+                    "scaleDown": {
+                        "policies": [{"type": "Percent", "value": 50, "periodSeconds": 30}]
+                    }
+                }
+            )
+        )
+        # Had the policies replaced the whole block, the window would have become 0.
+        assert spec.behavior.scale_down.stabilization_window_seconds == 300
+        assert spec.behavior.scale_down.policies == (ScalingPolicy("Percent", 50, 30),)
+        assert spec.behavior.scale_up == AutoscalerSpec.from_dict(minimal()).behavior.scale_up
+
+    def test_to_dict_reads_back_to_the_same_spec(self) -> None:
+        spec = AutoscalerSpec.from_dict(
+            minimal(
+                calls=["branch_embed"],
+                minInstances=2,
+                maxInstances=5,
+                dryRun=True,
+                targets={"utilization": 0.5},
+            )
+        )
+        assert AutoscalerSpec.from_dict(spec.to_dict()) == spec
+        assert spec.to_dict()["targets"]["utilization"] == 0.5
+
+    def test_the_spec_is_hashable_and_does_not_share_the_callers_selector(self) -> None:
+        given = minimal()
+        spec = AutoscalerSpec.from_dict(given)
+        given["selector"]["matchLabels"]["extra"] = "x"
+        assert "extra" not in spec.selector["matchLabels"]
+        assert hash(spec) == hash(AutoscalerSpec.from_dict(minimal()))
+
+
+@dataclass(frozen=True)
+class Invalid:
+    name: str
+    spec: dict[str, Any]
+    message: str  # the whole message, one line
+
+
+INVALID = [
+    Invalid(
+        "min above max names both values",
+        minimal(minInstances=5, maxInstances=2),
+        "spec.minInstances (5) must be <= spec.maxInstances (2)",
+    ),
+    Invalid(
+        "min above the default max names the default",
+        minimal(minInstances=9),
+        "spec.minInstances (9) must be <= spec.maxInstances (8)",
+    ),
+    Invalid(
+        "an unknown key is named",
+        minimal(maxInstance=3),
+        "spec.maxInstance is not a known field (known: behavior, calls, dryRun, instanceKind, "
+        "intervalSeconds, maxInstances, metricsWindowSeconds, minInstances, model, paused, "
+        "selector, targets, tolerance)",
+    ),
+    Invalid(
+        "an unknown nested key is named by its path",
+        minimal(targets={"utilisation": 0.5}),
+        "spec.targets.utilisation is not a known field (known: gpuMemoryCeiling, "
+        "gpuUtilizationCeiling, pendingPerInstance, queueComputeRatio, utilization)",
+    ),
+    Invalid("the model is required", {"selector": SELECTOR}, "spec.model is required"),
+    Invalid("the selector is required", {"model": "m"}, "spec.selector is required"),
+    Invalid(
+        "an empty selector would select every pod",
+        minimal(selector={}),
+        "spec.selector must hold matchLabels or matchExpressions (an empty one selects every pod)",
+    ),
+    Invalid(
+        "zero instances is below the minimum",
+        minimal(minInstances=0),
+        "spec.minInstances must be >= 1, got 0",
+    ),
+    Invalid(
+        "a boolean is not an integer",
+        minimal(maxInstances=True),
+        "spec.maxInstances must be an integer, got True",
+    ),
+    Invalid(
+        "a string is not a number",
+        minimal(tolerance="0.1"),
+        "spec.tolerance must be a number, got '0.1'",
+    ),
+    Invalid(
+        "a tolerance of 1 would never scale down",
+        minimal(tolerance=1.0),
+        "spec.tolerance must be < 1, got 1.0",
+    ),
+    Invalid(
+        "a utilization target above 1 cannot be reached",
+        minimal(targets={"utilization": 1.5}),
+        "spec.targets.utilization must be <= 1, got 1.5",
+    ),
+    Invalid(
+        "a zero pending target would divide by zero",
+        minimal(targets={"pendingPerInstance": 0}),
+        "spec.targets.pendingPerInstance must be > 0, got 0",
+    ),
+    Invalid(
+        "the instance kind is an enum",
+        minimal(instanceKind="GPU"),
+        "spec.instanceKind must be one of '', 'KIND_CPU', 'KIND_GPU', got 'GPU'",
+    ),
+    Invalid(
+        "a model cannot call itself",
+        minimal(calls=["pipeline_async"]),
+        "spec.calls[0] ('pipeline_async') must differ from spec.model ('pipeline_async')",
+    ),
+    Invalid(
+        "a child is listed once", minimal(calls=["a", "a"]), "spec.calls[1] ('a') is listed twice"
+    ),
+    Invalid(
+        "calls is a list, not one name",
+        minimal(calls="branch_embed"),
+        "spec.calls must be a list, got a string",
+    ),
+    Invalid(
+        "selectPolicy is an enum",
+        minimal(behavior={"scaleUp": {"selectPolicy": "Maximum"}}),
+        "spec.behavior.scaleUp.selectPolicy must be one of 'Max', 'Min', 'Disabled', got 'Maximum'",
+    ),
+    Invalid(
+        "a policy type is an enum",
+        minimal(
+            behavior={"scaleUp": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 15}]}}
+        ),
+        "spec.behavior.scaleUp.policies[0].type must be one of 'Instances', 'Percent', got 'Pods'",
+    ),
+    Invalid(
+        "a policy needs a period",
+        minimal(behavior={"scaleDown": {"policies": [{"type": "Instances", "value": 1}]}}),
+        "spec.behavior.scaleDown.policies[0].periodSeconds is required",
+    ),
+    Invalid(
+        "a period is at most 30 minutes, as in the HPA",
+        minimal(
+            behavior={
+                "scaleDown": {
+                    "policies": [{"type": "Instances", "value": 1, "periodSeconds": 1801}]
+                }
+            }
+        ),
+        "spec.behavior.scaleDown.policies[0].periodSeconds must be <= 1800, got 1801",
+    ),
+    Invalid(
+        "a window is at most an hour, as in the HPA",
+        minimal(behavior={"scaleDown": {"stabilizationWindowSeconds": 3601}}),
+        "spec.behavior.scaleDown.stabilizationWindowSeconds must be <= 3600, got 3601",
+    ),
+    Invalid(
+        "no policies needs selectPolicy Disabled",
+        minimal(behavior={"scaleUp": {"policies": []}}),
+        "spec.behavior.scaleUp.policies must hold at least one policy unless "
+        "spec.behavior.scaleUp.selectPolicy is 'Disabled' (it is 'Max')",
+    ),
+    Invalid(
+        "In needs values",
+        minimal(selector={"matchExpressions": [{"key": "tier", "operator": "In"}]}),
+        "spec.selector.matchExpressions[0].values must not be empty when operator is 'In'",
+    ),
+    Invalid(
+        "Exists takes no values",
+        minimal(
+            selector={"matchExpressions": [{"key": "tier", "operator": "Exists", "values": ["a"]}]}
+        ),
+        "spec.selector.matchExpressions[0].values must be empty when operator is 'Exists'",
+    ),
+    Invalid(
+        "a label key has Kubernetes' syntax",
+        minimal(selector={"matchLabels": {"bad key": "x"}}),
+        "spec.selector.matchLabels.bad key must be a label key like 'app.kubernetes.io/name', got 'bad key'",
+    ),
+    Invalid(
+        "a label value has Kubernetes' syntax",
+        minimal(selector={"matchLabels": {"app": "-x"}}),
+        "spec.selector.matchLabels.app must be a label value, got '-x'",
+    ),
+    Invalid("the spec is a mapping", ["model"], "spec must be a mapping, got a list"),
+]
+
+
+@pytest.mark.parametrize("case", INVALID, ids=[case.name for case in INVALID])
+def test_an_invalid_spec_is_one_clear_line(case: Invalid) -> None:
+    with pytest.raises(InvalidSpec) as raised:
+        AutoscalerSpec.from_dict(case.spec)
+    assert str(raised.value) == case.message
+    assert "\n" not in str(raised.value)
+    assert isinstance(raised.value, ValueError)
+
+
+def test_the_path_prefix_names_where_the_spec_came_from() -> None:
+    # The local driver reads a list of policies from a file and names them so.
+    with pytest.raises(InvalidSpec, match=r"^policies\[2\]\.minInstances \(3\) must be <= "):
+        AutoscalerSpec.from_dict(minimal(minInstances=3, maxInstances=2), path="policies[2]")
+
+
+class TestLabelSelector:
+    @dataclass(frozen=True)
+    class Case:
+        name: str
+        selector: dict[str, Any]
+        labels: dict[str, str]
+        matches: bool
+
+    LABELS = {"app": "triton", "tier": "gpu"}
+    CASES = [
+        Case("matchLabels equal", {"matchLabels": {"app": "triton"}}, LABELS, True),
+        Case("matchLabels differ", {"matchLabels": {"app": "locust"}}, LABELS, False),
+        Case("matchLabels key absent", {"matchLabels": {"zone": "a"}}, LABELS, False),
+        Case(
+            "In a listed value",
+            {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["cpu", "gpu"]}]},
+            LABELS,
+            True,
+        ),
+        Case(
+            "In an unlisted value",
+            {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["cpu"]}]},
+            LABELS,
+            False,
+        ),
+        Case(
+            "In with the key absent",
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            LABELS,
+            False,
+        ),
+        Case(
+            "NotIn a listed value",
+            {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["gpu"]}]},
+            LABELS,
+            False,
+        ),
+        Case(
+            "NotIn an unlisted value",
+            {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["cpu"]}]},
+            LABELS,
+            True,
+        ),
+        # Kubernetes' semantics: a pod without the key is not in the excluded set.
+        Case(
+            "NotIn with the key absent",
+            {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]},
+            LABELS,
+            True,
+        ),
+        Case(
+            "Exists present",
+            {"matchExpressions": [{"key": "tier", "operator": "Exists"}]},
+            LABELS,
+            True,
+        ),
+        Case(
+            "Exists absent",
+            {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+            LABELS,
+            False,
+        ),
+        Case(
+            "DoesNotExist absent",
+            {"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]},
+            LABELS,
+            True,
+        ),
+        Case(
+            "DoesNotExist present",
+            {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]},
+            LABELS,
+            False,
+        ),
+        Case(
+            "all requirements are ANDed",
+            {
+                "matchLabels": {"app": "triton"},
+                "matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}],
+            },
+            LABELS,
+            False,
+        ),
+        Case("an empty selector selects every pod", {}, {}, True),
+    ]
+
+    @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+    def test_selector_matches(self, case: Case) -> None:
+        assert selector_matches(case.selector, case.labels) is case.matches
+
+    def test_the_string_form_is_the_kubernetes_query_syntax_sorted_by_key(self) -> None:
+        selector = {
+            "matchLabels": {
+                "app.kubernetes.io/name": "tritonscale",
+                "app.kubernetes.io/component": "triton",
+            },
+            "matchExpressions": [
+                {"key": "tier", "operator": "NotIn", "values": ["gpu", "canary"]},
+                {"key": "zone", "operator": "In", "values": ["b", "a"]},
+                {"key": "gpu", "operator": "Exists"},
+                {"key": "draining", "operator": "DoesNotExist"},
+            ],
+        }
+        assert selector_to_string(selector) == (
+            "app.kubernetes.io/component=triton,app.kubernetes.io/name=tritonscale,"
+            "!draining,gpu,tier notin (canary,gpu),zone in (a,b)"
+        )
+
+    def test_a_checked_selector_keeps_its_meaning(self) -> None:
+        selector = {"matchExpressions": [{"key": "tier", "operator": "Exists"}]}
+        spec = AutoscalerSpec.from_dict(minimal(selector=selector))
+        assert spec.selector == selector
+        assert selector_to_string(spec.selector) == "tier"
