@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -56,3 +57,41 @@ def infer_error(client: Any, protocol: str, model: str, arrays: dict[str, np.nda
     except InferenceServerException as error:
         return error.message()
     raise AssertionError(f"{model} answered a request that should have failed")
+
+
+def infer_concurrently(
+    triton: LocalTriton,
+    model: str,
+    requests: list[dict[str, np.ndarray]],
+    outputs: list[str],
+    timeout_s: float = 120,
+) -> list[dict[str, np.ndarray] | str]:
+    """Send all requests at once over gRPC; per request, its outputs or its error message."""
+    answers: dict[int, dict[str, np.ndarray] | str] = {}
+    all_answered = threading.Event()
+    lock = threading.Lock()
+
+    def on_answer(index: int, result: Any, error: Any) -> None:
+        with lock:
+            if error is not None:
+                answers[index] = error.message()
+            else:
+                answers[index] = {name: result.as_numpy(name) for name in outputs}
+            if len(answers) == len(requests):
+                all_answered.set()
+
+    client = tritonclient.grpc.InferenceServerClient(triton.grpc_url)
+    try:
+        requested = [tritonclient.grpc.InferRequestedOutput(name) for name in outputs]
+        for index, arrays in enumerate(requests):
+            client.async_infer(
+                model,
+                make_inputs("grpc", arrays),
+                outputs=requested,
+                callback=lambda result, error, index=index: on_answer(index, result, error),
+            )
+        if not all_answered.wait(timeout=timeout_s):
+            raise AssertionError(f"{model}: {len(answers)} of {len(requests)} requests answered")
+    finally:
+        client.close()
+    return [answers[index] for index in range(len(requests))]

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import queue
-import threading
 
 import numpy as np
 import pytest
 import tritonclient.grpc
 
-from tests.model_clients import PROTOCOLS, connect, infer, infer_error, make_inputs
+from tests.model_clients import (
+    PROTOCOLS,
+    connect,
+    infer,
+    infer_concurrently,
+    infer_error,
+    make_inputs,
+)
 
 ADD_SUB_OUTPUTS = ["OUTPUT0", "OUTPUT1"]
 
@@ -155,38 +161,15 @@ def test_decoupled_bls_passes_on_the_called_models_error(triton, model):
 
 
 def test_bls_async_answers_200_concurrent_requests(triton):
-    count = 200
     rng = np.random.default_rng(5)
-    arrays = [
+    requests = [
         {"INPUT0": rng.random(4, dtype=np.float32), "INPUT1": rng.random(4, dtype=np.float32)}
-        for _ in range(count)
+        for _ in range(200)
     ]
-    results: dict[int, tuple] = {}
-    all_done = threading.Event()
-    lock = threading.Lock()
+    answers = infer_concurrently(triton, "bls_async", requests, ADD_SUB_OUTPUTS)
 
-    def done(index, result, error):
-        with lock:
-            results[index] = (result, error)
-            if len(results) == count:
-                all_done.set()
-
-    client = tritonclient.grpc.InferenceServerClient(triton.grpc_url)
-    try:
-        for index, request in enumerate(arrays):
-            client.async_infer(
-                "bls_async",
-                make_inputs("grpc", request),
-                callback=lambda result, error, index=index: done(index, result, error),
-            )
-        assert all_done.wait(timeout=120), f"only {len(results)} of {count} answered"
-    finally:
-        client.close()
-
-    errors = [error.message() for _, error in results.values() if error is not None]
-    assert errors == []
-    for index, request in enumerate(arrays):
-        result = results[index][0]
-        # Each answer belongs to its own request, not a neighbour's.
-        assert np.array_equal(result.as_numpy("OUTPUT0"), request["INPUT0"] + request["INPUT1"])
-        assert np.array_equal(result.as_numpy("OUTPUT1"), request["INPUT0"] - request["INPUT1"])
+    assert [answer for answer in answers if isinstance(answer, str)] == []
+    for request, answer in zip(requests, answers, strict=True):
+        # Each answer belongs to its own request, not to a neighbour's.
+        assert np.array_equal(answer["OUTPUT0"], request["INPUT0"] + request["INPUT1"])
+        assert np.array_equal(answer["OUTPUT1"], request["INPUT0"] - request["INPUT1"])
