@@ -1,0 +1,179 @@
+"""How many instances the load asks for: the replica calculator of the policy.
+
+Each signal gives its own count with the HPA's arithmetic, `ceil(current * ratio)`, where
+`ratio` is the observed value over its target, and keeps the current count when
+`|1 - ratio| <= tolerance`. The largest count wins and names the reason.
+
+The signals, per instance of one pod (rates are summed over the pods, so each divides by
+`pods_reporting * instances`):
+
+- busy per instance: compute seconds per second, corrected for batching (below). The one
+  signal that is proportional to the load on both sides of the target, so the one that
+  sizes a scale-down;
+- queue/compute ratio: translated as `(1 + ratio) / (1 + target)`, the time a request spends
+  in the model (queue + compute) over the time it would spend at the target. It only ever
+  asks for more: a short queue says there is room, not how much, so below its band it has
+  no say (were it to vote `ceil(current / (1 + target))`, it would decide how fast an idle
+  model shrinks). A model with a dynamic-batching delay queues on purpose: give it a target
+  above delay / compute time;
+- pending requests per instance.
+
+Batching: Triton adds a batch's whole compute time to each request in it, so with batches of
+four the compute counters run four times faster than the instance is busy. Multiplying by
+executions per request (1 / the mean batch) gives the instance's busy fraction back. Where
+the source reports no executions, no correction is made.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tritonscale.signals import ModelSignals
+from tritonscale.spec import Targets
+
+HIGH_UTILIZATION = "HighUtilization"
+HIGH_QUEUE_TIME = "HighQueueTime"
+HIGH_PENDING = "HighPending"
+LOW_UTILIZATION = "LowUtilization"
+WITHIN_TOLERANCE = "WithinTolerance"
+
+_SIGNAL_FIELDS = (
+    "request_rate",
+    "failure_rate",
+    "execution_rate",
+    "compute_seconds_per_second",
+    "queue_seconds_per_second",
+    "pending_requests",
+)
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one signal asks for."""
+
+    signal: str  # how a person reads it: "busy per instance"
+    reason: str  # the reason when this signal wins a scale-up
+    value: float  # the observed value, in the target's units
+    target: float
+    ratio: float  # > 1: more instances wanted
+    instances: int | None  # the count this signal alone asks for; None: no say
+
+    def describe(self) -> str:
+        return f"{self.signal} {self.value:.2f} (target {self.target:.2f})"
+
+
+def unusable_field(signals: ModelSignals) -> str | None:
+    """The first counter that is not a finite, non-negative number, or None when all are."""
+    for name in _SIGNAL_FIELDS:
+        value = getattr(signals, name)
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            return f"{name} is {value!r}"
+    if signals.pods_reporting < 1:
+        return f"pods_reporting is {signals.pods_reporting}"
+    return None
+
+
+def busy_per_instance(signals: ModelSignals, instances: int) -> float:
+    """Fraction of the time one instance spends executing (0..1 for a non-decoupled model)."""
+    compute = signals.compute_seconds_per_second
+    if signals.execution_rate > 0 and signals.request_rate > 0:
+        compute *= min(1.0, signals.execution_rate / signals.request_rate)
+    return compute / (signals.pods_reporting * instances)
+
+
+def pending_per_instance(signals: ModelSignals, instances: int) -> float:
+    return signals.pending_requests / (signals.pods_reporting * instances)
+
+
+def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: float) -> list[Need]:
+    """One need per signal that has a value (the queue ratio has none when nothing ran)."""
+    if instances < 1:
+        raise ValueError(f"instances must be >= 1 to size a model, got {instances}")
+    busy = busy_per_instance(signals, instances)
+    result = [
+        _need(
+            "busy per instance",
+            HIGH_UTILIZATION,
+            busy,
+            targets.utilization,
+            busy / targets.utilization,
+            instances,
+            tolerance,
+        ),
+    ]
+    queue_ratio = signals.queue_compute_ratio
+    if queue_ratio is not None:
+        target = targets.queue_compute_ratio
+        result.append(
+            _need(
+                "queue/compute ratio",
+                HIGH_QUEUE_TIME,
+                queue_ratio,
+                target,
+                (1 + queue_ratio) / (1 + target),
+                instances,
+                tolerance,
+                only_up=True,
+            )
+        )
+    pending = pending_per_instance(signals, instances)
+    result.append(
+        _need(
+            "pending per instance",
+            HIGH_PENDING,
+            pending,
+            targets.pending_per_instance,
+            pending / targets.pending_per_instance,
+            instances,
+            tolerance,
+        )
+    )
+    return result
+
+
+def _need(
+    signal: str,
+    reason: str,
+    value: float,
+    target: float,
+    ratio: float,
+    instances: int,
+    tolerance: float,
+    only_up: bool = False,
+) -> Need:
+    count: int | None
+    if abs(1.0 - ratio) <= tolerance:
+        count = instances
+    elif only_up and ratio < 1:
+        count = None
+    else:
+        # The ratio is rounded first so that float noise (3 * 1.1 = 3.3000000000000003) does
+        # not add an instance the exact arithmetic would not.
+        count = math.ceil(round(instances * ratio, 9))
+    return Need(signal, reason, value, target, ratio, count)
+
+
+def recommend(all_needs: list[Need], current_instances: int) -> tuple[int, str, Need]:
+    """The largest need wins (ties go to the earlier signal); returns (count, reason, winner)."""
+    voting = [need for need in all_needs if need.instances is not None]
+    winner = max(voting, key=lambda need: need.instances or 0)  # max keeps the first of equals
+    assert winner.instances is not None
+    if winner.instances > current_instances:
+        return winner.instances, winner.reason, winner
+    if winner.instances < current_instances:
+        return winner.instances, LOW_UTILIZATION, winner
+    return current_instances, WITHIN_TOLERANCE, winner
+
+
+def saturation(
+    signals: ModelSignals, instances: int, targets: Targets, tolerance: float
+) -> Need | None:
+    """The need that shows a (called) model saturated: busy or queueing beyond its tolerance."""
+    worst = None
+    for need in needs(signals, instances, targets, tolerance):
+        if need.reason == HIGH_PENDING or need.ratio <= 1 + tolerance:
+            continue
+        if worst is None or need.ratio > worst.ratio:
+            worst = need
+    return worst
