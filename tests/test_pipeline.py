@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 import pytest
+import tritonclient.grpc
 import tritonclient.http
 
-from tests.model_clients import PROTOCOLS, connect, infer, infer_concurrently, infer_error
+from tests.model_clients import (
+    PROTOCOLS,
+    connect,
+    infer,
+    infer_concurrently,
+    infer_error,
+    make_inputs,
+)
 
 TWINS = ("pipeline_async", "pipeline_sync")
 OUTPUTS = ["EMBEDDING", "LABEL_PROBS", "SCORE"]
@@ -154,3 +164,48 @@ def test_a_branch_timeout_fails_the_batch_with_a_clear_error(triton):
     with connect(triton, "http") as client:
         assert client.is_model_ready(model)
         assert_well_formed(run(client, "http", model, rows), 2)
+
+
+def test_a_request_cancelled_while_queued_never_reaches_the_branches(triton):
+    # branch_embed holds each batch for a second, so the first request keeps
+    # pipeline_async's only instance busy while the second waits in its queue
+    # and is cancelled there. Triton 2.51 still hands the cancelled request to
+    # execute; the pipeline must notice and skip it.
+    answered: dict[str, str | None] = {}
+    arrived = threading.Event()
+
+    def on_answer(name: str, error) -> None:
+        answered[name] = None if error is None else error.message()
+        if len(answered) == 2:
+            arrived.set()
+
+    with config_override(triton, "branch_embed", {"emulated_compute_ms": "1000"}):
+        with connect(triton, "http") as stats_client:
+            before = {m: statistics(stats_client, m) for m in ("pipeline_async", "branch_embed")}
+            client = tritonclient.grpc.InferenceServerClient(triton.grpc_url)
+            try:
+                inputs = make_inputs("grpc", {"FEATURES": features(1, seed=11)})
+                client.async_infer(
+                    "pipeline_async", inputs, lambda result, error: on_answer("first", error)
+                )
+                time.sleep(0.2)
+                second = client.async_infer(
+                    "pipeline_async", inputs, lambda result, error: on_answer("second", error)
+                )
+                time.sleep(0.2)
+                second.cancel()
+                assert arrived.wait(timeout=30)
+            finally:
+                client.close()
+
+            # The instance reaches the cancelled request once the first is done.
+            deadline = time.monotonic() + 30
+            while statistics(stats_client, "pipeline_async")[1] - before["pipeline_async"][1] < 2:
+                assert time.monotonic() < deadline, "pipeline_async never ran the second request"
+                time.sleep(0.05)
+            after = {m: statistics(stats_client, m) for m in ("pipeline_async", "branch_embed")}
+
+    assert answered["first"] is None
+    assert "cancel" in answered["second"].lower()
+    # Only the first request's batch went to the branch.
+    assert after["branch_embed"][0] - before["branch_embed"][0] == 1
