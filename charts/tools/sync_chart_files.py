@@ -42,7 +42,8 @@ def expected_files(repo_root: Path = REPO_ROOT) -> dict[str, Path]:
     models = repo_root / "models"
     if models.is_dir():
         for path in sorted(models.rglob("*")):
-            if _wanted(path, models):
+            # Only files inside a model's folder: a top-level README is no part of a model.
+            if _wanted(path, models) and len(path.relative_to(models).parts) > 1:
                 files[f"models/{path.relative_to(models).as_posix()}"] = path
     for path in sorted((repo_root / "dashboards").glob("*.json")):
         files[f"dashboards/{path.name}"] = path

@@ -1,0 +1,508 @@
+"""What the chart's objects must say, feature by feature (Helm 4 renders; test_chart_matrix
+shows that Helm 3 renders the same objects)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.chart.helm import CHART, NAMESPACE, by_kind, container, one
+from tests.tooling import require_tool
+
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+CHART_MODELS = sorted(p.parent.name for p in (CHART / "files" / "models").glob("*/config.pbtxt"))
+
+
+def triton_pod(objects: list[dict]) -> dict:
+    return one(objects, "Deployment", "-triton")["spec"]["template"]["spec"]
+
+
+def triton_container(objects: list[dict]) -> dict:
+    return container(one(objects, "Deployment", "-triton"), "tritonserver")
+
+
+def model_configs(objects: list[dict]) -> dict[str, str]:
+    """model name -> the config.pbtxt its ConfigMap carries."""
+    return {
+        cm["metadata"]["labels"]["tritonscale.io/model"]: cm["data"]["config.pbtxt"]
+        for cm in by_kind(objects, "ConfigMap")
+        if "tritonscale.io/model" in cm["metadata"].get("labels", {})
+    }
+
+
+class TestTritonPod:
+    def test_shared_memory_is_a_memory_emptydir_at_dev_shm(self, render) -> None:
+        objects = render(sets=("triton.shm.sizeLimit=3Gi",)).objects
+        volumes = {v["name"]: v for v in triton_pod(objects)["volumes"]}
+        assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "3Gi"}
+        mounts = {m["mountPath"]: m["name"] for m in triton_container(objects)["volumeMounts"]}
+        assert mounts["/dev/shm"] == "shm"
+
+    def test_gpu_mode_requests_gpus_tolerates_the_taint_and_pins_the_product(self, render) -> None:
+        objects = render("gpu-node-values.yaml").objects
+        pod = triton_pod(objects)
+        assert triton_container(objects)["resources"]["limits"]["nvidia.com/gpu"] == 2
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "tolerations"
+        ]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        assert pod["runtimeClassName"] == "nvidia"
+
+    def test_cpu_mode_has_no_gpu_limit_toleration_selector_or_runtime_class(self, render) -> None:
+        objects = render("cpu-only-values.yaml").objects
+        pod = triton_pod(objects)
+        text = json.dumps(pod)
+        assert "nvidia.com/gpu" not in text
+        assert "runtimeClassName" not in pod
+        assert "tolerations" not in pod
+        assert "nodeSelector" not in pod
+
+    def test_gpu_mode_turns_every_instance_group_into_kind_gpu(self, render) -> None:
+        configs = model_configs(render().objects)
+        assert sorted(configs) == CHART_MODELS and configs
+        for model, config in configs.items():
+            source = (CHART / "files" / "models" / model / "config.pbtxt").read_text()
+            assert "KIND_CPU" not in config, model
+            assert config == source.replace("KIND_CPU", "KIND_GPU"), model
+        assert any("KIND_GPU" in config for config in configs.values())
+
+    def test_cpu_mode_keeps_or_makes_every_instance_group_kind_cpu(self, render) -> None:
+        configs = model_configs(render("cpu-only-values.yaml").objects)
+        assert configs
+        for model, config in configs.items():
+            assert "KIND_GPU" not in config, model
+
+    def test_model_configmaps_rebuild_each_models_folder(self, render) -> None:
+        objects = render().objects
+        pod = triton_pod(objects)
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m for m in triton_container(objects)["volumeMounts"]}
+        for model in CHART_MODELS:
+            mount = mounts[f"/models/{model}"]
+            assert mount["readOnly"] is True
+            items = volumes[mount["name"]]["configMap"]["items"]
+            source = CHART / "files" / "models" / model
+            expected = sorted(
+                p.relative_to(source).as_posix()
+                for p in source.rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts and not p.name.startswith(".")
+            )
+            assert sorted(item["path"] for item in items) == expected, model
+            cm = one(objects, "ConfigMap", f"-model-{model.replace('_', '-')}")
+            for item in items:
+                assert cm["data"][item["key"]].strip() == (
+                    (CHART / "files" / "models" / model / item["path"])
+                    .read_text()
+                    .replace("KIND_CPU", "KIND_GPU")
+                    .strip()
+                )
+
+    def test_explicit_model_control_loads_every_model(self, render) -> None:
+        args = triton_container(render().objects)["args"]
+        assert "--model-control-mode=explicit" in args
+        assert "--load-model=*" in args
+        assert "--model-repository=/models" in args
+
+    def test_repository_api_is_restricted_by_the_secrets_key(self, render) -> None:
+        objects = render().objects
+        tritonserver = triton_container(objects)
+        assert (
+            "--http-restricted-api=model-repository:tritonscale-repository-key=$(TRITONSCALE_REPOSITORY_KEY)"
+            in tritonserver["args"]
+        )
+        assert (
+            "--grpc-restricted-protocol=model-repository:tritonscale-repository-key=$(TRITONSCALE_REPOSITORY_KEY)"
+            in tritonserver["args"]
+        )
+        env = {e["name"]: e for e in tritonserver["env"]}
+        secret = one(objects, "Secret")
+        assert env["TRITONSCALE_REPOSITORY_KEY"]["valueFrom"]["secretKeyRef"] == {
+            "name": secret["metadata"]["name"],
+            "key": "repository-key",
+        }
+        key = base64.b64decode(secret["data"]["repository-key"]).decode()
+        assert re.fullmatch(r"[A-Za-z0-9]{32}", key)
+
+    def test_an_explicit_key_goes_into_the_secret(self, render) -> None:
+        secret = one(render(sets=("repositoryKey.value=s3cret-value",)).objects, "Secret")
+        assert base64.b64decode(secret["data"]["repository-key"]) == b"s3cret-value"
+
+    def test_an_existing_secret_replaces_the_generated_one(self, render) -> None:
+        objects = render("existing-secret-values.yaml").objects
+        assert by_kind(objects, "Secret") == []
+        refs = [
+            e["valueFrom"]["secretKeyRef"]
+            for kind in ("Deployment",)
+            for d in by_kind(objects, kind)
+            for c in d["spec"]["template"]["spec"]["containers"]
+            for e in c.get("env", [])
+            if e["name"] == "TRITONSCALE_REPOSITORY_KEY"
+        ]
+        assert (
+            refs == [{"name": "my-repository-key", "key": "repository-key"}] * 2
+        )  # triton, operator
+
+    def test_probes_check_liveness_and_the_readiness_of_the_models_that_matter(
+        self, render
+    ) -> None:
+        tritonserver = triton_container(
+            render(sets=("triton.readyModels={bls_async,add_sub}",)).objects
+        )
+        assert tritonserver["startupProbe"]["httpGet"] == {
+            "path": "/v2/health/live",
+            "port": "http",
+        }
+        assert tritonserver["livenessProbe"]["httpGet"] == {
+            "path": "/v2/health/live",
+            "port": "http",
+        }
+        command = tritonserver["readinessProbe"]["exec"]["command"]
+        assert command[:2] == ["python3", "/opt/tritonscale/scripts/triton_ready.py"]
+        assert command[-2:] == ["bls_async", "add_sub"]
+
+    def test_termination_drains_before_the_kubelet_kills(self, render) -> None:
+        objects = render().objects
+        pod, tritonserver = triton_pod(objects), triton_container(objects)
+        sleep = int(tritonserver["lifecycle"]["preStop"]["exec"]["command"][1])
+        exit_timeout = int(
+            next(a for a in tritonserver["args"] if a.startswith("--exit-timeout-secs=")).split(
+                "="
+            )[1]
+        )
+        assert (sleep, exit_timeout) == (15, 30)
+        assert pod["terminationGracePeriodSeconds"] > sleep + exit_timeout
+
+    def test_services_expose_http_grpc_and_metrics(self, render) -> None:
+        service = one(render().objects, "Service", "-triton")
+        ports = {p["name"]: p for p in service["spec"]["ports"]}
+        assert {n: p["port"] for n, p in ports.items()} == {
+            "http": 8000,
+            "grpc": 8001,
+            "metrics": 8002,
+        }
+        assert ports["grpc"]["appProtocol"] == "grpc"
+
+    def test_pod_disruption_budget_selects_the_triton_pods(self, render) -> None:
+        objects = render("gpu-node-values.yaml").objects
+        pdb = one(objects, "PodDisruptionBudget")
+        assert pdb["spec"]["minAvailable"] == 1 and "maxUnavailable" not in pdb["spec"]
+        pod_labels = one(objects, "Deployment", "-triton")["spec"]["template"]["metadata"]["labels"]
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+    def test_pod_annotations_labels_and_affinity_pass_through(self, render) -> None:
+        objects = render(
+            sets=(
+                "triton.podAnnotations.team=ml",
+                "triton.podLabels.tier=gpu",
+                "triton.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+                "triton.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+            )
+        ).objects
+        template = one(objects, "Deployment", "-triton")["spec"]["template"]
+        assert template["metadata"]["annotations"]["team"] == "ml"
+        assert template["metadata"]["labels"]["tier"] == "gpu"
+        assert "nodeAffinity" in template["spec"]["affinity"]
+
+
+class TestModelRepositorySources:
+    def test_image_source_copies_the_repository_in_an_init_container(self, render) -> None:
+        objects = render("image-repository-values.yaml").objects
+        pod = triton_pod(objects)
+        init = pod["initContainers"][0]
+        assert init["image"] == "registry.example.com/team/models:2024-11-29"
+        assert init["command"] == ["cp", "-R", "/opt/models/.", "/models/"]
+        assert {"name": "models", "emptyDir": {}} in pod["volumes"]
+        assert model_configs(objects) == {}
+
+    def test_pvc_source_mounts_the_claim_read_only(self, render) -> None:
+        objects = render("pvc-repository-values.yaml").objects
+        volume = next(v for v in triton_pod(objects)["volumes"] if v["name"] == "models")
+        assert volume["persistentVolumeClaim"] == {"claimName": "triton-models", "readOnly": True}
+        mount = next(m for m in triton_container(objects)["volumeMounts"] if m["name"] == "models")
+        assert mount == {
+            "name": "models",
+            "mountPath": "/models",
+            "readOnly": True,
+            "subPath": "repository",
+        }
+        assert model_configs(objects) == {}
+
+    def test_uri_source_lets_triton_read_cloud_storage(self, render) -> None:
+        objects = render("uri-repository-values.yaml").objects
+        tritonserver = triton_container(objects)
+        assert "--model-repository=s3://my-bucket/triton-models" in tritonserver["args"]
+        assert tritonserver["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+        assert not any(v["name"].startswith("model") for v in triton_pod(objects)["volumes"])
+
+
+class TestOperator:
+    RULES = [
+        {
+            "apiGroups": ["tritonscale.io"],
+            "resources": ["instancegroupautoscalers"],
+            "verbs": ["get", "list", "watch", "patch"],
+        },
+        {
+            "apiGroups": ["tritonscale.io"],
+            "resources": ["instancegroupautoscalers/status"],
+            "verbs": ["get", "patch"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    ]
+    PEERING_RULE = {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["kopfpeerings"],
+        "verbs": ["get", "list", "watch", "patch"],
+    }
+
+    def test_rbac_is_exactly_the_least_privilege_rules(self, render) -> None:
+        objects = render().objects
+        assert (
+            by_kind(objects, "ClusterRole") == [] and by_kind(objects, "ClusterRoleBinding") == []
+        )
+        role = one(objects, "Role")
+        assert role["metadata"]["namespace"] == NAMESPACE
+        assert role["rules"] == self.RULES
+        binding = one(objects, "RoleBinding")
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        account = one(objects, "ServiceAccount")
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+        ]
+
+    def test_peering_adds_its_rule_a_peering_object_and_a_role_per_namespace(self, render) -> None:
+        objects = render("peering-values.yaml").objects
+        namespaces = [NAMESPACE, "inference-canary"]
+        roles = by_kind(objects, "Role")
+        assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)
+        for role in roles:
+            assert role["rules"] == [*self.RULES, self.PEERING_RULE]
+        peerings = by_kind(objects, "KopfPeering")
+        assert sorted(p["metadata"]["namespace"] for p in peerings) == sorted(namespaces)
+        assert {p["metadata"]["name"] for p in peerings} == {"demo-tritonscale"}
+        deployment = one(objects, "Deployment", "-operator")
+        env = {e["name"]: e.get("value") for e in container(deployment, "operator")["env"]}
+        assert env["TRITONSCALE_PEERING"] == "demo-tritonscale"
+        assert env["TRITONSCALE_NAMESPACES"] == "inference,inference-canary"
+        assert env["TRITONSCALE_PROMETHEUS_URL"].startswith("http://")
+        assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+
+    def test_without_peering_one_operator_never_overlaps_another(self, render) -> None:
+        deployment = one(render().objects, "Deployment", "-operator")
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+        env = {e["name"]: e.get("value") for e in container(deployment, "operator")["env"]}
+        assert env["TRITONSCALE_PEERING"] == ""
+
+    def test_operator_pod_runs_the_cli_non_root_read_only_with_probes_and_metrics(
+        self, render
+    ) -> None:
+        objects = render().objects
+        deployment = one(objects, "Deployment", "-operator")
+        pod = deployment["spec"]["template"]["spec"]
+        operator = container(deployment, "operator")
+        assert operator["image"] == "ghcr.io/tritonscale/tritonscale-operator:0.1.0"
+        assert operator["command"] == ["tritonscale", "operator"]
+        assert operator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+        ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
+        assert ports == {"healthz": 8080, "metrics": 9102}
+        assert operator["securityContext"]["readOnlyRootFilesystem"] is True
+        assert operator["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"]
+        key = next(e for e in operator["env"] if e["name"] == "TRITONSCALE_REPOSITORY_KEY")
+        assert key["valueFrom"]["secretKeyRef"]["key"] == "repository-key"
+        service = one(objects, "Service", "-operator")
+        assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [("metrics", 9102)]
+
+    def test_operator_tag_is_configurable(self, render) -> None:
+        objects = render(sets=("operator.image.tag=1.2.3",)).objects
+        assert container(one(objects, "Deployment", "-operator"), "operator")["image"].endswith(
+            ":1.2.3"
+        )
+
+    def test_operator_off_leaves_out_its_objects(self, render) -> None:
+        objects = render(sets=("operator.enabled=false",)).objects
+        assert not [
+            o
+            for o in objects
+            if o["metadata"]["labels"].get("app.kubernetes.io/component") == "operator"
+        ]
+
+
+class TestMonitoring:
+    def test_defaults_render_no_monitoring_hpa_or_locust(self, render) -> None:
+        objects = render().objects
+        kinds = {o["kind"] for o in objects}
+        assert not kinds & (MONITORING_KINDS | {"HorizontalPodAutoscaler"})
+        assert not [o for o in objects if "grafana_dashboard" in o["metadata"]["labels"]]
+        assert not [
+            o
+            for o in objects
+            if o["metadata"]["labels"].get("app.kubernetes.io/component") == "locust"
+        ]
+
+    @pytest.mark.parametrize("kind", ["ServiceMonitor", "PodMonitor"])
+    def test_monitors_scrape_triton_and_operator_metrics_ports(self, render, kind: str) -> None:
+        values = "monitoring-values.yaml" if kind == "ServiceMonitor" else "podmonitor-values.yaml"
+        objects = render(values).objects
+        monitors = by_kind(objects, kind)
+        assert len(monitors) == 2
+        endpoints_key = "endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"
+        for monitor in monitors:
+            component = monitor["metadata"]["labels"]["app.kubernetes.io/component"]
+            assert monitor["spec"][endpoints_key][0]["port"] == "metrics"
+            if kind == "ServiceMonitor":
+                assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+                target = one(objects, "Service", f"-{component}")["metadata"]["labels"]
+                assert any(
+                    p["name"] == "metrics"
+                    for p in one(objects, "Service", f"-{component}")["spec"]["ports"]
+                )
+            else:
+                target = one(objects, "Deployment", f"-{component}")["spec"]["template"][
+                    "metadata"
+                ]["labels"]
+            assert monitor["spec"]["selector"]["matchLabels"].items() <= target.items()
+
+    def test_prometheus_rule_carries_the_rules_file_or_is_left_out(
+        self, render, tmp_path: Path
+    ) -> None:
+        objects = render("monitoring-values.yaml").objects
+        rules_file = CHART / "files" / "rules" / "tritonscale.rules.yaml"
+        rules = by_kind(objects, "PrometheusRule")
+        if not rules_file.is_file():
+            assert rules == []
+            return
+        assert len(rules) == 1
+        assert rules[0]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        assert rules[0]["spec"]["groups"] == yaml.safe_load(rules_file.read_text())["groups"]
+        # What Prometheus will load must be valid rules: promtool parses every expression.
+        promtool = require_tool("promtool")
+        rule_file = tmp_path / "rules.yaml"
+        rule_file.write_text(yaml.safe_dump({"groups": rules[0]["spec"]["groups"]}))
+        done = subprocess.run(
+            [promtool, "check", "rules", str(rule_file)], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def test_dashboards_become_labelled_configmaps(self, render) -> None:
+        objects = render(
+            "monitoring-values.yaml", sets=("monitoring.dashboards.labelValue=yes",)
+        ).objects
+        sources = sorted((CHART / "files" / "dashboards").glob("*.json"))
+        dashboards = [
+            o
+            for o in by_kind(objects, "ConfigMap")
+            if "grafana_dashboard" in o["metadata"]["labels"]
+        ]
+        assert len(dashboards) == len(sources)
+        by_file = {name: cm for cm in dashboards for name in cm["data"]}
+        for source in sources:
+            cm = by_file[source.name]
+            assert cm["metadata"]["labels"]["grafana_dashboard"] == "yes"
+            assert cm["metadata"]["annotations"] == {"grafana_folder": "Tritonscale"}
+            assert json.loads(cm["data"][source.name]) == json.loads(source.read_text())
+
+
+class TestHpaLocustAndHelmTest:
+    def test_hpa_scales_the_triton_deployment_on_the_queue_compute_ratio(self, render) -> None:
+        objects = render("hpa-values.yaml").objects
+        hpa = one(objects, "HorizontalPodAutoscaler")
+        deployment = one(objects, "Deployment", "-triton")
+        assert hpa["apiVersion"] == "autoscaling/v2"
+        assert hpa["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": deployment["metadata"]["name"],
+        }
+        assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+        assert hpa["spec"]["metrics"] == [
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": "triton_queue_compute_ratio"},
+                    "target": {"type": "AverageValue", "averageValue": "500m"},
+                },
+            }
+        ]
+        assert "replicas" not in deployment["spec"]  # the HPA owns it
+
+    def test_helm_test_pod_infers_bls_async_through_the_service(self, render) -> None:
+        objects = render().objects
+        pod = one(objects, "Pod", "-test-inference")
+        assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        service = one(objects, "Service", "-triton")["metadata"]["name"]
+        assert pod["spec"]["containers"][0]["command"] == [
+            "python3",
+            "/opt/tritonscale/scripts/check_inference.py",
+            f"--url=http://{service}.{NAMESPACE}.svc:8000",
+            "--model=bls_async",
+        ]
+        scripts = one(objects, "ConfigMap", "-scripts")
+        assert (
+            scripts["data"]["check_inference.py"]
+            == (CHART / "files" / "scripts" / "check_inference.py").read_text()
+        )
+
+    def test_locust_runs_the_load_test_against_the_service(self, helm4: str) -> None:
+        from tests.chart.helm import run_helm, template_args
+
+        result = run_helm(helm4, *template_args("locust-values.yaml"))
+        if not (CHART / "files" / "loadtests" / "bls.py").is_file():
+            assert result.returncode != 0
+            assert "locust.enabled is true but the chart holds no loadtests/bls.py" in result.stderr
+            return
+        assert result.returncode == 0, result.stderr
+        objects = result.objects
+        master = container(one(objects, "Deployment", "-locust-master"), "locust")
+        workers = one(objects, "Deployment", "-locust-worker")
+        assert workers["spec"]["replicas"] == 4
+        assert "--locustfile=/mnt/locust/bls.py" in master["args"]
+        assert f"--host=http://demo-tritonscale-triton.{NAMESPACE}.svc:8000" in master["args"]
+        assert {"--headless", "--users=64", "--run-time=10m", "--expect-workers=4"} <= set(
+            master["args"]
+        )
+        assert "--master-host=demo-tritonscale-locust" in container(workers, "locust")["args"]
+        files = one(objects, "ConfigMap", "-locustfiles")
+        assert files["data"]["bls.py"] == (CHART / "files" / "loadtests" / "bls.py").read_text()
+
+
+def test_notes_say_how_to_reach_triton_and_the_dashboards(helm4: str) -> None:
+    done = subprocess.run(
+        [
+            helm4,
+            "install",
+            "demo",
+            str(CHART),
+            "--dry-run=client",
+            "-n",
+            NAMESPACE,
+            "-f",
+            str(CHART / "ci" / "monitoring-values.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    assert f"http://demo-tritonscale-triton.{NAMESPACE}.svc:8000" in notes
+    assert "port-forward svc/demo-tritonscale-triton" in notes
+    assert "grafana_dashboard" in notes
+    assert "helm test demo" in notes
+
+
+def test_tools_are_on_this_machine(tools: dict[str, str]) -> None:
+    for name, path in tools.items():
+        assert shutil.which(path), name

@@ -1,0 +1,111 @@
+"""The chart's generated and copied files match their sources: one make target fixes each."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from tests.chart.helm import CHART, REPO_ROOT, load_tool
+
+
+def test_chart_copies_match_models_dashboards_and_loadtests() -> None:
+    drift = load_tool("sync_chart_files").drift()
+    assert drift == [], "run `make chart-sync`:\n" + "\n".join(drift)
+
+
+def test_sync_copies_new_files_and_drops_stale_ones(tmp_path) -> None:
+    sync = load_tool("sync_chart_files")
+    repo, chart_files = tmp_path / "repo", tmp_path / "files"
+    (repo / "models" / "m" / "1").mkdir(parents=True)
+    (repo / "models" / "m" / "config.pbtxt").write_text('name: "m"\n')
+    (repo / "models" / "m" / "1" / "model.py").write_text("x = 1\n")
+    (repo / "models" / "m" / "1" / "__pycache__").mkdir()
+    (repo / "models" / "m" / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    (repo / "models" / "README.md").write_text("not a model\n")
+    (chart_files / "models" / "gone" / "1").mkdir(parents=True)
+    (chart_files / "models" / "gone" / "1" / "model.py").write_text("old\n")
+    (chart_files / "scripts").mkdir()
+    (chart_files / "scripts" / "own.py").write_text("the chart's own\n")
+
+    assert sorted(sync.drift(repo, chart_files)) == [
+        "missing in chart: files/models/m/1/model.py (from models/m/1/model.py)",
+        "missing in chart: files/models/m/config.pbtxt (from models/m/config.pbtxt)",
+        "stale in chart: files/models/gone/1/model.py",
+    ]
+    sync.sync(repo, chart_files)
+    assert sync.drift(repo, chart_files) == []
+    assert (chart_files / "models" / "m" / "1" / "model.py").read_text() == "x = 1\n"
+    assert not (chart_files / "models" / "gone").exists()
+    assert (chart_files / "scripts" / "own.py").is_file()  # not a synced folder: untouched
+    (repo / "models" / "m" / "1" / "model.py").write_text("x = 2\n")
+    assert sync.drift(repo, chart_files) == [
+        "differs: files/models/m/1/model.py (from models/m/1/model.py)"
+    ]
+
+
+def test_readme_table_and_schema_descriptions_follow_the_param_lines() -> None:
+    chart_docs = load_tool("chart_docs")
+    values_text = (CHART / "values.yaml").read_text()
+    schema_text = (CHART / "values.schema.json").read_text()
+    schema = json.loads(schema_text)
+    assert chart_docs.problems(values_text, schema) == []
+    readme = (CHART / "README.md").read_text()
+    assert chart_docs.with_table(readme, chart_docs.render_table(values_text)) == readme, (
+        "run `make chart-docs`"
+    )
+    regenerated = (
+        json.dumps(
+            chart_docs.with_descriptions(schema, chart_docs.parse_params(values_text)), indent=2
+        )
+        + "\n"
+    )
+    assert regenerated == schema_text, "run `make chart-docs`"
+
+
+def test_docs_check_finds_an_undocumented_value() -> None:
+    chart_docs = load_tool("chart_docs")
+    values_text = (CHART / "values.yaml").read_text() + "\nundocumented: 1\n"
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert chart_docs.problems(values_text, schema) == [
+        "values.yaml: undocumented has no ## @param line",
+    ]
+
+
+def test_schema_accepts_the_defaults_and_documents_every_value() -> None:
+    import jsonschema
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.Draft7Validator(schema).validate(values)
+    assert schema["additionalProperties"] is False
+
+
+def test_plain_manifests_are_the_chart_rendered_with_its_defaults(helm4: str) -> None:
+    from pathlib import Path
+
+    render_manifests = load_tool("render_manifests")
+    committed = render_manifests.OUTPUT.read_text()
+    assert render_manifests.render(Path(helm4)) == committed, "run `make manifests`"
+    objects = [doc for doc in yaml.safe_load_all(committed) if doc]
+    kinds = [obj["kind"] for obj in objects]
+    assert "Secret" not in kinds  # the user creates it; the header says how
+    assert "Pod" not in kinds  # no helm test pod
+    crds = {obj["metadata"]["name"] for obj in objects if obj["kind"] == "CustomResourceDefinition"}
+    assert crds == {
+        path_crd["metadata"]["name"]
+        for path_crd in (
+            yaml.safe_load(p.read_text()) for p in sorted((CHART / "crds").glob("*.yaml"))
+        )
+    }
+    assert "kubectl -n tritonscale create secret generic tritonscale-repository-key" in committed
+    secret_refs = {
+        env["valueFrom"]["secretKeyRef"]["name"]
+        for obj in objects
+        if obj["kind"] == "Deployment"
+        for c in obj["spec"]["template"]["spec"]["containers"]
+        for env in c.get("env", [])
+        if env["name"] == "TRITONSCALE_REPOSITORY_KEY"
+    }
+    assert secret_refs == {"tritonscale-repository-key"}
+    assert render_manifests.OUTPUT.is_relative_to(REPO_ROOT / "charts" / "manifests")

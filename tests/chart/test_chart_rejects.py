@@ -1,0 +1,161 @@
+"""Impossible values fail with one clear message, under both Helm majors.
+
+Type and range mistakes are caught by values.schema.json (Helm 3 and Helm 4 word the
+message differently; each case names both), impossible combinations by the chart's
+validateValues (the same words under both).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chart.helm import run_helm, template_args
+
+
+def helm_major(helm: str) -> int:
+    return 3 if helm.endswith("helm3") else 4
+
+
+# (id, --set values, message under Helm 4, message under Helm 3)
+SCHEMA_CASES = [
+    (
+        "negative gpu count",
+        ("triton.gpu.count=-1",),
+        "at '/triton/gpu/count': minimum: got -1, want 0",
+        "triton.gpu.count: Must be greater than or equal to 0",
+    ),
+    (
+        "unknown repository source",
+        ("triton.modelRepository.source=nfs",),
+        "at '/triton/modelRepository/source': value must be one of 'configMap', 'image', 'pvc', 'uri'",
+        'triton.modelRepository.source must be one of the following: "configMap", "image", "pvc", "uri"',
+    ),
+    (
+        "uri that is not cloud storage",
+        ("triton.modelRepository.source=uri", "triton.modelRepository.uri=http://x"),
+        "at '/triton/modelRepository/uri': 'http://x' does not match pattern",
+        "triton.modelRepository.uri: Does not match pattern",
+    ),
+    (
+        "misspelt key",
+        ("triton.gpus=2",),
+        "at '/triton': additional properties 'gpus' not allowed",
+        "triton: Additional property gpus is not allowed",
+    ),
+    (
+        "zero min instances",
+        ("autoscalers.models.branch_embed.minInstances=0",),
+        "at '/autoscalers/models/branch_embed/minInstances': minimum: got 0, want 1",
+        "autoscalers.models.branch_embed.minInstances: Must be greater than or equal to 1",
+    ),
+    (
+        "unknown instance kind",
+        ("autoscalers.defaults.instanceKind=GPU",),
+        "at '/autoscalers/defaults/instanceKind': value must be one of '', 'KIND_CPU', 'KIND_GPU'",
+        "autoscalers.defaults.instanceKind must be one of the following",
+    ),
+    (
+        "unknown monitor kind",
+        ("monitoring.monitor.kind=Probe",),
+        "at '/monitoring/monitor/kind': value must be one of 'ServiceMonitor', 'PodMonitor'",
+        "monitoring.monitor.kind must be one of the following",
+    ),
+]
+
+# (id, --set values, validateValues' message)
+COMBINATION_CASES = [
+    (
+        "gpu mode without gpus",
+        ("triton.gpu.count=0",),
+        "tritonscale: triton.gpu.count is 0 but GPU mode (triton.gpu.enabled=true) needs at least 1 GPU",
+    ),
+    (
+        "min instances above max",
+        ("autoscalers.models.branch_embed.minInstances=9",),
+        "tritonscale: autoscalers.models.branch_embed: minInstances (9) is above maxInstances (8).",
+    ),
+    (
+        "default min above a model's max",
+        ("autoscalers.defaults.minInstances=5",),
+        "tritonscale: autoscalers.models.pipeline_async: minInstances (5) is above maxInstances (4).",
+    ),
+    (
+        "grace period shorter than the drain",
+        ("triton.terminationGracePeriodSeconds=45",),
+        "tritonscale: triton.terminationGracePeriodSeconds (45) must exceed triton.preStopSleepSeconds + triton.exitTimeoutSeconds (15 + 30)",
+    ),
+    (
+        "pvc without a claim",
+        ("triton.modelRepository.source=pvc",),
+        'tritonscale: triton.modelRepository.source is "pvc" but triton.modelRepository.pvc.claimName is empty.',
+    ),
+    (
+        "image without a repository",
+        ("triton.modelRepository.source=image",),
+        'tritonscale: triton.modelRepository.source is "image" but triton.modelRepository.image.repository is empty.',
+    ),
+    (
+        "uri source without a uri",
+        ("triton.modelRepository.source=uri",),
+        'tritonscale: triton.modelRepository.source is "uri" but triton.modelRepository.uri ("") does not start with s3://, gs:// or as://.',
+    ),
+    (
+        "readiness on a model the repository lacks",
+        ("triton.readyModels={bls_async,no_such_model}",),
+        "tritonscale: triton.readyModels names no_such_model, not in the chart's model repository",
+    ),
+    (
+        "hpa min above max",
+        ("hpa.enabled=true", "hpa.minReplicas=5", "hpa.maxReplicas=2"),
+        "tritonscale: hpa.minReplicas (5) is above hpa.maxReplicas (2).",
+    ),
+    (
+        "two pdb limits",
+        ("triton.pdb.minAvailable=1",),
+        "tritonscale: set only one of triton.pdb.minAvailable (1) and triton.pdb.maxUnavailable (1).",
+    ),
+    (
+        "two operators without peering",
+        ("operator.replicaCount=2",),
+        "tritonscale: operator.replicaCount is 2 but operator.peering.enabled is false",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("sets", "helm4_message", "helm3_message"),
+    [case[1:] for case in SCHEMA_CASES],
+    ids=[case[0] for case in SCHEMA_CASES],
+)
+def test_schema_rejects(
+    helm: str, sets: tuple[str, ...], helm4_message: str, helm3_message: str
+) -> None:
+    result = run_helm(helm, *template_args(sets=sets))
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert (helm4_message if helm_major(helm) == 4 else helm3_message) in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [case[1:] for case in COMBINATION_CASES],
+    ids=[case[0] for case in COMBINATION_CASES],
+)
+def test_validate_values_rejects(helm: str, sets: tuple[str, ...], message: str) -> None:
+    result = run_helm(helm, *template_args(sets=sets))
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "VALUES VALIDATION" in result.stderr
+
+
+def test_every_problem_is_reported_at_once(helm: str) -> None:
+    result = run_helm(
+        helm, *template_args(sets=("triton.gpu.count=0", "hpa.enabled=true", "hpa.minReplicas=9"))
+    )
+    assert "triton.gpu.count is 0" in result.stderr
+    assert "hpa.minReplicas (9) is above hpa.maxReplicas (4)" in result.stderr
+
+
+def test_cpu_mode_accepts_zero_gpus(helm: str) -> None:
+    result = run_helm(helm, *template_args(sets=("triton.gpu.enabled=false", "triton.gpu.count=0")))
+    assert result.returncode == 0, result.stderr
