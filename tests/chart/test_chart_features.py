@@ -294,16 +294,17 @@ class TestOperator:
         assert {p["metadata"]["name"] for p in peerings} == {"demo-tritonscale"}
         deployment = one(objects, "Deployment", "-operator")
         env = {e["name"]: e.get("value") for e in container(deployment, "operator")["env"]}
-        assert env["TRITONSCALE_PEERING"] == "demo-tritonscale"
-        assert env["TRITONSCALE_NAMESPACES"] == "inference,inference-canary"
-        assert env["TRITONSCALE_PROMETHEUS_URL"].startswith("http://")
+        assert env["TRITONSCALE_OPERATOR_PEERING"] == "demo-tritonscale"
+        assert env["TRITONSCALE_OPERATOR_NAMESPACE"] == "inference inference-canary"
+        assert env["TRITONSCALE_OPERATOR_PROMETHEUS_URL"].startswith("http://")
         assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
 
     def test_without_peering_one_operator_never_overlaps_another(self, render) -> None:
         deployment = one(render().objects, "Deployment", "-operator")
         assert deployment["spec"]["strategy"] == {"type": "Recreate"}
         env = {e["name"]: e.get("value") for e in container(deployment, "operator")["env"]}
-        assert env["TRITONSCALE_PEERING"] == ""
+        assert "TRITONSCALE_OPERATOR_PEERING" not in env  # standalone
+        assert env["TRITONSCALE_OPERATOR_NAMESPACE"] == NAMESPACE
 
     def test_operator_pod_runs_the_cli_non_root_read_only_with_probes_and_metrics(
         self, render
@@ -317,6 +318,9 @@ class TestOperator:
         assert operator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
         ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
         assert ports == {"healthz": 8080, "metrics": 9102}
+        env = {e["name"]: e.get("value") for e in operator["env"]}
+        assert env["TRITONSCALE_OPERATOR_LIVENESS"] == "http://0.0.0.0:8080/healthz"
+        assert env["TRITONSCALE_OPERATOR_METRICS_PORT"] == "9102"
         assert operator["securityContext"]["readOnlyRootFilesystem"] is True
         assert operator["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsNonRoot"] is True
