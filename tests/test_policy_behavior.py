@@ -1,0 +1,233 @@
+"""HPA behavior over many ticks with a fake clock: up fast, down slowly, never flapping.
+
+A `Loop` plays the driver: it builds the snapshot for the load of the moment, calls
+`decide`, applies the decision (or not, for a dry run) and moves the clock on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.test_policy import MODEL, signals, snapshot
+from tritonscale.behavior import (
+    PolicyState,
+    Recommendation,
+    ScaleEvent,
+    scale_down_limit,
+    scale_up_limit,
+)
+from tritonscale.policy import Decision, decide
+from tritonscale.spec import AutoscalerSpec, ScalingPolicy, ScalingRules
+
+START = 1_000_000.0
+
+
+def spec_with(**overrides: Any) -> AutoscalerSpec:
+    """The contract's defaults (up 4 or 100% per 15 s, down 1 per 60 s after 300 s)."""
+    d: dict[str, Any] = {
+        "selector": {"matchLabels": {"app.kubernetes.io/component": "triton"}},
+        "model": MODEL,
+        "maxInstances": 16,
+    }
+    d.update(overrides)
+    return AutoscalerSpec.from_dict(d)
+
+
+class Loop:
+    """The driver, reduced to what the policy sees; `busy_seconds` is the load (s/s)."""
+
+    def __init__(self, spec: AutoscalerSpec, current: int, interval_s: float = 15.0) -> None:
+        self.spec = spec
+        self.current = current
+        self.interval_s = interval_s
+        self.now = START
+        self.state = PolicyState()
+        self.counts: list[int] = []
+
+    def tick(self, busy_seconds: float, apply: bool = True, roundtrip: bool = False) -> Decision:
+        snap = snapshot(signals(compute=busy_seconds), taken_at=self.now)
+        decision = decide(self.spec, self.current, snap, self.state, self.now)
+        self.state = decision.state
+        if roundtrip:  # what the kopf driver does: status is JSON
+            self.state = PolicyState.from_dict(json.loads(json.dumps(self.state.to_dict())))
+        if apply:
+            self.current = decision.desired_instances
+        self.counts.append(self.current)
+        self.now += self.interval_s
+        return decision
+
+    def run(self, busy_seconds: float, ticks: int, **kwargs: Any) -> list[Decision]:
+        return [self.tick(busy_seconds, **kwargs) for _ in range(ticks)]
+
+
+class TestScaleUpFast:
+    def test_a_surge_is_met_in_one_tick_within_the_up_policies(self) -> None:
+        loop = Loop(spec_with(), current=2)
+        # 7 s/s at 0.7 per instance asks for 10; the policies allow max(2 + 4, 2 * 2) = 6.
+        first = loop.tick(7.0)
+        assert (first.desired_instances, first.reason) == (6, "ScaleUpLimit")
+        assert first.scaling_limited.status and first.scaling_limited.reason == "ScaleUpLimit"
+        assert "the scaleUp policies allow 6 instances now" in first.message
+        # One period later the limit counts from 6: 10 is within 6 + 4 and 6 * 2.
+        second = loop.tick(7.0)
+        assert (second.desired_instances, second.reason) == (10, "HighUtilization")
+
+    def test_percent_rounds_up_so_that_one_instance_can_grow(self) -> None:
+        rules = ScalingRules(0, "Max", (ScalingPolicy("Percent", 10, 60),))
+        assert scale_up_limit(rules, (), 1, START) == 2
+        # 10 * 110% is exactly 11 (floats would say 11.000000000000002 and allow 12).
+        assert scale_up_limit(rules, (), 10, START) == 11
+
+    def test_select_policy_min_takes_the_strictest_policy(self) -> None:
+        loop = Loop(spec_with(behavior={"scaleUp": {"selectPolicy": "Min"}}), current=2)
+        # Instances allows 6, Percent allows 4: Min picks 4.
+        assert loop.tick(7.0).desired_instances == 4
+
+    def test_a_disabled_direction_never_moves(self) -> None:
+        loop = Loop(spec_with(behavior={"scaleUp": {"selectPolicy": "Disabled"}}), current=2)
+        decisions = loop.run(7.0, ticks=10)
+        assert loop.counts == [2] * 10
+        assert {d.reason for d in decisions} == {"ScaleUpLimit"}
+
+    def test_an_up_window_ignores_a_spike_shorter_than_itself(self) -> None:
+        spec = spec_with(behavior={"scaleUp": {"stabilizationWindowSeconds": 60}})
+        loop = Loop(spec, current=2)
+        loop.run(1.4, ticks=5)  # steady on target
+        spike = loop.run(7.0, ticks=3)  # 45 s of surge
+        assert loop.counts[-3:] == [2, 2, 2]
+        assert {d.reason for d in spike} == {"ScaleUpStabilized"}
+        assert spike[0].able_to_scale.reason == "ScaleUpStabilized"
+        loop.run(7.0, ticks=2)  # the surge outlasts the window: now it counts
+        assert loop.counts[-1] > 2
+
+    def test_the_rate_counts_from_the_size_at_the_start_of_its_period(self) -> None:
+        # Two ticks 5 s apart inside one 15 s period: 2 -> 6, then no further than 6.
+        loop = Loop(spec_with(), current=2, interval_s=5.0)
+        loop.run(14.0, ticks=3)
+        assert loop.counts == [6, 6, 6]
+        loop.tick(14.0)  # 15 s after the first change the period starts afresh
+        assert loop.counts[-1] == 12
+
+
+class TestScaleDownSlowly:
+    def test_a_drop_waits_out_the_window_then_steps_by_the_policy(self) -> None:
+        loop = Loop(spec_with(), current=2)
+        loop.run(5.6, ticks=2)  # up to 8
+        assert loop.current == 8
+        high_until = loop.now - loop.interval_s
+        decisions = loop.run(0.7, ticks=40)  # the load falls to one instance's worth
+        times = [high_until + loop.interval_s * (i + 1) for i in range(40)]
+        first_down = next(i for i, c in enumerate(loop.counts[2:]) if c < 8)
+        # No scale-down while a recommendation of the last 300 s asked for 8...
+        assert times[first_down] - high_until >= 300
+        assert times[first_down - 1] - high_until < 300
+        assert {d.reason for d in decisions[:first_down]} == {"ScaleDownStabilized"}
+        # ...then one instance a minute: four 15 s ticks per step.
+        counts = loop.counts[2 + first_down :]
+        assert counts[:9] == [7, 7, 7, 7, 6, 6, 6, 6, 5]
+        assert decisions[first_down + 1].reason == "ScaleDownLimit"
+
+    def test_a_fresh_history_holds_scale_downs_for_one_window(self) -> None:
+        # A restarted operator that lost its state must not shrink everything at once.
+        loop = Loop(spec_with(), current=8)
+        decisions = loop.run(0.7, ticks=20)  # 300 s
+        assert loop.counts == [8] * 20
+        assert decisions[0].reason == "ScaleDownStabilized"
+        loop.tick(0.7)
+        assert loop.counts[-1] == 7
+
+    def test_percent_down_rounds_down(self) -> None:
+        rules = ScalingRules(0, "Max", (ScalingPolicy("Percent", 50, 60),))
+        assert scale_down_limit(rules, (), 3, START) == 1
+        assert scale_down_limit(rules, (), 1, START) == 0  # min bounds it, not the policy
+
+    def test_a_scale_up_inside_the_period_adds_back_to_the_budget(self) -> None:
+        # HPA: the period starts from current - added + removed.
+        rules = ScalingRules(0, "Max", (ScalingPolicy("Instances", 1, 60),))
+        events = (ScaleEvent(START - 10, +3),)
+        assert scale_down_limit(rules, events, 6, START) == 2
+
+
+class TestNoFlapping:
+    @pytest.mark.parametrize("wobble", [0.0, 0.03, 0.06, 0.09])
+    def test_load_wobbling_inside_the_deadband_never_moves_the_count(self, wobble: float) -> None:
+        loop = Loop(spec_with(), current=4)
+        for i in range(200):
+            loop.tick(2.8 * (1 + (wobble if i % 2 else -wobble)))
+        assert set(loop.counts) == {4}
+
+    def test_a_load_that_comes_and_goes_scales_up_each_time_and_down_once_it_stays_low(
+        self,
+    ) -> None:
+        loop = Loop(spec_with(), current=2)
+        for _ in range(5):
+            loop.run(5.6, ticks=2)
+            loop.run(1.4, ticks=6)  # 90 s low: inside the 300 s window
+        assert min(loop.counts[2:]) == 8  # never shrank between surges
+        loop.run(1.4, ticks=60)
+        assert loop.current == 2
+
+
+class TestInferredScaleEvents:
+    def test_a_dry_run_spends_no_rate_budget(self) -> None:
+        loop = Loop(spec_with(), current=2)
+        decisions = loop.run(7.0, ticks=3, apply=False)
+        assert loop.state.scale_events == ()
+        assert [d.desired_instances for d in decisions] == [6, 6, 6]
+
+    def test_an_applied_change_is_dated_to_the_tick_that_asked_for_it(self) -> None:
+        loop = Loop(spec_with(), current=2)
+        loop.tick(7.0)
+        loop.tick(7.0)
+        assert loop.state.scale_events[0] == ScaleEvent(START, 4)
+
+    def test_a_change_nobody_asked_for_is_dated_when_seen(self) -> None:
+        loop = Loop(spec_with(), current=4)
+        loop.tick(2.8)
+        loop.current = 1  # a pod restarted with the repository's default count
+        decision = loop.tick(2.8)
+        assert loop.state.scale_events[-1] == ScaleEvent(START + 15, -3)
+        # HPA arithmetic: a removal inside the period gives its budget back, 1 -> 4 at once.
+        assert decision.desired_instances == 4
+
+    def test_the_state_survives_a_json_round_trip_without_changing_a_decision(self) -> None:
+        plan = [5.6] * 3 + [0.7] * 30 + [7.0] * 3
+        direct, stored = Loop(spec_with(), current=2), Loop(spec_with(), current=2)
+        for load in plan:
+            a, b = direct.tick(load), stored.tick(load, roundtrip=True)
+            assert (a.desired_instances, a.reason, a.message) == (
+                b.desired_instances,
+                b.reason,
+                b.message,
+            )
+        assert direct.state == stored.state
+
+    def test_the_history_stays_small(self) -> None:
+        loop = Loop(spec_with(maxInstances=8), current=2, interval_s=1.0)
+        for i in range(3000):
+            loop.tick([0.7, 5.6, 2.8, 0.1][(i // 50) % 4])
+        assert len(loop.state.recommendations) <= 8  # one per count at most
+        assert all(e.at > loop.now - 61 for e in loop.state.scale_events)
+
+
+class TestPolicyStateForm:
+    def test_to_dict_and_from_dict_are_inverse(self) -> None:
+        state = PolicyState(
+            recommendations=(Recommendation(1.5, 3), Recommendation(2.5, 4)),
+            scale_events=(ScaleEvent(2.0, -1),),
+            last_instances=4,
+            last_desired=3,
+            last_tick_at=2.5,
+        )
+        assert PolicyState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+    @pytest.mark.parametrize("empty", [None, {}])
+    def test_nothing_stored_is_a_fresh_state(self, empty: Any) -> None:
+        assert PolicyState.from_dict(empty) == PolicyState()
+
+    def test_a_malformed_state_is_a_value_error_with_a_message(self) -> None:
+        with pytest.raises(ValueError, match="malformed policy state"):
+            PolicyState.from_dict({"recommendations": [{"at": "soon"}]})
