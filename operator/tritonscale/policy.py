@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from tritonscale import behavior, sizing
@@ -82,7 +82,7 @@ class Decision:
     able_to_scale: Condition  # the driver replaces it after applying (SucceededRescale...)
     scaling_active: Condition
     scaling_limited: Condition
-    observed: Mapping[str, float]  # status.observedMetrics (camelCase keys)
+    observed: dict[str, float] = field(hash=False)  # status.observedMetrics (camelCase keys)
     state: PolicyState  # store it and pass it to the next call
 
     @property
@@ -184,7 +184,7 @@ class _Tick:
             able_to_scale=able,
             scaling_active=active,
             scaling_limited=limited,
-            observed=MappingProxyType(dict(observed)),
+            observed=dict(observed),
             state=(state or self.state).ticked(self.current, desired, self.now),
         )
 
@@ -392,7 +392,7 @@ def _because(
 ) -> str:
     if reason == sizing.WITHIN_TOLERANCE:
         described = ", ".join(need.describe() for need in all_needs)
-        return f"no signal asks for a change beyond the tolerance {tolerance:.2f} ({described})"
+        return f"the signals ask for no other count ({described}; tolerance {tolerance:.2f})"
     side = "above" if winner.ratio > 1 else "below"
     return (
         f"{winner.signal} {winner.value:.2f} is {side} the target {winner.target:.2f} "
