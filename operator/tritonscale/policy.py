@@ -129,7 +129,7 @@ def decide(
         return tick.to_bound(
             spec.min_instances,
             behavior.TOO_FEW_INSTANCES,
-            f"{current_instances} instances is below minInstances {spec.min_instances}",
+            f"{_instances(current_instances)} is below minInstances {spec.min_instances}",
             observed,
             problem,
         )
@@ -137,7 +137,7 @@ def decide(
         return tick.to_bound(
             spec.max_instances,
             behavior.TOO_MANY_INSTANCES,
-            f"{current_instances} instances is above maxInstances {spec.max_instances}",
+            f"{_instances(current_instances)} is above maxInstances {spec.max_instances}",
             observed,
             problem,
         )
@@ -261,10 +261,14 @@ class _Tick:
         )
 
 
+def _instances(count: int) -> str:
+    return f"{count} instance" if count == 1 else f"{count} instances"
+
+
 def _outcome(model: str, current: int, desired: int) -> str:
     if desired == current:
-        return f"{model} stays at {current} instances"
-    return f"{model} {current} -> {desired} instances"
+        return f"{model} stays at {_instances(current)}"
+    return f"{model} {current} -> {_instances(desired)}"
 
 
 def _active_condition(problem: tuple[str, str] | None) -> Condition:
@@ -377,7 +381,7 @@ def _child_guard(
     verb = "is" if len(saturated) == 1 else "are"
     return (
         CHILD_SATURATED,
-        f"{names} {verb} saturated ({child}: {need.describe()} at {instances} instances): "
+        f"{names} {verb} saturated ({child}: {need.describe()} at {_instances(instances)}): "
         f"scale {names}, not {spec.model}",
     )
 
@@ -396,7 +400,7 @@ def _because(
     side = "above" if winner.ratio > 1 else "below"
     return (
         f"{winner.signal} {winner.value:.2f} is {side} the target {winner.target:.2f} "
-        f"and asks for {recommended} instances"
+        f"and asks for {_instances(recommended)}"
     )
 
 
@@ -416,9 +420,9 @@ def _window_phrase(spec: AutoscalerSpec, reason: str, wanted: int, allowed: int)
 
 def _limit_phrase(spec: AutoscalerSpec, reason: str, wanted: int, allowed: int) -> str:
     if reason == behavior.SCALE_UP_LIMIT:
-        return f"the scaleUp policies allow {allowed} instances now"
+        return f"the scaleUp policies allow {_instances(allowed)} now"
     if reason == behavior.SCALE_DOWN_LIMIT:
-        return f"the scaleDown policies allow {allowed} instances now"
+        return f"the scaleDown policies allow {_instances(allowed)} now"
     if reason == behavior.TOO_MANY_INSTANCES:
         return f"maxInstances is {spec.max_instances}"
     return f"minInstances is {spec.min_instances}"
