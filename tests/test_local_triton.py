@@ -18,6 +18,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
+
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 from tritonscale.local_triton import LocalTriton, LocalTritonError, free_port
 
@@ -156,7 +157,9 @@ class TestRepositoryApiIsLocked:
                 call("add_sub")
         assert client.is_model_ready("add_sub")
         # With the header the same call goes through.
-        client.load_model("add_sub", headers=triton.repository_headers)
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.load_model("add_sub", headers=triton.repository_headers)  # the HTTP name
+        client.load_model("add_sub", headers=triton.grpc_repository_headers)
         assert client.is_model_ready("add_sub")
 
 
@@ -267,3 +270,18 @@ class TestServeCommand:
             "choose another with --grpc-port"
         ]
         assert "Traceback" not in output
+
+
+def test_a_model_folder_triton_cannot_read_is_named(tmp_path: Path) -> None:
+    write_model(tmp_path, "echo")
+    (tmp_path / "no_config" / "1").mkdir(parents=True)
+    server = LocalTriton(tmp_path, http_port=0, grpc_port=0, metrics_port=0)
+    with pytest.raises(LocalTritonError, match="model 'no_config' failed to load: Invalid model"):
+        server.start()
+
+
+def test_asking_for_a_model_the_repository_lacks_is_named(tmp_path: Path) -> None:
+    write_model(tmp_path, "echo")
+    server = LocalTriton(tmp_path, models=["nope"], http_port=0, grpc_port=0, metrics_port=0)
+    with pytest.raises(LocalTritonError, match="model 'nope' not found in"):
+        server.start()

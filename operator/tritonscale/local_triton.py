@@ -27,7 +27,7 @@ from types import TracebackType
 
 import requests
 
-from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+from tritonscale import GRPC_REPOSITORY_KEY_HEADER, REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 
 # The source checkout's model repository (operator/tritonscale/ -> repo root / models).
 DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parents[2] / "models"
@@ -155,8 +155,13 @@ class LocalTriton:
 
     @property
     def repository_headers(self) -> dict[str, str]:
-        """The header that unlocks the model-repository API (load, unload, index)."""
+        """The HTTP header that unlocks the model-repository API (load, unload, index)."""
         return {REPOSITORY_KEY_HEADER: self.repository_key}
+
+    @property
+    def grpc_repository_headers(self) -> dict[str, str]:
+        """The same over gRPC, where Triton expects the key under a prefixed name."""
+        return {GRPC_REPOSITORY_KEY_HEADER: self.repository_key}
 
     @property
     def log_path(self) -> Path:
@@ -263,13 +268,31 @@ class LocalTriton:
                     raise LocalTritonError(
                         f"model '{row['name']}' failed to load: {reason} (log: {self.log_path})"
                     )
-                loading = [row for row in rows if row.get("state") != "READY"]
+                absent = sorted(set(wanted or ()) - {row["name"] for row in states})
+                if absent:
+                    raise LocalTritonError(
+                        f"model '{absent[0]}' not found in {self.model_repository}"
+                    )
+                # A folder Triton could not read is listed without a state.
+                unread = [row["name"] for row in rows if "state" not in row]
+                if unread:
+                    raise LocalTritonError(self._poll_failure(unread[0]))
+                loading = [row for row in rows if row["state"] != "READY"]
                 if rows and not loading:
                     return
             time.sleep(0.25)
         raise LocalTritonError(
             f"tritonserver not ready after {self.startup_timeout_s:.0f} s; log: {self.log_path}"
         )
+
+    def _poll_failure(self, name: str) -> str:
+        """Triton leaves a folder it cannot read out of its index; its log says why."""
+        marker = f"Poll failed for model directory '{name}': "
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if marker in line:
+                reason = line.split(marker, 1)[1].rstrip('"')
+                return f"model '{name}' failed to load: {reason}"
+        return f"model '{name}' failed to load: Triton did not list it (log: {self.log_path})"
 
     def _last_error(self) -> str:
         """The most telling line of the server's log, for a one-line error."""
