@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall
 
 from tests.tooling import missing
+from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall
 
 
 @pytest.fixture(scope="session")
