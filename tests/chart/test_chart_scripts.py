@@ -1,18 +1,73 @@
-"""The chart's two in-cluster scripts, run against a real tritonserver on models/.
+"""The chart's model repository and its two in-cluster scripts, on a real tritonserver.
 
-files/scripts/triton_ready.py is the Triton pods' readiness probe; check_inference.py is
-the `helm test` pod. Both are stdlib-only, so they run here as they run in the images.
+The Triton pod's model volumes are rebuilt here as the kubelet lays out a ConfigMap
+volume with `items` (a timestamped folder, a `..data` link to it, and one link per
+top-level entry), from the ConfigMaps the chart renders in CPU mode. tritonserver 2.51
+(NGC 24.10's) must load every model from that layout. Against it run
+files/scripts/triton_ready.py (the readiness probe) and check_inference.py (the `helm
+test` pod); both are stdlib-only, so they run here as they run in the images.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
-from tests.chart.helm import CHART
+import pytest
+
+from tests.chart.helm import CHART, by_kind, one
+from tests.tooling import missing
+from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall
 
 SCRIPTS = CHART / "files" / "scripts"
+
+
+def lay_out_like_the_kubelet(objects: list[dict], root: Path) -> list[str]:
+    """Write the Triton pod's /models/<model> ConfigMap volumes under root; return the models."""
+    deployment = one(objects, "Deployment", "-triton")
+    pod = deployment["spec"]["template"]["spec"]
+    (tritonserver,) = [c for c in pod["containers"] if c["name"] == "tritonserver"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    configmaps = {cm["metadata"]["name"]: cm for cm in by_kind(objects, "ConfigMap")}
+    models = []
+    for mount in tritonserver["volumeMounts"]:
+        if not mount["mountPath"].startswith("/models/"):
+            continue
+        source = volumes[mount["name"]]["configMap"]
+        data = configmaps[source["name"]]["data"]
+        folder = root / mount["mountPath"].removeprefix("/models/")
+        payload = folder / "..2024_11_29_18_00_00.000000001"
+        for item in source["items"]:
+            target = payload / item["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(data[item["key"]])
+        os.symlink(payload.name, folder / "..data")
+        for top in {item["path"].split("/")[0] for item in source["items"]}:
+            os.symlink(f"..data/{top}", folder / top)
+        models.append(folder.name)
+    return models
+
+
+@pytest.fixture(scope="module")
+def chart_triton(render, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    """tritonserver on the chart's CPU-mode model ConfigMaps, laid out as in the pod."""
+    try:
+        TritonInstall()
+    except LocalTritonError as error:
+        missing(str(error))
+    repository = tmp_path_factory.mktemp("pod") / "models"
+    models = lay_out_like_the_kubelet(render("cpu-only-values.yaml").objects, repository)
+    assert "bls_async" in models
+    # A short exit timeout bounds teardown: Triton 2.51 waits for idle HTTP connections
+    # too, and one left open by the readiness polling holds it for the whole timeout.
+    with LocalTriton(
+        repository, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=3
+    ) as server:
+        yield server
 
 
 def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
@@ -21,16 +76,22 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_ready_when_the_server_and_the_named_models_are(triton) -> None:
+def test_every_model_loads_from_the_configmap_layout(chart_triton: LocalTriton) -> None:
+    models = sorted(p.name for p in chart_triton.model_repository.iterdir())
+    done = run_script("triton_ready.py", f"--url=http://{chart_triton.http_url}", *models)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ready_when_the_server_and_the_named_models_are(chart_triton: LocalTriton) -> None:
     done = run_script(
-        "triton_ready.py", f"--url=http://{triton.http_url}", "bls_async", "pipeline_async"
+        "triton_ready.py", f"--url=http://{chart_triton.http_url}", "bls_async", "pipeline_async"
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_not_ready_names_the_model_that_is_not(triton) -> None:
+def test_not_ready_names_the_model_that_is_not(chart_triton: LocalTriton) -> None:
     done = run_script(
-        "triton_ready.py", f"--url=http://{triton.http_url}", "bls_async", "no_such_model"
+        "triton_ready.py", f"--url=http://{chart_triton.http_url}", "bls_async", "no_such_model"
     )
     assert done.returncode == 1
     assert done.stdout.strip() == "not ready: /v2/models/no_such_model/ready"
@@ -42,15 +103,19 @@ def test_not_ready_when_nothing_listens() -> None:
     assert "/v2/health/ready" in done.stdout
 
 
-def test_helm_test_inference_on_bls_async_passes(triton) -> None:
-    done = run_script("check_inference.py", f"--url=http://{triton.http_url}", "--model=bls_async")
+def test_helm_test_inference_on_bls_async_passes(chart_triton: LocalTriton) -> None:
+    done = run_script(
+        "check_inference.py", f"--url=http://{chart_triton.http_url}", "--model=bls_async"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("OK: bls_async")
 
 
-def test_helm_test_inference_fails_on_a_model_with_another_interface(triton) -> None:
+def test_helm_test_inference_fails_on_a_model_with_another_interface(
+    chart_triton: LocalTriton,
+) -> None:
     done = run_script(
-        "check_inference.py", f"--url=http://{triton.http_url}", "--model=bls_decoupled_sync"
+        "check_inference.py", f"--url=http://{chart_triton.http_url}", "--model=bls_decoupled_sync"
     )
     assert done.returncode == 1
     assert done.stdout.startswith("FAIL: bls_decoupled_sync: HTTP 400")
