@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart.helm import CHART, NAMESPACE, by_kind, container, one
+from tests.chart.helm import CHART, NAMESPACE, by_kind, container, one, run_helm, template_args
 from tests.tooling import require_tool
 
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -461,8 +461,6 @@ class TestHpaLocustAndHelmTest:
         )
 
     def test_locust_runs_the_load_test_against_the_service(self, helm4: str) -> None:
-        from tests.chart.helm import run_helm, template_args
-
         result = run_helm(helm4, *template_args("locust-values.yaml"))
         if not (CHART / "files" / "loadtests" / "bls.py").is_file():
             assert result.returncode != 0

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
 
+import jsonschema
 import yaml
 
 from tests.chart.helm import CHART, REPO_ROOT, load_tool
@@ -73,8 +78,6 @@ def test_docs_check_finds_an_undocumented_value() -> None:
 
 
 def test_schema_accepts_the_defaults_and_documents_every_value() -> None:
-    import jsonschema
-
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     jsonschema.Draft7Validator(schema).validate(values)
@@ -82,8 +85,6 @@ def test_schema_accepts_the_defaults_and_documents_every_value() -> None:
 
 
 def test_plain_manifests_are_the_chart_rendered_with_its_defaults(helm4: str) -> None:
-    from pathlib import Path
-
     render_manifests = load_tool("render_manifests")
     committed = render_manifests.OUTPUT.read_text()
     assert render_manifests.render(Path(helm4)) == committed, "run `make manifests`"
@@ -109,3 +110,39 @@ def test_plain_manifests_are_the_chart_rendered_with_its_defaults(helm4: str) ->
     }
     assert secret_refs == {"tritonscale-repository-key"}
     assert render_manifests.OUTPUT.is_relative_to(REPO_ROOT / "charts" / "manifests")
+
+
+def test_the_secret_command_in_the_manifest_header_makes_the_secret_it_needs(
+    tools: dict[str, str],
+) -> None:
+    """Run the header's `kubectl create secret` (client dry run: no cluster needed)."""
+
+    header = [line[1:].strip() for line in load_tool("render_manifests").HEADER.splitlines()]
+    commands = " ".join(header).replace("\\ ", " ")
+    start = commands.index("kubectl -n")
+    command = shlex.split(commands[start : commands.index("kubectl apply")])
+    assert command[:5] == ["kubectl", "-n", "tritonscale", "create", "secret"]
+    command = [tools["kubectl"], *command[1:], "--dry-run=client", "-o", "yaml"]
+    command = [arg.replace("$(openssl rand -hex 32)", "0123abcd") for arg in command]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "KUBECONFIG": os.devnull}
+    )
+    assert done.returncode == 0, done.stderr
+    secret = yaml.safe_load(done.stdout)
+    objects = [
+        doc for doc in yaml.safe_load_all(load_tool("render_manifests").OUTPUT.read_text()) if doc
+    ]
+    refs = {
+        (
+            obj["metadata"]["namespace"],
+            env["valueFrom"]["secretKeyRef"]["name"],
+            env["valueFrom"]["secretKeyRef"]["key"],
+        )
+        for obj in objects
+        if obj["kind"] == "Deployment"
+        for c in obj["spec"]["template"]["spec"]["containers"]
+        for env in c.get("env", [])
+        if env["name"] == "TRITONSCALE_REPOSITORY_KEY"
+    }
+    assert refs == {(secret["metadata"]["namespace"], secret["metadata"]["name"], "repository-key")}
+    assert list(secret["data"]) == ["repository-key"]
