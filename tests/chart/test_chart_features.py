@@ -508,3 +508,25 @@ def test_notes_say_how_to_reach_triton_and_the_dashboards(helm4: str) -> None:
 def test_tools_are_on_this_machine(tools: dict[str, str]) -> None:
     for name, path in tools.items():
         assert shutil.which(path), name
+
+
+def test_the_longest_release_name_keeps_names_valid_and_distinct(helm4: str) -> None:
+    release = "r" * 53  # Helm's own limit
+    args = [
+        "template",
+        release,
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "-f",
+        str(CHART / "ci" / "peering-values.yaml"),
+    ]
+    result = run_helm(helm4, *args)
+    assert result.returncode == 0, result.stderr
+    keys = [(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in result.objects]
+    assert len(keys) == len(set(keys))
+    dns_label = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    for _, _, name in keys:
+        assert dns_label.match(name), name
+    for volume in triton_pod(result.objects)["volumes"]:
+        assert dns_label.match(volume["name"]), volume["name"]

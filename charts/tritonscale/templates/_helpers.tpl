@@ -67,12 +67,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* An image reference from {registry, repository, tag, digest}. Call with (dict "image" .Values.x.image "default" (dict ...) "root" .). Empty repository falls back to the default image; empty tag to the chart's appVersion. */}}
+{{/* An image reference from {registry, repository, tag, digest}: the digest wins over the tag; an empty tag is the chart's appVersion. Call with (dict "image" .Values.x.image "root" .). */}}
 {{- define "tritonscale.image" -}}
 {{- $image := .image -}}
-{{- if and (not $image.repository) .default -}}
-{{- $image = merge (dict "tag" $image.tag "digest" $image.digest) .default -}}
-{{- end -}}
 {{- $ref := $image.repository -}}
 {{- if $image.registry -}}
 {{- $ref = printf "%s/%s" $image.registry $image.repository -}}
