@@ -1,0 +1,144 @@
+"""The operator's own Prometheus metrics (docs/instancegroupautoscaler.md), for both drivers.
+
+    metrics = OperatorMetrics()            # its own registry: several may coexist in tests
+    metrics.serve(9102)                    # or pass metrics.registry to your own server
+    result = reconcile(..., metrics=metrics, namespace="ns", autoscaler="pipeline-async")
+    metrics.forget("ns", "pipeline-async", "pipeline_async")  # the object was deleted
+
+`reconcile.reconcile` records every tick itself; a driver only creates, serves and forgets.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+if TYPE_CHECKING:
+    from tritonscale.reconcile import TickResult
+
+LABELS = ("namespace", "autoscaler", "model")
+
+# status.observedMetrics key -> the `signal` label.
+SIGNALS = {
+    "busyPerInstance": "busy_per_instance",
+    "queueComputeRatio": "queue_compute_ratio",
+    "pendingPerInstance": "pending_per_instance",
+    "requestRate": "request_rate",
+    "gpuUtilization": "gpu_utilization",
+    "gpuMemoryFraction": "gpu_memory_fraction",
+}
+
+
+class OperatorMetrics:
+    """The metrics of the contract, in a registry of their own (`.registry`)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.desired = Gauge(
+            "tritonscale_desired_instances",
+            "The last decision's instance count.",
+            LABELS,
+            registry=r,
+        )
+        self.current = Gauge(
+            "tritonscale_current_instances",
+            "The live instance count on the pods (the lowest if they disagree).",
+            LABELS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "tritonscale_decisions",
+            "Decisions taken.",
+            (*LABELS, "direction", "reason"),
+            registry=r,
+        )
+        self.actuations = Counter(
+            "tritonscale_actuations",
+            "Model loads sent to a Triton pod.",
+            (*LABELS, "result"),
+            registry=r,
+        )
+        self.duration = Histogram(
+            "tritonscale_reconcile_duration_seconds",
+            "One control tick, end to end.",
+            LABELS,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.errors = Counter(
+            "tritonscale_reconcile_errors",
+            "Ticks that failed, by reason.",
+            (*LABELS, "reason"),
+            registry=r,
+        )
+        self.observed = Gauge(
+            "tritonscale_observed_signal",
+            "What the policy saw on its last tick.",
+            (*LABELS, "signal"),
+            registry=r,
+        )
+        self.last_reconcile = Gauge(
+            "tritonscale_last_reconcile_timestamp_seconds",
+            "Unix time of the last finished tick.",
+            LABELS,
+            registry=r,
+        )
+        self._lock = threading.Lock()
+        self._signals_seen: dict[tuple[str, str, str], set[str]] = {}
+
+    def record(self, result: TickResult, namespace: str, autoscaler: str) -> None:
+        """Export one tick (reconcile calls this; drivers need not)."""
+        labels = (namespace, autoscaler, result.model)
+        with self._lock:
+            decision = result.decision
+            if decision is not None:
+                self.desired.labels(*labels).set(decision.desired_instances)
+                self.decisions.labels(*labels, decision.direction, result.reason).inc()
+                seen = self._signals_seen.setdefault(labels, set())
+                for key, signal in SIGNALS.items():
+                    if key in decision.observed:
+                        self.observed.labels(*labels, signal).set(decision.observed[key])
+                        seen.add(signal)
+                    elif signal in seen:
+                        # A signal that went away must not linger with its old value.
+                        self.observed.remove(*labels, signal)
+                        seen.discard(signal)
+            if result.current_instances is not None:
+                self.current.labels(*labels).set(result.current_instances)
+            for pod in result.applied:
+                self.actuations.labels(*labels, "success" if pod.ok else "failure").inc()
+            for error in result.errors:
+                self.errors.labels(*labels, error.reason).inc()
+            self.duration.labels(*labels).observe(result.duration_s)
+            self.last_reconcile.labels(*labels).set(result.finished_at)
+
+    def forget(self, namespace: str, autoscaler: str, model: str) -> None:
+        """Drop every series of one autoscaler (its object was deleted or renamed)."""
+        wanted = (namespace, autoscaler, model)
+        with self._lock:
+            for metric in (
+                self.desired,
+                self.current,
+                self.decisions,
+                self.actuations,
+                self.duration,
+                self.errors,
+                self.observed,
+                self.last_reconcile,
+            ):
+                # prometheus_client keeps label values in `_metrics`; there is no public lister.
+                for values in list(metric._metrics):  # noqa: SLF001
+                    if values[: len(wanted)] == wanted:
+                        metric.remove(*values)
+            self._signals_seen.pop(wanted, None)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
+        """Serve /metrics on `port` from a daemon thread (prometheus_client's own server).
+
+        Returns the server; `.shutdown()` stops it.
+        """
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return server
