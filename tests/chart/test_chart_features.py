@@ -468,7 +468,10 @@ class TestHpaLocustAndHelmTest:
             return
         assert result.returncode == 0, result.stderr
         objects = result.objects
-        master = container(one(objects, "Deployment", "-locust-master"), "locust")
+        job = one(objects, "Job", "-locust-master")  # headless: one run, never restarted
+        assert job["spec"]["backoffLimit"] == 0
+        assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+        master = container(job, "locust")
         workers = one(objects, "Deployment", "-locust-worker")
         assert workers["spec"]["replicas"] == 4
         assert "--locustfile=/mnt/locust/bls.py" in master["args"]
@@ -477,6 +480,9 @@ class TestHpaLocustAndHelmTest:
             master["args"]
         )
         assert "--master-host=demo-tritonscale-locust" in container(workers, "locust")["args"]
+        service = one(objects, "Service", "-locust")
+        master_labels = job["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= master_labels.items()
         files = one(objects, "ConfigMap", "-locustfiles")
         assert files["data"]["bls.py"] == (CHART / "files" / "loadtests" / "bls.py").read_text()
 
@@ -530,3 +536,12 @@ def test_the_longest_release_name_keeps_names_valid_and_distinct(helm4: str) -> 
         assert dns_label.match(name), name
     for volume in triton_pod(result.objects)["volumes"]:
         assert dns_label.match(volume["name"]), volume["name"]
+
+
+def test_locust_with_its_web_ui_keeps_the_master_running(render) -> None:
+    if not (CHART / "files" / "loadtests" / "bls.py").is_file():
+        pytest.skip("loadtests/bls.py is not in the chart yet")
+    objects = render(sets=("locust.enabled=true",)).objects
+    master = one(objects, "Deployment", "-locust-master")
+    assert master["spec"]["replicas"] == 1
+    assert "--headless" not in container(master, "locust")["args"]

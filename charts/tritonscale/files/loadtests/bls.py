@@ -278,7 +278,11 @@ class TritonUser(User):
         return inputs
 
     @task
-    def infer(self) -> None:
+    def request(self) -> None:
+        self.send()
+
+    def send(self) -> None:
+        """One request, timed and checked; subclasses with other exchanges override it."""
         arrays = self.workload.make_inputs(self.options.payload, self.rng)
         inputs = self.make_inputs(arrays)
         timeout = self.options.request_timeout_s
@@ -369,8 +373,7 @@ class SquareStreamUser(TritonUser):
             context={},
         )
 
-    @task
-    def infer(self) -> None:
+    def send(self) -> None:
         count = max(self.options.payload, 1)
         arrays = {"IN": np.array([count], dtype=np.int32)}
         started = time.perf_counter()
