@@ -21,7 +21,7 @@ import pytest
 
 from tests.chart.helm import CHART, by_kind, one
 from tests.tooling import missing
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall
+from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
 
 SCRIPTS = CHART / "files" / "scripts"
 
@@ -98,7 +98,7 @@ def test_not_ready_names_the_model_that_is_not(chart_triton: LocalTriton) -> Non
 
 
 def test_not_ready_when_nothing_listens() -> None:
-    done = run_script("triton_ready.py", "--url=http://127.0.0.1:9", "--timeout=1")
+    done = run_script("triton_ready.py", f"--url=http://127.0.0.1:{free_port()}", "--timeout=1")
     assert done.returncode == 1
     assert "/v2/health/ready" in done.stdout
 
