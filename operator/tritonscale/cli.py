@@ -104,6 +104,102 @@ def serve(
         click.echo("stopped", err=True)
 
 
+@main.command()
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Serve the autoscalers of this namespace (repeatable; from the environment: "
+    "space-separated).",
+)
+@click.option(
+    "--all-namespaces",
+    is_flag=True,
+    help="Serve every namespace (needs cluster-wide RBAC; see docs/rbac.md).",
+)
+@click.option(
+    "--liveness",
+    metavar="URL",
+    help="Serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=9102,
+    show_default=True,
+    help="Serve the operator's own Prometheus metrics on this port (0: off).",
+)
+@click.option(
+    "--peering",
+    metavar="NAME",
+    help="KopfPeering object to coordinate replicas through; without it, run standalone.",
+)
+@click.option(
+    "--priority",
+    type=int,
+    help="Peering priority (the highest live one acts); default: random, so replicas differ.",
+)
+@click.option(
+    "--prometheus-url",
+    metavar="URL",
+    help="Prometheus to query for Triton's metrics; without it, scrape each pod's /metrics.",
+)
+@click.option(
+    "--triton-http-port",
+    type=click.IntRange(1, 65535),
+    default=8000,
+    show_default=True,
+    help="Triton's HTTP port on a pod that names no container port 'http'.",
+)
+@click.option(
+    "--triton-metrics-port",
+    type=click.IntRange(1, 65535),
+    default=8002,
+    show_default=True,
+    help="Triton's metrics port on a pod that names no container port 'metrics'.",
+)
+@click.option("--verbose", is_flag=True, help="Log at debug level, every tick included.")
+def operator(
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    liveness: str | None,
+    metrics_port: int,
+    peering: str | None,
+    priority: int | None,
+    prometheus_url: str | None,
+    triton_http_port: int,
+    triton_metrics_port: int,
+    verbose: bool,
+) -> None:
+    """Run the Kubernetes operator: one control loop per InstanceGroupAutoscaler object.
+
+    The model-repository key comes from $TRITONSCALE_REPOSITORY_KEY (never the command line).
+    """
+    if namespaces and all_namespaces:
+        raise click.UsageError("give --namespace or --all-namespaces, not both")
+    if not namespaces and not all_namespaces:
+        raise click.UsageError("name the namespaces to serve (--namespace NS) or --all-namespaces")
+    # Imported here: kopf registers the handlers on import, which no other command wants.
+    import kopf
+
+    from tritonscale import kopf_driver
+
+    kopf.configure(verbose=verbose)
+    kopf_driver.run(
+        kopf_driver.DriverConfig(
+            prometheus_url=prometheus_url or None,
+            triton_http_port=triton_http_port,
+            triton_metrics_port=triton_metrics_port,
+        ),
+        namespaces=namespaces,
+        clusterwide=all_namespaces,
+        peering=peering or None,
+        priority=priority,
+        liveness=liveness or None,
+        metrics_port=metrics_port or None,
+    )
+
+
 def _loaded_models(server: LocalTriton) -> list[str]:
     index = requests.post(
         f"http://{server.http_url}/v2/repository/index",

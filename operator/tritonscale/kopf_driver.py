@@ -1,0 +1,275 @@
+"""The Kubernetes driver: kopf handlers that run one control tick per InstanceGroupAutoscaler.
+
+    tritonscale operator --namespace ml --liveness http://0.0.0.0:8080/healthz
+
+A timer wakes every `TICK_S` for each object and runs a tick when the object's
+`spec.intervalSeconds` has passed (or its spec changed): the ready Triton pods its selector
+matches (from kopf's index of pods), then `reconcile.reconcile` (snapshot, policy,
+actuator), then the result into `status` and Kubernetes events. The handlers only move
+data between kopf and `reconcile`; the arithmetic lives in the policy.
+
+State lives in the object's status (`status.policyState`, `status.backoff`, the conditions),
+so a restarted or failed-over operator carries on where the last one stopped. An invalid
+spec is a status condition (ScalingActive False, InvalidSpec) and one Warning event, never
+an exception: kopf would retry it forever, and a fixed spec is picked up on the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from tritonscale import pods
+from tritonscale.actuator import Actuator
+from tritonscale.operator_metrics import OperatorMetrics
+from tritonscale.reconcile import FAILED_RESCALE, ReconcileState, TickResult, reconcile
+from tritonscale.sources import MetricsSource, PrometheusSource, ScrapeSource
+from tritonscale.spec import AutoscalerSpec, InvalidSpec
+
+GROUP, VERSION, PLURAL = "tritonscale.io", "v1alpha1", "instancegroupautoscalers"
+# How often each object's timer wakes to see whether its interval has passed. The spec's
+# intervalSeconds (>= 1) sets the real period; kopf fixes a timer's interval at import time.
+TICK_S = 1.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """What `tritonscale operator` passes to the handlers (through kopf's memo)."""
+
+    prometheus_url: str | None = None  # None: scrape each Triton pod's /metrics directly
+    repository_key: str | None = None  # None: TRITONSCALE_REPOSITORY_KEY
+    # Triton's ports where a pod names no container port "http" / "metrics".
+    triton_http_port: int = pods.DEFAULT_HTTP_PORT
+    triton_metrics_port: int = pods.DEFAULT_METRICS_PORT
+    # How often an object whose spec cannot be read is looked at again (it has no
+    # intervalSeconds to trust); a change of its spec is looked at at once.
+    invalid_spec_recheck_s: float = 15.0
+
+
+@dataclass
+class Health:
+    """Shared by every object's memo (kopf copies the memo shallowly): the liveness report."""
+
+    ticks: int = 0
+    last_tick_at: float | None = None
+
+
+@dataclass
+class Runtime:
+    """The operator-wide objects the handlers use; built once at start-up."""
+
+    config: DriverConfig
+    source: MetricsSource
+    actuator: Actuator
+    metrics: OperatorMetrics
+    health: Health = field(default_factory=Health)
+
+
+def make_runtime(config: DriverConfig, metrics: OperatorMetrics | None = None) -> Runtime:
+    if config.prometheus_url:
+        source: MetricsSource = PrometheusSource(config.prometheus_url)
+    else:
+        source = ScrapeSource()
+    return Runtime(
+        config=config,
+        source=source,
+        actuator=Actuator(repository_key=config.repository_key),
+        metrics=metrics if metrics is not None else OperatorMetrics(),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Handlers.
+
+
+@kopf.index("pods")
+def triton_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, pods.TritonPod]:
+    """Every pod of the watched namespaces, by namespace; the timer filters by selector."""
+    return {namespace: pods.TritonPod.from_body(body)}
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, id="reconcile", interval=TICK_S)
+def reconcile_timer(
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    name: str,
+    namespace: str,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    triton_pods: kopf.Index[str, pods.TritonPod],
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    runtime: Runtime = memo.runtime
+    now = time.time()
+    raw_spec = dict(spec)
+    try:
+        parsed: AutoscalerSpec | None = AutoscalerSpec.from_dict(raw_spec)
+    except InvalidSpec:
+        parsed = None
+    interval_s = parsed.interval_seconds if parsed else runtime.config.invalid_spec_recheck_s
+    generation = meta.get("generation")
+    if not _due(memo, now, interval_s, generation):
+        return
+
+    endpoints = []
+    if parsed is not None:
+        endpoints = pods.ready_endpoints(
+            triton_pods.get(namespace, []),
+            parsed.selector,
+            runtime.config.triton_http_port,
+            runtime.config.triton_metrics_port,
+        )
+    result = reconcile(
+        parsed or raw_spec,
+        endpoints,
+        runtime.source,
+        runtime.actuator,
+        ReconcileState.from_status(status),
+        now,
+        metrics=runtime.metrics,
+        namespace=namespace,
+        autoscaler=name,
+    )
+    memo.last_tick_at, memo.last_generation = now, generation
+    runtime.health.ticks += 1
+    runtime.health.last_tick_at = result.finished_at
+
+    new_status = result.status()
+    if generation is not None:
+        new_status["observedGeneration"] = generation
+    patch.status.update(_changed(status, new_status))
+    _post_events(body, result, memo, logger)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def forget_metrics(spec: kopf.Spec, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """A deleted autoscaler's series must go, or its stale timestamp would fire alerts."""
+    memo.runtime.metrics.forget(namespace, name, str(spec.get("model", "?")))
+
+
+@kopf.on.probe(id="ticks")
+def ticks_probe(memo: kopf.Memo, **_: Any) -> int:
+    return memo.runtime.health.ticks
+
+
+@kopf.on.probe(id="lastTickAt")
+def last_tick_probe(memo: kopf.Memo, **_: Any) -> float | None:
+    return memo.runtime.health.last_tick_at
+
+
+def _due(memo: kopf.Memo, now: float, interval_s: float, generation: Any) -> bool:
+    """Tick on the first wake, on a spec change, and once `interval_s` has passed."""
+    last = memo.get("last_tick_at")
+    if last is None or generation != memo.get("last_generation"):
+        return True
+    return now - last >= interval_s
+
+
+def _changed(status: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """Only the fields that differ: a tick that learnt nothing new writes nothing."""
+    return {key: value for key, value in new.items() if status.get(key) != value}
+
+
+def _post_events(body: kopf.Body, result: TickResult, memo: kopf.Memo, logger: Any) -> None:
+    """A Normal event per change of count, a Warning per failure.
+
+    A failure that persists (no pods, Prometheus down, a bad spec) is reported when it
+    starts, not on every tick: kopf's events are not aggregated as the kubelet's are, and a
+    Warning every interval would flood the namespace's events. Each failed load is new.
+    """
+    logger.debug(result.line())
+    if result.applied_ok and result.decision is not None:
+        kopf.info(body, reason="SucceededRescale", message=result.decision.message)
+        logger.info(result.line())
+    previous: Collection[str] = memo.get("failing", ())
+    failed_load = any(not pod.ok for pod in result.applied)
+    for error in result.errors:
+        if error.reason not in previous or (error.reason == FAILED_RESCALE and failed_load):
+            kopf.warn(body, reason=error.reason, message=error.message)
+            logger.warning(result.line())
+    memo.failing = frozenset(error.reason for error in result.errors)
+
+
+# ---------------------------------------------------------------------------------------
+# Running.
+
+
+class _QuietTicks(logging.Filter):
+    """Drop kopf's "Timer 'reconcile' succeeded." line: it would come every TICK_S per object."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.levelno == logging.INFO and record.getMessage() == "Timer 'reconcile' succeeded."
+        )
+
+
+def settings(namespaced: bool) -> kopf.OperatorSettings:
+    """kopf's settings for this operator."""
+    operator_settings = kopf.OperatorSettings()
+    # With namespaced Roles the operator may not list namespaces or CRDs cluster-wide;
+    # serve the named namespaces and the resources present at start (the chart installs
+    # the CRD first) instead of warning about forbidden scans.
+    operator_settings.scanning.disabled = namespaced
+    operator_settings.posting.level = logging.INFO
+    return operator_settings
+
+
+def run(
+    config: DriverConfig,
+    *,
+    namespaces: Collection[str] = (),
+    clusterwide: bool = False,
+    peering: str | None = None,
+    priority: int | None = None,
+    liveness: str | None = None,
+    metrics_port: int | None = 9102,
+    metrics: OperatorMetrics | None = None,
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+    vault: Any = None,
+    loop: Any = None,
+) -> None:
+    """Run the operator until stopped (SIGTERM/SIGINT in the main thread, or `stop_flag`).
+
+    `peering` names the KopfPeering objects; None runs standalone. Replicas sharing a
+    peering must not share a priority (kopf pauses all of them then): by default each picks
+    a random one, so exactly one is active and another takes over when it goes.
+    `vault` and `loop` are for tests (credentials for a mock API server, a thread's loop).
+    """
+    if not clusterwide and not namespaces:
+        raise ValueError("name at least one namespace, or serve all namespaces")
+    if peering and priority is None:
+        priority = random.randint(1, 2**31 - 1)
+    runtime = make_runtime(config, metrics)
+    logging.getLogger("kopf.objects").addFilter(_QuietTicks())
+    server = runtime.metrics.serve(metrics_port) if metrics_port is not None else None
+    try:
+        kopf.run(
+            loop=loop,
+            settings=settings(namespaced=not clusterwide),
+            standalone=peering is None,
+            peering_name=peering,
+            priority=priority or 0,
+            liveness_endpoint=liveness,
+            clusterwide=clusterwide,
+            namespaces=list(namespaces),
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+            vault=vault,
+            memo=kopf.Memo(runtime=runtime),
+        )
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
