@@ -10,11 +10,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 
 from tests.chart.helm import CHART, NAMESPACE, by_kind, container, one, run_helm, template_args
 from tests.tooling import require_tool
+from tritonscale import cli
 
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 CHART_MODELS = sorted(p.parent.name for p in (CHART / "files" / "models").glob("*/config.pbtxt"))
@@ -295,7 +297,7 @@ class TestOperator:
         deployment = one(objects, "Deployment", "-operator")
         env = {e["name"]: e.get("value") for e in container(deployment, "operator")["env"]}
         assert env["TRITONSCALE_OPERATOR_PEERING"] == "demo-tritonscale"
-        assert env["TRITONSCALE_OPERATOR_NAMESPACE"] == "inference inference-canary"
+        assert env["TRITONSCALE_OPERATOR_NAMESPACES"] == "inference inference-canary"
         assert env["TRITONSCALE_OPERATOR_PROMETHEUS_URL"].startswith("http://")
         assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
 
@@ -304,7 +306,7 @@ class TestOperator:
         assert deployment["spec"]["strategy"] == {"type": "Recreate"}
         env = {e["name"]: e.get("value") for e in container(deployment, "operator")["env"]}
         assert "TRITONSCALE_OPERATOR_PEERING" not in env  # standalone
-        assert env["TRITONSCALE_OPERATOR_NAMESPACE"] == NAMESPACE
+        assert env["TRITONSCALE_OPERATOR_NAMESPACES"] == NAMESPACE
 
     def test_operator_pod_runs_the_cli_non_root_read_only_with_probes_and_metrics(
         self, render
@@ -545,3 +547,34 @@ def test_locust_with_its_web_ui_keeps_the_master_running(render) -> None:
     master = one(objects, "Deployment", "-locust-master")
     assert master["spec"]["replicas"] == 1
     assert "--headless" not in container(master, "locust")["args"]
+
+
+@pytest.mark.parametrize("values_file", ["default-values.yaml", "peering-values.yaml"])
+def test_operator_environment_names_options_the_cli_really_has(
+    render, values_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart configures `tritonscale operator` only through click's auto env vars: each
+    TRITONSCALE_OPERATOR_* it sets must be an option of the real command, and parse."""
+    command = cli.main.commands["operator"]
+    parent = click.Context(cli.main, auto_envvar_prefix="TRITONSCALE")
+    context = click.Context(command, parent=parent, info_name="operator")
+    options = {f"{context.auto_envvar_prefix}_{p.name.upper()}": p for p in command.params}
+    deployment = one(render(values_file).objects, "Deployment", "-operator")
+    env = {e["name"]: e["value"] for e in container(deployment, "operator")["env"] if "value" in e}
+    ours = {name: value for name, value in env.items() if name.startswith("TRITONSCALE_OPERATOR_")}
+    assert set(ours) <= set(options), f"not options of the CLI: {set(ours) - set(options)}"
+    for name, value in ours.items():
+        monkeypatch.setenv(name, value)
+    parsed = {
+        options[name].name: options[name].type_cast_value(
+            context, options[name].value_from_envvar(context)
+        )
+        for name in ours
+    }
+    assert parsed["metrics_port"] == 9102
+    assert parsed["liveness"] == "http://0.0.0.0:8080/healthz"
+    assert NAMESPACE in parsed["namespaces"]
+    if values_file == "peering-values.yaml":
+        assert parsed["namespaces"] == (NAMESPACE, "inference-canary")
+        assert parsed["peering"] == "demo-tritonscale"
+        assert parsed["prometheus_url"].startswith("http://")
