@@ -1,0 +1,436 @@
+"""Self-healing: notice a model whose Python stub died or hangs, and reload it, without looping.
+
+What Triton 2.51 does when a model's stub process dies (kill -9) or stops answering
+(SIGSTOP), measured here: `/v2/health/ready` and `/v2/models/{m}/ready` stay 200, the
+repository index says READY, every request to the model fails after about 1 s with
+"Stub process '<model>_<n>_<i>' is not healthy." (HTTP 500, gRPC INTERNAL), counted as
+`nv_inference_request_failure{reason="BACKEND"}`, and Triton never restarts the stub by
+itself. A BLS parent of that model fails its requests too, naming the child's stub.
+
+So readiness alone says nothing; the signals here are, per (pod, model):
+
+- readiness not 200 (the model unloaded or failed a load);
+- BACKEND failures rising between two checks while successes do not (everything it got
+  failed), confirmed by a probe where one can be sent;
+- a probe inference (zeros built from the live config; off by default, or on suspicion):
+  an error naming the model's *own* stub as not healthy, or no answer within the timeout.
+  Any other answer, even an error, means the stub is alive: a parent whose child is dead
+  is not reloaded for it.
+
+The cure is a reload of that model on that pod through the load API. Loading the live
+config unchanged is a no-op in Triton (it answers 200 at once and keeps the dead stub), so
+the override is the live config with one parameter, `tritonscale_heal_generation`, bumped:
+Triton then loads a fresh set of instances (about 1.4 s here) with the same instance count.
+
+It never reloads in a loop: per (pod, model) an exponential back-off between attempts and at
+most `max_attempts` within `window_s`; then every check answers `HealingExhausted` (a
+person must look) until the window has passed. The repository key is sent as a header and
+never appears in a log line, a message or a result. The clock is injectable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+from tritonscale.endpoints import Endpoint
+
+logger = logging.getLogger(__name__)
+
+# Result actions.
+NONE = "none"  # healthy, or nothing to do
+RELOADED = "reloaded"  # a reload was sent and the model is ready again
+RELOAD_FAILED = "reload-failed"  # a reload was sent and Triton refused or failed it
+WAITING = "waiting"  # unhealthy, but the back-off has not elapsed
+EXHAUSTED = "exhausted"  # unhealthy, and the attempts of the window are spent: a person must look
+
+# Reasons (CamelCase, for conditions and events).
+HEALTHY = "ModelHealthy"
+MODEL_NOT_READY = "ModelNotReady"
+STUB_UNHEALTHY = "StubUnhealthy"
+PROBE_TIMEOUT = "ProbeTimeout"
+HEALED = "Healed"
+HEALING_FAILED = "HealingFailed"
+HEALING_BACKOFF = "HealingBackoff"
+HEALING_EXHAUSTED = "HealingExhausted"
+POD_UNREACHABLE = "PodUnreachable"
+MODEL_LOADING = "ModelLoading"
+
+HEAL_PARAMETER = "tritonscale_heal_generation"
+CONDITION_TYPE = "ModelHealthy"
+
+PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS = "off", "on-suspicion", "always"
+
+_TRITON_DTYPES = {
+    "TYPE_BOOL": ("BOOL", False),
+    "TYPE_UINT8": ("UINT8", 0),
+    "TYPE_UINT16": ("UINT16", 0),
+    "TYPE_UINT32": ("UINT32", 0),
+    "TYPE_UINT64": ("UINT64", 0),
+    "TYPE_INT8": ("INT8", 0),
+    "TYPE_INT16": ("INT16", 0),
+    "TYPE_INT32": ("INT32", 0),
+    "TYPE_INT64": ("INT64", 0),
+    "TYPE_FP16": ("FP16", 0.0),
+    "TYPE_FP32": ("FP32", 0.0),
+    "TYPE_FP64": ("FP64", 0.0),
+    "TYPE_STRING": ("BYTES", ""),
+}
+
+
+@dataclass(frozen=True)
+class HealingResult:
+    """What one check found and did; the driver turns it into an event and a condition."""
+
+    pod: str
+    model: str
+    action: str  # NONE, RELOADED, RELOAD_FAILED, WAITING, EXHAUSTED
+    reason: str  # CamelCase
+    message: str  # one line, with the numbers; never the repository key
+    attempts_in_window: int = 0
+    reload_s: float | None = None  # how long the reload took, when one was sent
+
+    @property
+    def healthy(self) -> bool:
+        return self.reason in (HEALTHY, HEALED)
+
+    @property
+    def needs_person(self) -> bool:
+        return self.action == EXHAUSTED
+
+    @property
+    def event_type(self) -> str | None:
+        """Normal or Warning for an event worth posting; None for a quiet healthy check."""
+        if self.action == NONE:
+            return None if self.reason in (HEALTHY, MODEL_LOADING) else "Warning"
+        return "Normal" if self.action == RELOADED else "Warning"
+
+    def condition(self) -> dict[str, str]:
+        """An HPA-style condition (the driver adds lastTransitionTime)."""
+        return {
+            "type": CONDITION_TYPE,
+            "status": "True" if self.healthy else "False",
+            "reason": self.reason,
+            "message": self.message,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pod": self.pod,
+            "model": self.model,
+            "action": self.action,
+            "reason": self.reason,
+            "message": self.message,
+            "attemptsInWindow": self.attempts_in_window,
+        }
+
+
+@dataclass
+class _History:
+    """Per (pod, model): the last counters seen and the reload attempts."""
+
+    failures: float | None = None
+    successes: float | None = None
+    attempts: list[float] = field(default_factory=list)  # clock times of reloads sent
+    generation: int = 0
+
+
+class Healer:
+    """Checks (pod, model) pairs and reloads a model whose stub died or hangs.
+
+    One instance serves every pod and model of a driver; its state lives in memory (a
+    restarted operator starts with a fresh budget, which is bounded by `max_attempts` too).
+    """
+
+    def __init__(
+        self,
+        *,
+        repository_key: str | None = None,
+        probe: str = PROBE_ON_SUSPICION,
+        probe_timeout_s: float = 10.0,
+        backoff_initial_s: float = 30.0,
+        backoff_max_s: float = 600.0,
+        max_attempts: int = 3,
+        window_s: float = 1800.0,
+        load_timeout_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+        session: requests.Session | None = None,
+    ) -> None:
+        if probe not in (PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS):
+            raise ValueError(f"probe must be off, on-suspicion or always, not {probe!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, not {max_attempts}")
+        self._key = repository_key or os.environ.get(REPOSITORY_KEY_ENV) or ""
+        self.probe = probe
+        self.probe_timeout_s = probe_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.max_attempts = max_attempts
+        self.window_s = window_s
+        self.load_timeout_s = load_timeout_s
+        self.clock = clock
+        self._http = session or requests.Session()
+        self._history: dict[tuple[str, str], _History] = {}
+
+    def __repr__(self) -> str:  # the key stays out of reprs, hence out of tracebacks' locals
+        return f"Healer(probe={self.probe!r}, max_attempts={self.max_attempts})"
+
+    # ---- the one public move -----------------------------------------------------------
+    def check(self, endpoint: Endpoint, model: str) -> HealingResult:
+        """Check one model on one pod; reload it there if its stub is dead or hung.
+
+        Without `endpoint.metrics_url` only readiness and probes (`probe="always"`) are seen.
+        """
+        pod = endpoint.name
+        history = self._history.setdefault((pod, model), _History())
+        try:
+            problem = self._diagnose(endpoint, model, history)
+        except requests.RequestException as error:
+            return HealingResult(
+                pod,
+                model,
+                NONE,
+                POD_UNREACHABLE,
+                f"{model} on {pod}: Triton unreachable ({type(error).__name__}); "
+                "left to the pod's probes",
+            )
+        if problem is None:
+            return HealingResult(
+                pod,
+                model,
+                NONE,
+                HEALTHY,
+                f"{model} on {pod} is serving",
+                self._attempts_in_window(history),
+            )
+        reason, why = problem
+        if reason == MODEL_LOADING:
+            return HealingResult(pod, model, NONE, MODEL_LOADING, why)
+        return self._heal(endpoint, model, reason, why, history)
+
+    # ---- diagnosis ---------------------------------------------------------------------
+    def _diagnose(
+        self, endpoint: Endpoint, model: str, history: _History
+    ) -> tuple[str, str] | None:
+        base, pod = endpoint.base_url, endpoint.name
+        ready = self._http.get(f"{base}/v2/models/{model}/ready", timeout=10)
+        if ready.status_code != 200:
+            state = self._repository_state(base, model)
+            if state in ("LOADING", "UNLOADING"):
+                return MODEL_LOADING, f"{model} on {pod} is {state.lower()}; not touched"
+            return MODEL_NOT_READY, f"{model} on {pod} is not ready ({state or 'absent'})"
+
+        suspicion = None
+        if endpoint.metrics_url:
+            suspicion = self._failures_without_successes(endpoint.metrics_url, model, history)
+        if self.probe == PROBE_ALWAYS or (suspicion and self.probe == PROBE_ON_SUSPICION):
+            probed, verdict = self._probe(base, pod, model)
+            if verdict is not None:
+                reason, why = verdict
+                return reason, f"{why} ({suspicion})" if suspicion else why
+            if probed:
+                return None  # the stub answered: the failures were the requests' own
+        if suspicion:
+            return STUB_UNHEALTHY, f"{model} on {pod}: {suspicion}"
+        return None
+
+    def _repository_state(self, base: str, model: str) -> str | None:
+        index = self._http.post(
+            f"{base}/v2/repository/index", json={}, headers=self._headers(), timeout=10
+        )
+        if index.status_code != 200:
+            return None
+        for row in index.json():
+            if row.get("name") == model:
+                return row.get("state")
+        return None
+
+    def _failures_without_successes(
+        self, metrics_url: str, model: str, history: _History
+    ) -> str | None:
+        """BACKEND failures rose since the last check and not one request succeeded."""
+        text = self._http.get(metrics_url, timeout=10).text
+        failures = successes = 0.0
+        for family in text_string_to_metric_families(text):
+            # The parser names a counter's family without, and its samples with, "_total".
+            for sample in family.samples:
+                if sample.labels.get("model") != model:
+                    continue
+                if family.name == "nv_inference_request_failure" and (
+                    sample.labels.get("reason") == "BACKEND"
+                ):
+                    failures += sample.value
+                elif family.name == "nv_inference_request_success":
+                    successes += sample.value
+        before_failures, before_successes = history.failures, history.successes
+        history.failures, history.successes = failures, successes
+        if before_failures is None or before_successes is None:
+            return None  # the first look is a baseline
+        failed = failures - before_failures
+        succeeded = successes - before_successes
+        if failed < 0 or succeeded < 0:
+            return None  # counters reset: the model was reloaded since
+        if failed > 0 and succeeded == 0:
+            return f"{failed:.0f} backend failures and no success since the last check"
+        return None
+
+    def _live_config(self, base: str, model: str) -> dict[str, Any]:
+        response = self._http.get(f"{base}/v2/models/{model}/config", timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def _probe(self, base: str, pod: str, model: str) -> tuple[bool, tuple[str, str] | None]:
+        """One inference of zeros: (whether it was sent, a verdict if our own stub is broken)."""
+        body = _probe_body(self._live_config(base, model))
+        if body is None:
+            return False, None  # decoupled models cannot be asked over plain HTTP
+        try:
+            answer = self._http.post(
+                f"{base}/v2/models/{model}/infer", json=body, timeout=self.probe_timeout_s
+            )
+        except requests.Timeout:
+            return True, (
+                PROBE_TIMEOUT,
+                f"{model} on {pod}: a probe inference got no answer in {self.probe_timeout_s:g} s",
+            )
+        if answer.status_code == 200:
+            return True, None
+        error = _error_text(answer)
+        # A parent's error names its child's stub: only our own stub is our business.
+        if f"Stub process '{model}_" in error and "is not healthy" in error:
+            return True, (STUB_UNHEALTHY, f"{model} on {pod}: {error}")
+        return True, None
+
+    # ---- the cure ------------------------------------------------------------------------
+    def _heal(
+        self, endpoint: Endpoint, model: str, reason: str, why: str, history: _History
+    ) -> HealingResult:
+        pod = endpoint.name
+        now = self.clock()
+        history.attempts = [t for t in history.attempts if now - t < self.window_s]
+        attempts = len(history.attempts)
+        if attempts >= self.max_attempts:
+            message = (
+                f"{why}; {attempts} reloads in the last {self.window_s:g} s did not cure it: "
+                "a person must look (the Triton log of this pod says why)"
+            )
+            logger.error("%s", message)
+            return HealingResult(pod, model, EXHAUSTED, HEALING_EXHAUSTED, message, attempts)
+        if attempts:
+            wait_until = history.attempts[-1] + self.backoff_s(attempts)
+            if now < wait_until:
+                message = (
+                    f"{why}; next reload in {math.ceil(wait_until - now)} s "
+                    f"(attempt {attempts + 1} of {self.max_attempts})"
+                )
+                return HealingResult(pod, model, WAITING, HEALING_BACKOFF, message, attempts)
+        history.attempts.append(now)
+        history.generation += 1
+        history.failures = history.successes = None  # a reload resets the counters
+        started = time.monotonic()
+        failure = self._reload(endpoint.base_url, model, history.generation)
+        reload_s = time.monotonic() - started
+        attempts += 1
+        if failure is None:
+            message = (
+                f"{why}; reloaded in {reload_s:.1f} s (attempt {attempts} of "
+                f"{self.max_attempts} in {self.window_s:g} s)"
+            )
+            logger.warning("%s", message)
+            return HealingResult(pod, model, RELOADED, HEALED, message, attempts, reload_s)
+        message = f"{why}; reload failed: {failure} (attempt {attempts} of {self.max_attempts})"
+        logger.error("%s", message)
+        return HealingResult(pod, model, RELOAD_FAILED, HEALING_FAILED, message, attempts, reload_s)
+
+    def _reload(self, base: str, model: str, generation: int) -> str | None:
+        """Load the live config with the heal parameter bumped; None on success, else why."""
+        try:
+            live = self._http.get(f"{base}/v2/models/{model}/config", timeout=10)
+            if live.status_code == 200:
+                body = {"parameters": {"config": json.dumps(_bumped(live.json(), generation))}}
+            else:
+                body = {}  # not loaded: load the repository's config (the actuator resizes it)
+            response = self._http.post(
+                f"{base}/v2/repository/models/{model}/load",
+                json=body,
+                headers=self._headers(),
+                timeout=self.load_timeout_s,
+            )
+        except requests.RequestException as error:
+            return self._scrub(f"{type(error).__name__}: {error}")
+        if response.status_code != 200:
+            return self._scrub(f"HTTP {response.status_code}: {_error_text(response)}")
+        ready = self._http.get(f"{base}/v2/models/{model}/ready", timeout=10)
+        if ready.status_code != 200:
+            return f"{model} is not ready after the reload"
+        return None
+
+    # ---- helpers ------------------------------------------------------------------------
+    def backoff_s(self, attempts: int) -> float:
+        """The wait after `attempts` reloads: initial x 2^(attempts-1), capped."""
+        return min(self.backoff_max_s, self.backoff_initial_s * 2 ** max(0, attempts - 1))
+
+    def _attempts_in_window(self, history: _History) -> int:
+        now = self.clock()
+        return sum(1 for t in history.attempts if now - t < self.window_s)
+
+    def _headers(self) -> Mapping[str, str]:
+        return {REPOSITORY_KEY_HEADER: self._key} if self._key else {}
+
+    def _scrub(self, text: str) -> str:
+        """Whatever a server or library says, the key never leaves in a message."""
+        return text.replace(self._key, "***") if self._key else text
+
+
+def _bumped(config: dict[str, Any], generation: int) -> dict[str, Any]:
+    """The config with the heal parameter raised, so that Triton really reloads the model."""
+    parameters = dict(config.get("parameters") or {})
+    previous = parameters.get(HEAL_PARAMETER, {}).get("string_value", "0")
+    bumped = max(generation, int(previous) + 1 if previous.isdigit() else generation)
+    parameters[HEAL_PARAMETER] = {"string_value": str(bumped)}
+    return {**config, "parameters": parameters}
+
+
+def _error_text(response: requests.Response) -> str:
+    """Triton's error message, first line only (Python backend errors carry tracebacks)."""
+    try:
+        text = str(response.json().get("error", response.text))
+    except ValueError:
+        text = response.text
+    lines = text.strip().splitlines()
+    return lines[0].rstrip(".") if lines else f"HTTP {response.status_code}"
+
+
+def _probe_body(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A JSON inference request of zeros shaped by the config; None where none can be sent."""
+    if (config.get("model_transaction_policy") or {}).get("decoupled"):
+        return None
+    batched = int(config.get("max_batch_size") or 0) > 0
+    inputs = []
+    for spec in config.get("input", []):
+        if spec.get("optional"):
+            continue
+        dtype = _TRITON_DTYPES.get(spec.get("data_type", ""))
+        if dtype is None:
+            return None
+        shape = [1 if int(d) < 0 else int(d) for d in spec.get("dims", [])]
+        if batched:
+            shape = [1, *shape]
+        size = math.prod(shape)
+        if size > 1_000_000:
+            return None  # a probe must stay small
+        name, zero = dtype
+        inputs.append(
+            {"name": spec["name"], "shape": shape, "datatype": name, "data": [zero] * size}
+        )
+    return {"inputs": inputs}

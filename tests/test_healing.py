@@ -1,0 +1,236 @@
+"""Self-healing against a real Triton: a killed stub is noticed and reloaded, never in a loop.
+
+Measured here (Triton 2.51): after kill -9 of a model's stub the server and the model stay
+READY and every request fails in about 1 s with "Stub process '<model>_0_0' is not healthy."
+(HTTP 500), counted as a BACKEND failure; Triton does not restart the stub by itself.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.faults import PIPELINE_MODELS, add_sub_once, kill_stub, pipeline_once, stub_pids
+from tests.tooling import missing
+from tritonscale import healing
+from tritonscale.endpoints import Endpoint
+from tritonscale.healing import Healer
+from tritonscale.local_triton import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
+
+
+def start(repository: Path = DEFAULT_MODEL_REPOSITORY, models: list[str] | None = None):
+    try:
+        return LocalTriton(
+            repository, models=models, http_port=0, grpc_port=0, metrics_port=0
+        ).start()
+    except LocalTritonError as error:
+        if "not found: install" in str(error):
+            missing(str(error))
+        raise
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalTriton]:
+    """A private server (the tests kill its stubs): add_sub and the pipeline."""
+    triton = start(models=["add_sub", *PIPELINE_MODELS])
+    yield triton
+    triton.stop()
+
+
+def endpoint(server: LocalTriton) -> Endpoint:
+    return Endpoint("pod-0", server.http_url, server.metrics_url)
+
+
+def healer(server: LocalTriton, **options) -> Healer:
+    return Healer(repository_key=server.repository_key, **options)
+
+
+def fail_requests(server: LocalTriton, model_once, count: int = 3) -> list[str]:
+    """Send `count` requests that must fail; their error messages."""
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+    rng = np.random.default_rng(0)
+    errors = []
+    for _ in range(count):
+        with pytest.raises(InferenceServerException) as raised:
+            model_once(client, rng)
+        errors.append(raised.value.message())
+    return errors
+
+
+def serve_correctly(server: LocalTriton, model_once, count: int = 5) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+    rng = np.random.default_rng(1)
+    for _ in range(count):
+        model_once(client, rng)
+
+
+class TestAKilledStubIsHealed:
+    def test_it_is_seen_by_backend_failures_and_reloaded_with_the_same_instances(
+        self, server: LocalTriton
+    ) -> None:
+        doctor = healer(server)
+        assert doctor.check(endpoint(server), "add_sub").reason == healing.HEALTHY  # baseline
+        config_before = requests.get(f"http://{server.http_url}/v2/models/add_sub/config").json()
+        killed = kill_stub(server, "add_sub")
+
+        errors = fail_requests(server, add_sub_once)
+        assert all("Stub process 'add_sub_0_0' is not healthy" in e for e in errors), errors
+        # What Triton reports meanwhile: still READY, which is why healing cannot rely on it.
+        base = f"http://{server.http_url}"
+        assert requests.get(f"{base}/v2/models/add_sub/ready").status_code == 200
+        assert requests.get(f"{base}/v2/health/ready").status_code == 200
+
+        result = doctor.check(endpoint(server), "add_sub")
+        assert (result.action, result.reason) == (healing.RELOADED, healing.HEALED), result
+        assert "backend failures" in result.message and "not healthy" in result.message
+        assert result.event_type == "Normal" and result.condition()["status"] == "True"
+        print(f"healed add_sub in {result.reload_s:.2f} s")
+
+        serve_correctly(server, add_sub_once)
+        assert stub_pids(server, "add_sub") and killed not in stub_pids(server, "add_sub")
+        config_after = requests.get(f"{base}/v2/models/add_sub/config").json()
+        assert config_after["instance_group"] == config_before["instance_group"]
+        assert doctor.check(endpoint(server), "add_sub").reason == healing.HEALTHY
+
+    def test_a_probe_finds_a_dead_stub_with_no_traffic_at_all(self, server: LocalTriton) -> None:
+        doctor = healer(server, probe=healing.PROBE_ALWAYS)
+        assert doctor.check(endpoint(server), "branch_rank").reason == healing.HEALTHY
+        kill_stub(server, "branch_rank")
+        result = doctor.check(endpoint(server), "branch_rank")
+        assert result.action == healing.RELOADED, result
+        assert "Stub process 'branch_rank_0_0' is not healthy" in result.message
+        serve_correctly(server, pipeline_once)
+
+    def test_a_dead_branch_is_healed_and_its_parent_is_left_alone(
+        self, server: LocalTriton
+    ) -> None:
+        doctor = healer(server)
+        for model in ("pipeline_async", "branch_embed"):
+            assert doctor.check(endpoint(server), model).reason == healing.HEALTHY
+        parent_stubs = stub_pids(server, "pipeline_async")
+        kill_stub(server, "branch_embed")
+
+        errors = fail_requests(server, pipeline_once)
+        assert all("branch_embed" in e and "not healthy" in e for e in errors), errors
+        # The parent fails everything too, but its own stub answers the probe: no reload.
+        parent = doctor.check(endpoint(server), "pipeline_async")
+        assert (parent.action, parent.reason) == (healing.NONE, healing.HEALTHY), parent
+        child = doctor.check(endpoint(server), "branch_embed")
+        assert child.action == healing.RELOADED, child
+
+        serve_correctly(server, pipeline_once)
+        assert stub_pids(server, "pipeline_async") == parent_stubs
+
+    def test_bad_requests_alone_never_cause_a_reload(self, server: LocalTriton) -> None:
+        """A burst of requests the model itself refuses (NaN) is the requests' fault."""
+        doctor = healer(server)
+        assert doctor.check(endpoint(server), "pipeline_async").reason == healing.HEALTHY
+        client = httpclient.InferenceServerClient(server.http_url)
+        bad = httpclient.InferInput("FEATURES", [1, 64], "FP32")
+        bad.set_data_from_numpy(np.full((1, 64), np.nan, dtype=np.float32))
+        for _ in range(3):
+            with pytest.raises(InferenceServerException, match="must be finite"):
+                client.infer("pipeline_async", [bad])
+        stubs = stub_pids(server, "pipeline_async")
+        result = doctor.check(endpoint(server), "pipeline_async")
+        assert (result.action, result.reason) == (healing.NONE, healing.HEALTHY), result
+        assert stub_pids(server, "pipeline_async") == stubs
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class CountingSession(requests.Session):
+    """A real session that counts the load calls it sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads = 0
+
+    def request(self, method, url, *args, **kwargs):  # type: ignore[override]
+        if method.upper() == "POST" and url.endswith("/load"):
+            self.loads += 1
+        return super().request(method, url, *args, **kwargs)
+
+
+def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
+    tmp_path: Path,
+) -> None:
+    """Its model.py breaks after startup: each reload fails, then healing asks for a person."""
+    shutil.copytree(DEFAULT_MODEL_REPOSITORY / "add_sub", tmp_path / "add_sub")
+    triton = start(tmp_path)
+    try:
+        clock, session = FakeClock(), CountingSession()
+        doctor = Healer(
+            repository_key=triton.repository_key,
+            clock=clock,
+            session=session,
+            backoff_initial_s=10,
+            backoff_max_s=40,
+            max_attempts=3,
+            window_s=600,
+            probe=healing.PROBE_ALWAYS,
+        )
+        at = endpoint(triton)
+        kill_stub(triton, "add_sub")
+        (tmp_path / "add_sub" / "1" / "model.py").write_text("raise RuntimeError('broken')\n")
+
+        seen = []
+        for _ in range(40):  # 40 checks, 5 s apart: 200 s of a model that stays broken
+            result = doctor.check(at, "add_sub")
+            seen.append(result.action)
+            clock.now += 5
+        # Attempts at t=0, then after back-offs of 10 and 20 s; then only "ask a person".
+        assert session.loads == 3
+        assert seen.count(healing.RELOAD_FAILED) == 3
+        assert healing.WAITING in seen
+        assert seen[-1] == healing.EXHAUSTED
+        final = doctor.check(at, "add_sub")
+        assert final.reason == healing.HEALING_EXHAUSTED and final.needs_person
+        assert final.condition() == {
+            "type": "ModelHealthy",
+            "status": "False",
+            "reason": "HealingExhausted",
+            "message": final.message,
+        }
+        assert "3 reloads in the last 600 s" in final.message and "\n" not in final.message
+        assert session.loads == 3
+
+        # Once the window has passed, one more attempt is allowed (and fails again).
+        clock.now += 600
+        assert doctor.check(at, "add_sub").action == healing.RELOAD_FAILED
+        assert session.loads == 4
+    finally:
+        triton.stop()
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    doctor = Healer(repository_key="k", backoff_initial_s=10, backoff_max_s=60)
+    assert [doctor.backoff_s(n) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 60, 60]
+
+
+def test_an_unreachable_pod_is_not_healing_s_business() -> None:
+    from tritonscale.local_triton import free_port
+
+    doctor = Healer(repository_key="k")
+    result = doctor.check(Endpoint("gone", f"127.0.0.1:{free_port()}"), "add_sub")
+    assert (result.action, result.reason) == (healing.NONE, healing.POD_UNREACHABLE)
+    assert result.event_type == "Warning"
+
+
+@pytest.mark.parametrize("probe", ["sometimes", ""])
+def test_an_unknown_probe_mode_is_refused(probe: str) -> None:
+    with pytest.raises(ValueError, match="probe must be off, on-suspicion or always"):
+        Healer(probe=probe)
