@@ -9,277 +9,45 @@ metrics and liveness servers, and a tritonserver whose address a kmock Pod carri
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import copy
-import itertools
 import json
-import threading
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-import kmock
-import kopf
 import pytest
 import requests
-from kopf._cogs.structs import credentials
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.operator_harness import (
+    CONTRACT_METRICS,
+    IGA,
+    NAMESPACE,
+    PODS,
+    TRITON_LABELS,
+    Emulator,
+    autoscaler,
+    condition,
+    delete_object,
+    error_count,
+    events_for,
+    eventually,
+    eventually_async,
+    http_get,
+    patch_object,
+    register_resources,
+    running_operator,
+    status_of,
+    ticks,
+    triton_pod,
+)
 from tests.tooling import missing
 from tritonscale import kopf_driver
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
-
-IGA = "tritonscale.io/v1alpha1/instancegroupautoscalers"
-PODS = "v1/pods"
-EVENTS = "v1/events"
-NAMESPACE = "ml"
-TRITON_LABELS = {"app.kubernetes.io/name": "tritonscale", "app.kubernetes.io/component": "triton"}
-CONTRACT_METRICS = (
-    "tritonscale_desired_instances",
-    "tritonscale_current_instances",
-    "tritonscale_decisions_total",
-    "tritonscale_actuations_total",
-    "tritonscale_reconcile_duration_seconds",
-    "tritonscale_reconcile_errors_total",
-    "tritonscale_observed_signal",
-    "tritonscale_last_reconcile_timestamp_seconds",
-)
-WAIT_S = 30.0
-
-
-class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator, plus the API server's naming of `generateName` objects (kopf's events)."""
-
-    _serial = itertools.count(1)
-
-    async def _handle(self, request: Any) -> Any:
-        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
-            metadata = request.data.setdefault("metadata", {})
-            if not metadata.get("name") and metadata.get("generateName"):
-                metadata["name"] = f"{metadata['generateName']}{next(self._serial)}"
-        return await super()._handle(request)
-
+from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 
 
 @pytest.fixture
 def api(kmock: Emulator) -> Emulator:
-    """The resources kopf discovers and uses: the CRD's, pods, events (and namespaces)."""
-    kmock.resources[IGA] = kmock.ResourceInfo(
-        kind="InstanceGroupAutoscaler",
-        singular="instancegroupautoscaler",
-        namespaced=True,
-        verbs={"get", "list", "watch", "patch"},
-        shortnames={"iga"},
-        subresources={"status"},
-    )
-    kmock.resources[PODS] = kmock.ResourceInfo(
-        kind="Pod", singular="pod", namespaced=True, verbs={"get", "list", "watch"}
-    )
-    kmock.resources[EVENTS] = kmock.ResourceInfo(
-        kind="Event", singular="event", namespaced=True, verbs={"create", "list"}
-    )
-    kmock.resources["v1/namespaces"] = kmock.ResourceInfo(
-        kind="Namespace", singular="namespace", namespaced=False, verbs={"get", "list", "watch"}
-    )
-    return kmock
-
-
-def autoscaler(name: str, spec: dict[str, Any], generation: int = 1) -> dict[str, Any]:
-    # resourceVersion: kmock does not assign one, and kopf's finalizer patch needs it.
-    return {
-        "apiVersion": "tritonscale.io/v1alpha1",
-        "kind": "InstanceGroupAutoscaler",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "uid": f"uid-{name}",
-            "resourceVersion": "1",
-            "generation": generation,
-        },
-        "spec": spec,
-    }
-
-
-def triton_pod(name: str, ip: str, http_port: int, metrics_port: int) -> dict[str, Any]:
-    """A ready Triton pod as the kubelet reports it; its named ports lead to a real server."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "uid": f"uid-{name}",
-            "resourceVersion": "1",
-            "labels": dict(TRITON_LABELS),
-        },
-        "spec": {
-            "containers": [
-                {
-                    "name": "triton",
-                    "ports": [
-                        {"name": "http", "containerPort": http_port},
-                        {"name": "metrics", "containerPort": metrics_port},
-                    ],
-                }
-            ]
-        },
-        "status": {
-            "phase": "Running",
-            "podIP": ip,
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
-
-
-def status_of(api: Emulator, name: str) -> dict[str, Any]:
-    return copy.deepcopy(dict(api.objects[IGA, NAMESPACE, name].get("status") or {}))
-
-
-def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    [found] = [c for c in status.get("conditions", []) if c["type"] == kind]
-    return found
-
-
-def events_for(api: Emulator, name: str) -> list[dict[str, Any]]:
-    events = []
-    for (resource, _, _), obj in api.objects.items():
-        if resource == kmock.resource(EVENTS) and not obj.deleted:
-            body = copy.deepcopy(dict(obj))
-            if body.get("involvedObject", {}).get("name") == name:
-                events.append(body)
-    return events
-
-
-async def eventually(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
-    """Poll until `check()` is truthy (the operator works in its own thread)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
-async def eventually_async(
-    read: Callable[[], Any], check: Callable[[Any], bool], what: str, timeout_s: float = WAIT_S
-) -> Any:
-    """Like `eventually`, for a value that takes an await to read."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = await read()
-        if check(value):
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout_s:.0f} s waiting for {what} (last: {value!r})"
-            )
-        await asyncio.sleep(0.2)
-
-
-@dataclass
-class Operator:
-    metrics_url: str
-    liveness_url: str
-    thread: threading.Thread
-    errors: list[BaseException]
-
-
-@contextlib.asynccontextmanager
-async def running_operator(
-    api: Emulator, config: kopf_driver.DriverConfig | None = None
-) -> AsyncIterator[Operator]:
-    """`kopf_driver.run` in a thread of its own; stopped and joined on exit."""
-    stop, ready = threading.Event(), threading.Event()
-    metrics_port, liveness_port = free_port(), free_port()
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        loop = asyncio.new_event_loop()
-        try:
-            vault = credentials.Vault({"kmock": kopf.ConnectionInfo(server=str(api.url))})
-            kopf_driver.run(
-                config or kopf_driver.DriverConfig(),
-                namespaces=[NAMESPACE],
-                liveness=f"http://127.0.0.1:{liveness_port}/healthz",
-                metrics_port=metrics_port,
-                stop_flag=stop,
-                ready_flag=ready,
-                vault=vault,
-                loop=loop,
-            )
-        except BaseException as error:  # reported to the test below
-            errors.append(error)
-        finally:
-            loop.close()
-
-    thread = threading.Thread(target=target, name="kopf-under-test", daemon=True)
-    thread.start()
-    try:
-        await asyncio.to_thread(ready.wait, WAIT_S)
-        yield Operator(
-            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
-            liveness_url=f"http://127.0.0.1:{liveness_port}/healthz",
-            thread=thread,
-            errors=errors,
-        )
-    finally:
-        stop.set()
-        await asyncio.to_thread(thread.join, WAIT_S)
-    assert not thread.is_alive(), "the operator did not stop"
-    assert errors == [], f"the operator crashed: {errors!r}"
-
-
-async def ticks(operator: Operator, name: str) -> float:
-    """How many ticks the operator's own metrics counted for one autoscaler."""
-    _, text = await http_get(operator.metrics_url)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if (
-                sample.name == "tritonscale_reconcile_duration_seconds_count"
-                and sample.labels.get("autoscaler") == name
-            ):
-                return sample.value
-    return 0.0
-
-
-async def error_count(operator: Operator, name: str, reason: str) -> float:
-    _, text = await http_get(operator.metrics_url)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if (
-                sample.name == "tritonscale_reconcile_errors_total"
-                and sample.labels.get("autoscaler") == name
-                and sample.labels.get("reason") == reason
-            ):
-                return sample.value
-    return 0.0
-
-
-async def http_get(url: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
-        return response.status, await response.text()
-
-
-async def patch_object(api: Emulator, name: str, body: dict[str, Any]) -> None:
-    """A user's `kubectl patch` (a merge patch) through the API, so that kopf sees it."""
-    url = f"{api.url}/apis/tritonscale.io/v1alpha1/namespaces/{NAMESPACE}/instancegroupautoscalers/{name}"
-    async with aiohttp.ClientSession() as session:
-        headers = {"Content-Type": "application/merge-patch+json"}
-        async with session.patch(url, json=body, headers=headers) as response:
-            assert response.status == 200, await response.text()
-
-
-async def delete_object(api: Emulator, name: str) -> None:
-    url = f"{api.url}/apis/tritonscale.io/v1alpha1/namespaces/{NAMESPACE}/instancegroupautoscalers/{name}"
-    async with aiohttp.ClientSession() as session, session.delete(url) as response:
-        assert response.status == 200, await response.text()
+    return register_resources(kmock)
 
 
 # ---------------------------------------------------------------------------------------

@@ -152,9 +152,12 @@ def reconcile_timer(
     _post_events(body, result, memo, logger)
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+@kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED")
 def forget_metrics(spec: kopf.Spec, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    """A deleted autoscaler's series must go, or its stale timestamp would fire alerts."""
+    """A deleted autoscaler's series must go, or its stale timestamp would fire alerts.
+
+    A watching handler, not `on.delete`: it keeps no state on the object (no annotations).
+    """
     memo.runtime.metrics.forget(namespace, name, str(spec.get("model", "?")))
 
 
@@ -214,13 +217,14 @@ class _QuietTicks(logging.Filter):
         )
 
 
-def settings(namespaced: bool) -> kopf.OperatorSettings:
+def settings() -> kopf.OperatorSettings:
     """kopf's settings for this operator."""
     operator_settings = kopf.OperatorSettings()
-    # With namespaced Roles the operator may not list namespaces or CRDs cluster-wide;
-    # serve the named namespaces and the resources present at start (the chart installs
-    # the CRD first) instead of warning about forbidden scans.
-    operator_settings.scanning.disabled = namespaced
+    # No cluster-wide scans of namespaces and CRDs: they would need a ClusterRole (list and
+    # watch namespaces and customresourcedefinitions) for nothing this operator uses. It
+    # serves the namespaces it is given and the resources present at start (the chart
+    # installs the CRD before the operator).
+    operator_settings.scanning.disabled = True
     operator_settings.posting.level = logging.INFO
     return operator_settings
 
@@ -257,7 +261,7 @@ def run(
     try:
         kopf.run(
             loop=loop,
-            settings=settings(namespaced=not clusterwide),
+            settings=settings(),
             standalone=peering is None,
             peering_name=peering,
             priority=priority or 0,
