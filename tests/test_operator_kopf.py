@@ -240,4 +240,4 @@ async def test_the_operator_changes_a_live_instance_count_on_a_real_triton(
         # kopf's liveness endpoint answers, with this operator's probes.
         code, body = await http_get(operator.liveness_url)
         assert code == 200
-        assert json.loads(body)["ticks"] >= 2
+        assert json.loads(body)["ticks"]["count"] >= 2

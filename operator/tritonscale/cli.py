@@ -184,7 +184,7 @@ def operator(
 
     from tritonscale import kopf_driver
 
-    kopf.configure(verbose=verbose)
+    kopf.configure(verbose=verbose, log_prefix=True)
     kopf_driver.run(
         kopf_driver.DriverConfig(
             prometheus_url=prometheus_url or None,
@@ -209,6 +209,58 @@ def _loaded_models(server: LocalTriton) -> list[str]:
     )
     index.raise_for_status()
     return sorted(row["name"] for row in index.json())
+
+
+@main.group()
+def dashboards() -> None:
+    """The Grafana dashboards of dashboards/, without Grafana."""
+
+
+@dashboards.command()
+@click.option("--prometheus", "prometheus_url", required=True, help="Prometheus base URL.")
+@click.option(
+    "--dashboard",
+    "names",
+    multiple=True,
+    help="Only this dashboard (file name without .json, or uid; repeatable). Default: all.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("dashboard-previews"),
+    show_default=True,
+    help="Folder for the PNG files.",
+)
+@click.option("--range", "range_text", default="15m", show_default=True, help="Time range.")
+@click.option(
+    "--dashboards-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder of dashboard JSON files; default: the checkout's dashboards/.",
+)
+def preview(
+    prometheus_url: str,
+    names: tuple[str, ...],
+    out: Path,
+    range_text: str,
+    dashboards_dir: Path | None,
+) -> None:
+    """Draw each dashboard's panels from a live Prometheus into one PNG per dashboard."""
+    # Imported here: the module pulls in matplotlib, which no other command needs.
+    from tritonscale import dashboards as dashboard_files
+
+    try:
+        paths = dashboard_files.preview(
+            prometheus_url,
+            out,
+            names=names,
+            range_text=range_text,
+            dashboards_dir=dashboards_dir or dashboard_files.DEFAULT_DASHBOARDS_DIR,
+        )
+    except dashboard_files.DashboardError as error:
+        raise click.ClickException(str(error)) from None
+    for path in paths:
+        click.echo(path)
 
 
 if __name__ == "__main__":

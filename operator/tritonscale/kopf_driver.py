@@ -162,13 +162,10 @@ def forget_metrics(spec: kopf.Spec, name: str, namespace: str, memo: kopf.Memo, 
 
 
 @kopf.on.probe(id="ticks")
-def ticks_probe(memo: kopf.Memo, **_: Any) -> int:
-    return memo.runtime.health.ticks
-
-
-@kopf.on.probe(id="lastTickAt")
-def last_tick_probe(memo: kopf.Memo, **_: Any) -> float | None:
-    return memo.runtime.health.last_tick_at
+def ticks_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """In kopf's liveness answer: how many ticks ran, and when the last one ended."""
+    health: Health = memo.runtime.health
+    return {"count": health.ticks, "lastTickAt": health.last_tick_at}
 
 
 def _due(memo: kopf.Memo, now: float, interval_s: float, generation: Any) -> bool:
@@ -209,12 +206,12 @@ def _post_events(body: kopf.Body, result: TickResult, memo: kopf.Memo, logger: A
 
 
 class _QuietTicks(logging.Filter):
-    """Drop kopf's "Timer 'reconcile' succeeded." line: it would come every TICK_S per object."""
+    """Drop kopf's lines for every timer run and liveness probe: they would bury the rest."""
+
+    NOISE = frozenset({"Timer 'reconcile' succeeded.", "Activity 'ticks' succeeded."})
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            record.levelno == logging.INFO and record.getMessage() == "Timer 'reconcile' succeeded."
-        )
+        return not (record.levelno == logging.INFO and record.getMessage() in self.NOISE)
 
 
 def settings() -> kopf.OperatorSettings:
@@ -256,7 +253,8 @@ def run(
     if peering and priority is None:
         priority = random.randint(1, 2**31 - 1)
     runtime = make_runtime(config, metrics)
-    logging.getLogger("kopf.objects").addFilter(_QuietTicks())
+    for name in ("kopf.objects", "kopf.activities.probe"):
+        logging.getLogger(name).addFilter(_QuietTicks())
     server = runtime.metrics.serve(metrics_port) if metrics_port is not None else None
     try:
         kopf.run(
