@@ -237,6 +237,23 @@ async def test_the_operator_changes_a_live_instance_count_on_a_real_triton(
             "tritonscale_last_reconcile_timestamp_seconds",
         } <= labelled
 
+        # Paused, the autoscaler observes and reports, and never acts, not even on its bounds.
+        await patch_object(
+            api,
+            "add-sub",
+            {"metadata": {"generation": 3}, "spec": {"paused": True, "minInstances": 3}},
+        )
+        paused = await eventually(
+            lambda: (
+                status_of(api, "add-sub").get("observedGeneration") == 3
+                and status_of(api, "add-sub")
+            ),
+            "the paused spec to be observed",
+        )
+        assert paused["lastDecision"]["reason"] == "Paused"
+        assert paused["currentInstances"] == 2
+        assert await asyncio.to_thread(live_instances, triton, "add_sub") == 2
+
         # kopf's liveness endpoint answers, with this operator's probes.
         code, body = await http_get(operator.liveness_url)
         assert code == 200
