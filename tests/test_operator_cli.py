@@ -12,6 +12,8 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -153,3 +155,67 @@ def test_a_missing_or_contradictory_scope_is_one_line_and_exit_2(
     assert result.exit_code == 2
     assert error in result.output
     assert "Traceback" not in result.output
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real console script, without this machine's Kubernetes credentials."""
+    executable = shutil.which("tritonscale", path=str(Path(sys.executable).parent))
+    assert executable, "the tritonscale console script is not installed in this environment"
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TRITONSCALE_", "KUBERNETES_")) and k != "KUBECONFIG"
+    }
+    return subprocess.run(
+        [executable, *args],
+        env={**clean, "KUBECONFIG": "/nonexistent/kubeconfig", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "error"),
+    [
+        pytest.param(
+            ["--namespace", "ml", "--metrics-port", "0"],
+            1,
+            "Error: no Kubernetes credentials: not in a cluster, and no usable kubeconfig",
+            id="no credentials",
+        ),
+        pytest.param(
+            ["--namespace", "ml", "--liveness", "0.0.0.0:8080"],
+            2,
+            "Error: --liveness must look like http://0.0.0.0:8080/healthz",
+            id="a liveness address without scheme",
+        ),
+    ],
+)
+def test_a_users_mistake_is_one_line_not_a_traceback(
+    args: list[str], code: int, error: str
+) -> None:
+    done = run_cli("operator", *args)
+    assert done.returncode == code, done.stderr
+    assert error in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+async def test_a_taken_metrics_port_is_one_line(api: Emulator, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = kubeconfig(tmp_path / "kubeconfig", str(api.url))
+        done = await asyncio.to_thread(
+            run_cli,
+            "operator",
+            "--namespace",
+            "ml",
+            "--metrics-port",
+            str(port),
+            env={"KUBECONFIG": str(config)},
+        )
+    assert done.returncode == 1, done.stderr
+    assert f"Error: cannot serve the operator's metrics on port {port}" in done.stderr
+    assert "Traceback" not in done.stderr

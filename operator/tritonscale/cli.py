@@ -104,26 +104,30 @@ def serve(
         click.echo("stopped", err=True)
 
 
-@main.command()
+@main.command(context_settings={"show_default": True})
 @click.option(
     "--namespace",
     "namespaces",
+    show_envvar=True,
     multiple=True,
     help="Serve the autoscalers of this namespace (repeatable; from the environment: "
     "space-separated).",
 )
 @click.option(
     "--all-namespaces",
+    show_envvar=True,
     is_flag=True,
     help="Serve every namespace (needs cluster-wide RBAC; see docs/rbac.md).",
 )
 @click.option(
     "--liveness",
+    show_envvar=True,
     metavar="URL",
     help="Serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz.",
 )
 @click.option(
     "--metrics-port",
+    show_envvar=True,
     type=click.IntRange(0, 65535),
     default=9102,
     show_default=True,
@@ -131,21 +135,25 @@ def serve(
 )
 @click.option(
     "--peering",
+    show_envvar=True,
     metavar="NAME",
     help="KopfPeering object to coordinate replicas through; without it, run standalone.",
 )
 @click.option(
     "--priority",
+    show_envvar=True,
     type=int,
     help="Peering priority (the highest live one acts); default: random, so replicas differ.",
 )
 @click.option(
     "--prometheus-url",
+    show_envvar=True,
     metavar="URL",
     help="Prometheus to query for Triton's metrics; without it, scrape each pod's /metrics.",
 )
 @click.option(
     "--triton-http-port",
+    show_envvar=True,
     type=click.IntRange(1, 65535),
     default=8000,
     show_default=True,
@@ -153,12 +161,15 @@ def serve(
 )
 @click.option(
     "--triton-metrics-port",
+    show_envvar=True,
     type=click.IntRange(1, 65535),
     default=8002,
     show_default=True,
     help="Triton's metrics port on a pod that names no container port 'metrics'.",
 )
-@click.option("--verbose", is_flag=True, help="Log at debug level, every tick included.")
+@click.option(
+    "--verbose", is_flag=True, show_envvar=True, help="Log at debug level, every tick included."
+)
 def operator(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
@@ -184,20 +195,28 @@ def operator(
 
     from tritonscale import kopf_driver
 
+    if liveness and (problem := kopf_driver.liveness_problem(liveness)):
+        raise click.UsageError(problem)
+    if problem := kopf_driver.credentials_problem():
+        raise click.ClickException(problem)
     kopf.configure(verbose=verbose, log_prefix=True)
-    kopf_driver.run(
-        kopf_driver.DriverConfig(
-            prometheus_url=prometheus_url or None,
-            triton_http_port=triton_http_port,
-            triton_metrics_port=triton_metrics_port,
-        ),
-        namespaces=namespaces,
-        clusterwide=all_namespaces,
-        peering=peering or None,
-        priority=priority,
-        liveness=liveness or None,
-        metrics_port=metrics_port or None,
+    config = kopf_driver.DriverConfig(
+        prometheus_url=prometheus_url or None,
+        triton_http_port=triton_http_port,
+        triton_metrics_port=triton_metrics_port,
     )
+    try:
+        kopf_driver.run(
+            config,
+            namespaces=namespaces,
+            clusterwide=all_namespaces,
+            peering=peering or None,
+            priority=priority,
+            liveness=liveness or None,
+            metrics_port=metrics_port or None,
+        )
+    except kopf_driver.OperatorError as error:
+        raise click.ClickException(str(error)) from None
 
 
 def _loaded_models(server: LocalTriton) -> list[str]:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import kopf
 
@@ -38,6 +39,10 @@ GROUP, VERSION, PLURAL = "tritonscale.io", "v1alpha1", "instancegroupautoscalers
 TICK_S = 1.0
 
 log = logging.getLogger(__name__)
+
+
+class OperatorError(RuntimeError):
+    """The operator cannot start; the message is one line for a person."""
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,39 @@ class _QuietTicks(logging.Filter):
         return not (record.levelno == logging.INFO and record.getMessage() in self.NOISE)
 
 
+def credentials_problem() -> str | None:
+    """Why kopf could not log in to Kubernetes, in one line; None when it can.
+
+    kopf would find out too, but with a page of tracebacks; this is the same search
+    (in-cluster service account, then kubeconfig) through the same `kubernetes` client.
+    """
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+        return None
+    except config.ConfigException:
+        pass
+    try:
+        config.load_kube_config()
+        return None
+    except (config.ConfigException, OSError, ValueError) as error:
+        detail = " ".join(str(error).split())
+        return f"no Kubernetes credentials: not in a cluster, and no usable kubeconfig ({detail})"
+
+
+def liveness_problem(url: str) -> str | None:
+    """kopf serves its probe on http://HOST:PORT/PATH; anything else fails deep inside it."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        return f"--liveness must look like http://0.0.0.0:8080/healthz, got {url!r}"
+    return None
+
+
 def settings() -> kopf.OperatorSettings:
     """kopf's settings for this operator."""
     operator_settings = kopf.OperatorSettings()
@@ -255,7 +293,14 @@ def run(
     runtime = make_runtime(config, metrics)
     for name in ("kopf.objects", "kopf.activities.probe"):
         logging.getLogger(name).addFilter(_QuietTicks())
-    server = runtime.metrics.serve(metrics_port) if metrics_port is not None else None
+    server = None
+    if metrics_port is not None:
+        try:
+            server = runtime.metrics.serve(metrics_port)
+        except OSError as error:
+            raise OperatorError(
+                f"cannot serve the operator's metrics on port {metrics_port}: {error.strerror}"
+            ) from None
     try:
         kopf.run(
             loop=loop,
