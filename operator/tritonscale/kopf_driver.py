@@ -38,8 +38,6 @@ GROUP, VERSION, PLURAL = "tritonscale.io", "v1alpha1", "instancegroupautoscalers
 # intervalSeconds (>= 1) sets the real period; kopf fixes a timer's interval at import time.
 TICK_S = 1.0
 
-log = logging.getLogger(__name__)
-
 
 class OperatorError(RuntimeError):
     """The operator cannot start; the message is one line for a person."""
