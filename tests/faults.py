@@ -89,7 +89,7 @@ class LoadReport:
     successes: int = 0
     wrong_answers: list[str] = field(default_factory=list)
     failures: Counter[str] = field(default_factory=Counter)  # first line of each error
-    # (monotonic time, ok) per request, in completion order
+    # (monotonic time the request was sent, ok) per request, in completion order
     timeline: list[tuple[float, bool]] = field(default_factory=list)
 
     @property
@@ -136,6 +136,7 @@ class Load:
         client = httpclient.InferenceServerClient(self.server.http_url, network_timeout=30)
         try:
             while not self._stop.is_set():
+                sent = time.monotonic()
                 try:
                     self.send(client, rng)
                 except AssertionError as wrong:
@@ -146,14 +147,13 @@ class Load:
                 else:
                     outcome = ("ok", "")
                 with self._lock:
-                    now = time.monotonic()
                     if outcome[0] == "ok":
                         self.report.successes += 1
                     elif outcome[0] == "wrong":
                         self.report.wrong_answers.append(outcome[1])
                     else:
                         self.report.failures[outcome[1]] += 1
-                    self.report.timeline.append((now, outcome[0] == "ok"))
+                    self.report.timeline.append((sent, outcome[0] == "ok"))
                 if outcome[0] != "ok":
                     time.sleep(0.05)  # a failing server is not hammered
                 time.sleep(self.pause_s)
@@ -173,7 +173,7 @@ class Load:
             worker.join(timeout=60)
 
     def wait_for_successes(self, count: int, after: float, timeout_s: float = 60.0) -> float:
-        """Wait until `count` requests succeeded after `after`; the time of the first of them."""
+        """Wait until `count` requests sent after `after` succeeded; when the first was sent."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
