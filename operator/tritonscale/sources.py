@@ -174,7 +174,8 @@ class PrometheusSource:
         pods = pod_matcher(endpoints, self.matcher)
         selector = f'{pods},model=~"{_regex_alternatives(models)}"'
         window = max(1, round(window_s))
-        step = max(1, window // 60)
+        # The resolution of the first-sample subquery: at most 300 points per series.
+        step = max(1, window // 300)
         fill = {"selector": selector, "pods": pods, "window": f"{window}s", "step": f"{step}s"}
 
         def run(key: str) -> list[dict]:

@@ -1,0 +1,227 @@
+"""The metrics sources against a real Triton under load and a real Prometheus scraping it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.tooling import missing
+from tritonscale.endpoints import Endpoint
+from tritonscale.loadgen import ClosedLoopLoad, make_inputs
+from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
+from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
+from tritonscale.signals import MetricsUnavailable
+from tritonscale.sources import (
+    DEFAULT_QUERIES,
+    PrometheusSource,
+    ScrapeSource,
+    counter_increase,
+    pod_matcher,
+)
+
+PIPELINE = ["pipeline_async", "branch_embed", "branch_classify", "branch_rank"]
+WINDOW_S = 8
+
+
+def _triton(models: list[str]) -> LocalTriton:
+    try:
+        TritonInstall()
+    except LocalTritonError as error:
+        missing(str(error))
+    return LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=models)
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> Iterator[LocalTriton]:
+    with _triton(PIPELINE) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def prometheus(pipeline: LocalTriton) -> Iterator[LocalPrometheus]:
+    if prometheus_binary() is None:
+        missing("prometheus not installed (Debian package 'prometheus')")
+    target = pipeline.metrics_url.removeprefix("http://")
+    with LocalPrometheus({"triton": [target]}, scrape_interval_s=0.5) as server:
+        server.wait_for('nv_inference_request_success{model="pipeline_async"}', timeout_s=30)
+        yield server
+
+
+def _endpoint(server: LocalTriton) -> Endpoint:
+    return Endpoint("local", server.http_url, server.metrics_url)
+
+
+# ---- both sources on the same load ----------------------------------------------------
+
+
+def test_both_sources_measure_the_same_load(pipeline: LocalTriton, prometheus) -> None:
+    endpoints = [_endpoint(pipeline)]
+    scrape = ScrapeSource(min_scrape_interval_s=0.2)
+    prom = PrometheusSource(prometheus.url)
+    with ClosedLoopLoad(pipeline.grpc_url, "pipeline_async") as load:
+        load.set_users(4)
+        time.sleep(2)  # past the ramp
+        started = time.time()
+        while time.time() - started < WINDOW_S + 1:
+            scrape.scrape([pipeline.metrics_url])
+            time.sleep(0.5)
+        by_scrape = scrape.snapshot(PIPELINE, endpoints, WINDOW_S)
+        # Let Prometheus take the scrape that covers the same moment.
+        time.sleep(0.6)
+        by_prometheus = prom.snapshot(PIPELINE, endpoints, WINDOW_S)
+        sent = load.stats(time.time() - WINDOW_S, time.time())
+    assert by_scrape.complete and by_prometheus.complete
+    assert by_scrape.window_s == pytest.approx(WINDOW_S, rel=0.15)
+    a = by_scrape.models["pipeline_async"]
+    b = by_prometheus.models["pipeline_async"]
+    assert a.pods_reporting == b.pods_reporting == 1
+    assert a.request_rate > 5, "the load must have reached the pipeline"
+    # What the client saw, the server counted.
+    assert a.request_rate == pytest.approx(sent.rate, rel=0.2)
+    for field in ("request_rate", "execution_rate", "compute_seconds_per_second"):
+        assert getattr(a, field) == pytest.approx(getattr(b, field), rel=0.2), field
+    # Every branch gets one call per pipeline execution.
+    for branch in PIPELINE[1:]:
+        assert by_scrape.models[branch].request_rate == pytest.approx(a.execution_rate, rel=0.2)
+        assert by_prometheus.models[branch].request_rate == pytest.approx(b.execution_rate, rel=0.2)
+    assert a.failure_rate == b.failure_rate == 0
+    assert by_scrape.gpu is None and by_prometheus.gpu is None  # a CPU-only Triton
+
+
+# ---- PrometheusSource -------------------------------------------------------------------
+
+
+def test_a_window_longer_than_the_series_is_incomplete(pipeline: LocalTriton, prometheus) -> None:
+    snapshot = PrometheusSource(prometheus.url).snapshot(PIPELINE, [_endpoint(pipeline)], 3000)
+    assert not snapshot.complete
+    assert snapshot.window_s < 3000
+    assert "pipeline_async" in snapshot.models
+
+
+def test_a_model_absent_from_the_pods_is_absent_from_the_snapshot(
+    pipeline: LocalTriton, prometheus
+) -> None:
+    snapshot = PrometheusSource(prometheus.url).snapshot(["add_sub"], [_endpoint(pipeline)], 5)
+    assert snapshot.models == {}
+
+
+def test_other_pods_are_not_counted(pipeline: LocalTriton, prometheus) -> None:
+    elsewhere = Endpoint("other", "127.0.0.1:1", f"http://127.0.0.1:{free_port()}/metrics")
+    snapshot = PrometheusSource(prometheus.url).snapshot(PIPELINE, [elsewhere], 5)
+    assert snapshot.models == {}
+
+
+def test_prometheus_stopped_is_metrics_unavailable(pipeline: LocalTriton, prometheus) -> None:
+    source = PrometheusSource(prometheus.url, timeout_s=2)
+    prometheus.stop()
+    try:
+        with pytest.raises(
+            MetricsUnavailable, match="Prometheus at http://127.0.0.1:.* is unreachable"
+        ):
+            source.snapshot(PIPELINE, [_endpoint(pipeline)], 5)
+    finally:
+        prometheus.start()
+    prometheus.wait_for("up", timeout_s=30)
+    assert source.snapshot(PIPELINE, [_endpoint(pipeline)], 5).models
+
+
+def test_a_bad_query_is_one_line_naming_it(pipeline: LocalTriton, prometheus) -> None:
+    source = PrometheusSource(prometheus.url, queries={"request_rate": "sum(rate(broken["})
+    with pytest.raises(MetricsUnavailable, match=r"query failed: .*\(query: sum\(rate\(broken\[\)"):
+        source.snapshot(PIPELINE, [_endpoint(pipeline)], 5)
+
+
+def test_unknown_query_keys_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown query keys: request_rat"):
+        PrometheusSource("http://127.0.0.1:9", queries={"request_rat": "x"})
+
+
+def test_the_default_queries_name_every_signal() -> None:
+    assert "nv_inference_request_success" in DEFAULT_QUERIES["request_rate"]
+    assert "DCGM_FI_DEV_GPU_UTIL" in DEFAULT_QUERIES["gpu_utilization_dcgm"]
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "expected"),
+    [
+        pytest.param(
+            [
+                Endpoint("triton-0", "10.0.0.1:8000", None, "ml"),
+                Endpoint("triton-1", "x", None, "ml"),
+            ],
+            'namespace="ml",pod=~"triton\\\\-0|triton\\\\-1"',
+            id="kubernetes pods are matched by namespace and name",
+        ),
+        pytest.param(
+            [Endpoint("a", "a:8000", "http://10.0.0.1:8002/metrics")],
+            'instance=~"10\\\\.0\\\\.0\\\\.1:8002"',
+            id="local tritons are matched by their metrics instance",
+        ),
+    ],
+)
+def test_the_pod_set_becomes_a_label_matcher(endpoints: list[Endpoint], expected: str) -> None:
+    assert pod_matcher(endpoints) == expected
+
+
+def test_a_pod_set_without_addresses_needs_a_configured_matcher() -> None:
+    assert pod_matcher([Endpoint("a", "a:8000")], default='job="triton"') == 'job="triton"'
+    with pytest.raises(MetricsUnavailable, match="which pods"):
+        pod_matcher([Endpoint("a", "a:8000")])
+
+
+# ---- ScrapeSource -----------------------------------------------------------------------
+
+
+def test_counter_increase_counts_a_reset_from_zero() -> None:
+    assert counter_increase([5, 7, 10]) == 5
+    # A restart: 10 -> 2 counts the 2 done since.
+    assert counter_increase([5, 10, 2, 4]) == 5 + 2 + 2
+    assert counter_increase([3]) == 0
+
+
+def test_a_fresh_scraper_is_incomplete_until_a_window_has_passed(pipeline: LocalTriton) -> None:
+    source = ScrapeSource(min_scrape_interval_s=0.1)
+    endpoints = [_endpoint(pipeline)]
+    first = source.snapshot(PIPELINE, endpoints, 2)
+    assert not first.complete and first.window_s == 0
+    time.sleep(2.1)
+    second = source.snapshot(PIPELINE, endpoints, 2)
+    assert second.complete
+    assert second.window_s == pytest.approx(2, abs=0.5)
+    assert second.models["pipeline_async"].pods_reporting == 1
+
+
+def test_an_unreachable_target_is_metrics_unavailable(pipeline: LocalTriton) -> None:
+    gone = f"http://127.0.0.1:{free_port()}/metrics"
+    source = ScrapeSource([pipeline.metrics_url, gone], timeout_s=1)
+    with pytest.raises(MetricsUnavailable, match=f"cannot read Triton metrics at {gone}"):
+        source.snapshot(PIPELINE, (), 5)
+
+
+def _send(server: LocalTriton, requests: int) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = make_inputs("add_sub", 1, np.random.default_rng(0))
+    for _ in range(requests):
+        client.infer("add_sub", inputs)
+    client.close()
+
+
+def test_a_restarted_triton_counts_on_from_zero() -> None:
+    server = _triton(["add_sub"])
+    source = ScrapeSource(min_scrape_interval_s=0)
+    endpoints = [_endpoint(server)]
+    with server:
+        source.scrape([server.metrics_url])  # add_sub at 0 requests
+        _send(server, 20)
+        source.scrape([server.metrics_url])
+    with server:  # the same ports, counters back at zero
+        # Fewer than before: a counter that went down is a reset. (One that climbed past its
+        # old value between two samples cannot be told from growth, as in Prometheus.)
+        _send(server, 5)
+        after = source.snapshot(["add_sub"], endpoints, 600)
+    assert after.models["add_sub"].request_rate * after.window_s == pytest.approx(20 + 5)
+    assert not after.complete  # 600 s of history do not exist yet
