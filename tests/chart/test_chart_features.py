@@ -249,20 +249,20 @@ class TestOperator:
         {
             "apiGroups": ["tritonscale.io"],
             "resources": ["instancegroupautoscalers"],
-            "verbs": ["get", "list", "watch", "patch"],
+            "verbs": ["list", "watch", "patch"],
         },
         {
             "apiGroups": ["tritonscale.io"],
             "resources": ["instancegroupautoscalers/status"],
-            "verbs": ["get", "patch"],
+            "verbs": ["patch"],
         },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
     PEERING_RULE = {
         "apiGroups": ["kopf.dev"],
         "resources": ["kopfpeerings"],
-        "verbs": ["get", "list", "watch", "patch"],
+        "verbs": ["list", "watch", "patch"],
     }
 
     def test_rbac_is_exactly_the_least_privilege_rules(self, render) -> None:
