@@ -1,0 +1,232 @@
+"""One control tick (tritonscale.reconcile) against a real Triton, with a fake clock for `now`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.tooling import missing
+from tritonscale.actuator import Actuator
+from tritonscale.endpoints import Endpoint
+from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
+from tritonscale.operator_metrics import OperatorMetrics
+from tritonscale.reconcile import (
+    FAILED_GET_METRICS,
+    FAILED_RESCALE,
+    INVALID_SPEC,
+    NO_READY_PODS,
+    ReconcileState,
+    reconcile,
+)
+from tritonscale.sources import ScrapeSource
+
+SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
+
+
+def spec(**overrides: object) -> dict:
+    return {"selector": SELECTOR, "model": "add_sub", "metricsWindowSeconds": 2, **overrides}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalTriton]:
+    try:
+        TritonInstall()
+    except LocalTritonError as error:
+        missing(str(error))
+    with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=["add_sub"]) as triton:
+        yield triton
+
+
+@pytest.fixture
+def pods(server: LocalTriton) -> list[Endpoint]:
+    """The Triton as one pod, add_sub back at one instance."""
+    endpoints = [Endpoint("pod-0", server.http_url, server.metrics_url)]
+    assert all(r.ok for r in Actuator(server.repository_key).apply(endpoints, "add_sub", 1))
+    return endpoints
+
+
+@pytest.fixture
+def actuator(server: LocalTriton) -> Actuator:
+    return Actuator(server.repository_key)
+
+
+def _live(actuator: Actuator, pods: list[Endpoint]) -> int:
+    return actuator.live_count(pods[0], "add_sub")
+
+
+def _sample(metrics: OperatorMetrics, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
+
+
+def _condition(result, kind: str) -> dict:
+    return next(c for c in result.conditions if c["type"] == kind)
+
+
+def test_no_ready_pod_is_an_error_result(actuator: Actuator) -> None:
+    metrics = OperatorMetrics()
+    result = reconcile(
+        spec(), [], ScrapeSource(), actuator, ReconcileState(), 1000.0, metrics=metrics
+    )
+    assert result.decision is None and result.reason == NO_READY_PODS
+    assert _condition(result, "ScalingActive")["status"] == "False"
+    text = generate_latest(metrics.registry).decode()
+    assert (
+        'tritonscale_reconcile_errors_total{autoscaler="add_sub",model="add_sub",namespace="local",reason="NoReadyPods"} 1.0'
+        in text
+    )
+
+
+def test_an_invalid_spec_is_an_error_result_naming_the_field(actuator, pods) -> None:
+    bad = spec(minInstances=5, maxInstances=2)
+    result = reconcile(bad, pods, ScrapeSource(), actuator, ReconcileState(), 1000.0)
+    assert result.reason == INVALID_SPEC
+    assert "spec.minInstances (5) must be <= spec.maxInstances (2)" in result.message
+    assert _live(actuator, pods) == 1
+
+
+def test_a_count_below_min_is_raised_at_once_and_exported(actuator, pods) -> None:
+    metrics = OperatorMetrics()
+    now = time.time()
+    result = reconcile(
+        spec(minInstances=2),
+        pods,
+        ScrapeSource(),
+        actuator,
+        ReconcileState(),
+        now,
+        metrics=metrics,
+        namespace="ns",
+        autoscaler="adder",
+    )
+    assert (result.current_instances, result.desired_instances) == (1, 2)
+    assert result.reason == "TooFewInstances"
+    assert [(p.pod, p.before, p.after, p.ok) for p in result.applied] == [("pod-0", 1, 2, True)]
+    assert _live(actuator, pods) == 2
+    able = _condition(result, "AbleToScale")
+    assert (able["status"], able["reason"]) == ("True", "SucceededRescale")
+    assert result.state.last_scale_time == now
+    assert result.status()["lastScaleTime"]
+    labels = {"namespace": "ns", "autoscaler": "adder", "model": "add_sub"}
+    assert _sample(metrics, "tritonscale_desired_instances", **labels) == 2
+    assert _sample(metrics, "tritonscale_current_instances", **labels) == 1
+    assert _sample(metrics, "tritonscale_actuations_total", **labels, result="success") == 1
+    assert (
+        _sample(
+            metrics,
+            "tritonscale_decisions_total",
+            **labels,
+            direction="up",
+            reason="TooFewInstances",
+        )
+        == 1
+    )
+    assert _sample(metrics, "tritonscale_last_reconcile_timestamp_seconds", **labels) > now - 60
+    assert _sample(metrics, "tritonscale_reconcile_duration_seconds_count", **labels) == 1
+    metrics.forget("ns", "adder", "add_sub")
+    assert 'autoscaler="adder"' not in generate_latest(metrics.registry).decode()
+
+
+def test_a_dry_run_decides_and_applies_nothing(actuator, pods) -> None:
+    result = reconcile(
+        spec(minInstances=3, dryRun=True), pods, ScrapeSource(), actuator, ReconcileState(), 1000.0
+    )
+    assert result.desired_instances == 3 and result.applied == []
+    assert result.reason == "DryRun"
+    assert _condition(result, "AbleToScale")["reason"] == "DryRun"
+    assert _live(actuator, pods) == 1
+
+
+def test_a_paused_autoscaler_acts_on_nothing(actuator, pods) -> None:
+    result = reconcile(
+        spec(minInstances=3, paused=True), pods, ScrapeSource(), actuator, ReconcileState(), 1000.0
+    )
+    assert result.applied == [] and result.reason == "Paused"
+    assert _live(actuator, pods) == 1
+
+
+def test_metrics_that_cannot_be_read_hold_the_count(actuator, pods) -> None:
+    gone = [Endpoint("pod-0", pods[0].http_url, f"http://127.0.0.1:{free_port()}/metrics")]
+    result = reconcile(spec(), gone, ScrapeSource(timeout_s=1), actuator, ReconcileState(), 1000.0)
+    assert result.reason == FAILED_GET_METRICS
+    assert result.decision is not None and result.decision.reason == "MetricsMissing"
+    assert result.desired_instances == result.current_instances == 1
+    active = _condition(result, "ScalingActive")
+    assert (active["status"], active["reason"]) == ("False", FAILED_GET_METRICS)
+    assert "cannot read Triton metrics" in active["message"]
+
+
+def test_failed_loads_back_off_exponentially_then_recover(server, pods) -> None:
+    refused = Actuator("not-the-key")
+    source = ScrapeSource()
+    wanted = spec(minInstances=2)
+    first = reconcile(wanted, pods, source, refused, ReconcileState(), 1000.0, backoff_base_s=10)
+    assert first.reason == FAILED_RESCALE and "refused" in first.message
+    assert [p.ok for p in first.applied] == [False]
+    assert first.state.backoff.failures == 1 and first.state.backoff.retry_at == 1010.0
+    assert _condition(first, "AbleToScale")["status"] == "False"
+
+    waiting = reconcile(wanted, pods, source, refused, first.state, 1005.0, backoff_base_s=10)
+    assert waiting.applied == [], "no load may be tried while backing off"
+    assert "backing off after 1 failed load" in waiting.message
+
+    second = reconcile(wanted, pods, source, refused, waiting.state, 1011.0, backoff_base_s=10)
+    assert second.state.backoff.failures == 2 and second.state.backoff.retry_at == 1031.0
+
+    capped = second.state.backoff.failed(1031.0, base_s=10, cap_s=25)
+    assert capped.retry_at == 1031.0 + 25
+
+    good = Actuator(server.repository_key)
+    healed = reconcile(wanted, pods, source, good, second.state, 1032.0, backoff_base_s=10)
+    assert healed.errors == [] and healed.applied[0].ok
+    assert healed.state.backoff.failures == 0
+    assert _live(good, pods) == 2
+
+
+def test_conditions_keep_their_transition_time_while_unchanged(actuator, pods) -> None:
+    source = ScrapeSource()
+    first = reconcile(spec(), pods, source, actuator, ReconcileState(), 1000.0)
+    later = reconcile(spec(), pods, source, actuator, first.state, 1100.0)
+    for before, after in zip(first.conditions, later.conditions, strict=True):
+        if before["status"] == after["status"]:
+            assert after["lastTransitionTime"] == before["lastTransitionTime"]
+
+
+def test_the_state_survives_a_round_trip_through_status(actuator, pods) -> None:
+    now = float(int(time.time()))
+    result = reconcile(spec(minInstances=2), pods, ScrapeSource(), actuator, ReconcileState(), now)
+    back = ReconcileState.from_status(result.status())
+    assert back.policy == result.state.policy
+    assert back.backoff == result.state.backoff
+    assert back.last_scale_time == now
+    assert (
+        ReconcileState.from_status({"policyState": {"recommendations": "junk"}}) == ReconcileState()
+    )
+
+
+def test_children_counts_are_read_from_the_pods(actuator, pods) -> None:
+    # add_sub "calls" itself is refused by the spec; a model absent from the pods is left out.
+    result = reconcile(
+        spec(calls=["not_loaded_here"]), pods, ScrapeSource(), actuator, ReconcileState(), 1000.0
+    )
+    assert result.child_instances == {}
+    assert result.decision is not None
+
+
+def test_the_decision_log_record_is_plain_json(actuator, pods) -> None:
+    import json
+
+    result = reconcile(
+        spec(minInstances=2), pods, ScrapeSource(), actuator, ReconcileState(), 1000.0
+    )
+    record = json.loads(json.dumps(result.to_dict()))
+    assert record["model"] == "add_sub" and record["desired"] == 2 and record["current"] == 1
+    assert record["applied"][0]["ok"] is True
+    assert result.line().split()[1:4] == ["add_sub", "1", "->"]
