@@ -282,5 +282,57 @@ def preview(
         click.echo(path)
 
 
+@main.command()
+@click.option(
+    "--locust-csv",
+    help="Locust's --csv PREFIX of a run with --csv-full-history (or its _stats_history.csv).",
+)
+@click.option(
+    "--prometheus", "prometheus_url", help="Prometheus URL: Triton's metrics over the run."
+)
+@click.option(
+    "--decisions",
+    type=click.Path(path_type=Path),
+    help="The local driver's JSON-lines decision log (tritonscale tune).",
+)
+@click.option(
+    "--start",
+    type=float,
+    help="Window start for Prometheus (unix s); default: the inputs' first timestamp.",
+)
+@click.option("--end", type=float, help="Window end for Prometheus (unix s).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("reports/run"),
+    show_default=True,
+    help="Folder for index.html and the PNG plots.",
+)
+def report(
+    locust_csv: str | None,
+    prometheus_url: str | None,
+    decisions: Path | None,
+    start: float | None,
+    end: float | None,
+    out: Path,
+) -> None:
+    """One HTML page with plots of a run: throughput, latency, queue time, instances."""
+    from tritonscale.report import ReportError, write_report
+
+    if (start is None) != (end is None):
+        raise click.UsageError("give both --start and --end, or neither")
+    try:
+        index = write_report(
+            out,
+            locust_csv=locust_csv,
+            prometheus_url=prometheus_url,
+            decisions=decisions,
+            window=(start, end) if start is not None else None,
+        )
+    except ReportError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"report: {index}")
+
+
 if __name__ == "__main__":
     sys.exit(main())
