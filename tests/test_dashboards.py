@@ -1,0 +1,406 @@
+"""The Grafana dashboards: generated from dashboards/generate.py, linted, and every query
+proven against a real Prometheus that scraped the real Triton under load and the real
+operator metrics (real control ticks of `tritonscale.reconcile`), plus the preview command.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.dashboard_load import stream_load
+from tests.tooling import missing
+from tritonscale import dashboards as boards
+from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
+from tritonscale.local_triton import LocalTriton, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+RULES = REPO / "dashboards" / "rules" / "tritonscale.rules.yaml"
+DASHBOARDS = boards.load_dashboards()
+QUERIES = [q for name, board in DASHBOARDS.items() for q in boards.queries(board, name)]
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+# Queries that can only return data where a GPU (and for DCGM_*, the DCGM exporter) is:
+# on a CPU-only machine they must still parse and run. (dashboard, panel title, refId).
+GPU_ONLY = {
+    ("triton-overview", "GPU utilization", "A"),
+    ("triton-overview", "GPU utilization", "B"),
+    ("triton-overview", "GPU memory used", "A"),
+    ("triton-overview", "GPU memory used", "B"),
+    ("triton-overview", "GPU memory used", "C"),
+    ("triton-overview", "GPU power", "A"),
+    ("triton-overview", "GPU power", "B"),
+    ("autoscaler", "GPU utilization and memory seen by the policy", "A"),
+    ("autoscaler", "GPU utilization and memory seen by the policy", "B"),
+}
+# What Triton (2.51, with GPUs) and the DCGM exporter export that a CPU-only Triton does not.
+GPU_METRIC_NAMES = {
+    "nv_gpu_utilization",
+    "nv_gpu_memory_used_bytes",
+    "nv_gpu_memory_total_bytes",
+    "nv_gpu_power_usage",
+    "nv_gpu_power_limit",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_FB_USED",
+}
+METRIC_NAME = re.compile(r"\b(nv_[a-z_]+|DCGM_[A-Z_]+|tritonscale_[a-z_]+)\b")
+
+
+def key(query: boards.Query) -> tuple[str, str, str]:
+    return (query.dashboard, query.panel, query.ref_id)
+
+
+def query_id(query: boards.Query) -> str:
+    return f"{query.dashboard}/{query.panel}/{query.ref_id}"
+
+
+# ---- generated and linted ---------------------------------------------------------------
+def test_the_committed_json_is_what_the_generator_writes() -> None:
+    run = subprocess.run(
+        [sys.executable, str(REPO / "dashboards" / "generate.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_each_dashboard_has_its_identity_and_variables(name: str) -> None:
+    board = DASHBOARDS[name]
+    assert board["uid"].startswith("tritonscale-") and len(board["uid"]) <= 40
+    assert "tritonscale" in board["tags"]
+    assert board["schemaVersion"] >= 39
+    assert board["title"] and board["description"]
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for label in ("namespace", "pod", "model"):
+        variable = variables[label]
+        assert variable["includeAll"] and variable["allValue"] == ".*", label
+        assert variable["datasource"] == DATASOURCE
+    ids = [panel["id"] for panel in boards.panels(board)]
+    assert len(ids) == len(set(ids))
+
+
+def _cells(panel: dict) -> set[tuple[int, int]]:
+    pos = panel["gridPos"]
+    return {
+        (x, y)
+        for x in range(pos["x"], pos["x"] + pos["w"])
+        for y in range(pos["y"], pos["y"] + pos["h"])
+    }
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_panels_fit_the_grid_without_overlapping(name: str) -> None:
+    taken: set[tuple[int, int]] = set()
+    for panel in boards.panels(DASHBOARDS[name]):
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
+        cells = _cells(panel)
+        assert not cells & taken, f"{panel['title']} overlaps another panel"
+        taken |= cells
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_every_panel_has_a_title_description_unit_datasource_and_a_query(name: str) -> None:
+    for panel in boards.panels(DASHBOARDS[name]):
+        if panel["type"] == "row":
+            assert panel["title"]
+            continue
+        where = f"{name}: {panel.get('title')!r}"
+        assert panel.get("title"), where
+        assert len(panel.get("description", "")) >= 30, f"{where} needs a description"
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{where} has no unit"
+        assert panel["datasource"] == DATASOURCE, where
+        assert panel.get("targets"), f"{where} has no query"
+        for target in panel["targets"]:
+            assert target["datasource"] == DATASOURCE, where
+            assert target["expr"].strip(), where
+            assert target["refId"], where
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=query_id)
+def test_every_query_uses_the_variables_and_rate_interval(query: boards.Query) -> None:
+    # Every range is Grafana's $__rate_interval (no fixed window that breaks at another
+    # scrape interval), and every selector filters on the dashboard's namespace.
+    assert re.findall(r"\[[^\]]*\]", query.expr) == ["[$__rate_interval]"] * len(
+        re.findall(r"\[[^\]]*\]", query.expr)
+    ), query.expr
+    if re.search(r"\b(rate|irate|increase)\(", query.expr):
+        assert "[$__rate_interval]" in query.expr
+    selectors = re.findall(r"\b[A-Za-z_:][A-Za-z0-9_:]*\{[^}]*\}", query.expr)
+    assert selectors, f"no label selector in {query.expr}"
+    for selector in selectors:
+        assert 'namespace=~"$namespace"' in selector, selector
+        if selector.startswith("nv_inference"):
+            assert 'pod=~"$pod"' in selector and "model=~" in selector, selector
+
+
+def test_the_gpu_only_list_names_exactly_the_queries_on_gpu_metrics() -> None:
+    on_gpu = {key(q) for q in QUERIES if re.search(r"nv_gpu_|DCGM_|\"gpu_", q.expr)}
+    assert on_gpu == GPU_ONLY
+
+
+def test_substitution_fills_variables_and_builtins_like_grafana() -> None:
+    expr = 'rate(x{namespace=~"$namespace", model=~"${model}", pod=~"[[pod]]"}[$__rate_interval])'
+    assert (
+        boards.substitute(
+            expr, {"namespace": ".*", "model": "a|b", "pod": ".*"}, rate_interval="1m"
+        )
+        == 'rate(x{namespace=~".*", model=~"a|b", pod=~".*"}[1m])'
+    )
+    # Grafana's rule: max(step + scrape interval, 4 x scrape interval).
+    assert boards.rate_interval_s(step_s=5, scrape_interval_s=15) == 60
+    assert boards.rate_interval_s(step_s=60, scrape_interval_s=15) == 75
+    assert boards.duration(0.5) == "500ms" and boards.duration(60) == "60s"
+    assert boards.parse_duration("1h30m") == 5400
+    with pytest.raises(ValueError, match="not a duration"):
+        boards.parse_duration("15 minutes")
+
+
+def test_variable_defaults_are_all_or_the_chosen_models() -> None:
+    overview = boards.variable_defaults(DASHBOARDS["triton-overview"])
+    assert overview == {"namespace": ".*", "pod": ".*", "model": ".*"}
+    pipeline = boards.variable_defaults(DASHBOARDS["bls-pipeline"])
+    assert pipeline["model"] == "pipeline_async|branch_embed|branch_classify|branch_rank"
+
+
+# ---- proven against real data ---------------------------------------------------------
+@dataclass
+class Live:
+    prometheus: LocalPrometheus
+    triton_names: set[str]
+    operator_names: set[str]
+    has_gpu: bool
+
+
+def _sample_names(text: str) -> set[str]:
+    """Sample names exactly as exposed (prometheus_client's parser would add _total to
+    Triton's counters, which Triton does not)."""
+    return {
+        re.split(r"[{\s]", line, maxsplit=1)[0]
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+
+
+def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> Iterator[None]:
+    """Real control ticks, one round per call: a model sized from Prometheus, a model forced
+    to 2 instances and back to 1 (real loads), and a source that cannot be reached."""
+    from tritonscale.actuator import Actuator
+    from tritonscale.endpoints import local_endpoints
+    from tritonscale.reconcile import ReconcileState, reconcile
+    from tritonscale.sources import PrometheusSource
+
+    endpoints = local_endpoints([triton.http_url], [triton.metrics_url])
+    actuator = Actuator(triton.repository_key)
+    selector = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
+    states: dict[str, ReconcileState] = {}
+
+    def tick(autoscaler: str, spec: dict, source) -> None:
+        result = reconcile(
+            {"selector": selector, "metricsWindowSeconds": 5, "intervalSeconds": 1, **spec},
+            endpoints,
+            source,
+            actuator,
+            states.get(autoscaler, ReconcileState()),
+            time.time(),
+            metrics=metrics,
+            autoscaler=autoscaler,
+        )
+        states[autoscaler] = result.state
+
+    live_source = PrometheusSource(prometheus_url)
+    dead_source = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=1)
+    for index in range(rounds):
+        tick("pipeline-async", {"model": "pipeline_async", "maxInstances": 2}, live_source)
+        tick("unreachable-prometheus", {"model": "bls_async"}, dead_source)
+        # add_sub: 1 -> 2 on the first round, back to 1 on the last (the session's count).
+        size = 2 if index < rounds - 1 else 1
+        tick(
+            "add-sub", {"model": "add_sub", "minInstances": size, "maxInstances": size}, live_source
+        )
+        yield
+
+
+@pytest.fixture(scope="module")
+def live(triton: LocalTriton, tmp_path_factory) -> Iterator[Live]:
+    if prometheus_binary() is None:
+        missing("prometheus not installed (Debian package 'prometheus')")
+    from tritonscale.operator_metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    operator_port = free_port()
+    server = metrics.serve(operator_port, addr="127.0.0.1")
+    targets = {
+        "triton": [triton.metrics_url.removeprefix("http://").removesuffix("/metrics")],
+        "tritonscale": [f"127.0.0.1:{operator_port}"],
+    }
+    try:
+        with LocalPrometheus(targets, scrape_interval_s=0.5, rule_files=[RULES]) as prometheus:
+            prometheus.wait_for('up{job="triton"} == 1', timeout_s=30)
+            prometheus.wait_for('up{job="tritonscale"} == 1', timeout_s=30)
+            time.sleep(1.0)  # a first sample of every counter before the load
+            for _ in _ticks(triton, prometheus.url, metrics, rounds=4):
+                stream_load(triton, requests_per_model=100)
+                time.sleep(1.5)
+            time.sleep(2.0)  # the last increments scraped and the rules evaluated
+            triton_text = requests.get(triton.metrics_url, timeout=10).text
+            operator_text = requests.get(
+                f"http://127.0.0.1:{operator_port}/metrics", timeout=10
+            ).text
+            yield Live(
+                prometheus,
+                _sample_names(triton_text),
+                _sample_names(operator_text),
+                has_gpu="nv_gpu_utilization" in _sample_names(triton_text),
+            )
+    finally:
+        server.shutdown()
+
+
+def _finite(result: list[dict]) -> list[float]:
+    return [float(item["value"][1]) for item in result if math.isfinite(float(item["value"][1]))]
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=query_id)
+def test_every_query_runs_and_returns_data(live: Live, query: boards.Query) -> None:
+    board = DASHBOARDS[query.dashboard]
+    # 30 s covers the whole load (Grafana would pick 2 s at this scrape interval).
+    expr = boards.substitute(query.expr, boards.variable_defaults(board), rate_interval="30s")
+    result = live.prometheus.query(expr)  # a parse error raises with Prometheus' message
+    if key(query) in GPU_ONLY and not live.has_gpu:
+        assert not _finite(result), "GPU data on a machine without a GPU?"
+        return
+    assert _finite(result), f"no data for {query_id(query)}: {expr}"
+
+
+def test_metric_names_are_ones_triton_and_the_operator_really_export(live: Live) -> None:
+    used = {name for q in QUERIES for name in METRIC_NAME.findall(q.expr)}
+    exported = live.triton_names | live.operator_names
+    unknown = sorted(used - exported - GPU_METRIC_NAMES)
+    assert not unknown, f"not exported by Triton or the operator: {unknown}"
+    # The contract's operator metrics are all served, under their contract names.
+    contract = {
+        "tritonscale_desired_instances",
+        "tritonscale_current_instances",
+        "tritonscale_decisions_total",
+        "tritonscale_actuations_total",
+        "tritonscale_reconcile_duration_seconds_bucket",
+        "tritonscale_reconcile_errors_total",
+        "tritonscale_observed_signal",
+        "tritonscale_last_reconcile_timestamp_seconds",
+    }
+    assert contract <= live.operator_names
+
+
+def test_variables_list_the_real_models(live: Live) -> None:
+    # label_values(nv_inference_count{...}, model) with "All" namespace and pod.
+    result = live.prometheus.query('nv_inference_count{namespace=~".*", pod=~".*"}')
+    models = {item["metric"]["model"] for item in result}
+    assert {"pipeline_async", "branch_embed", "bls_decoupled_async", "square_int32"} <= models
+    result = live.prometheus.query('tritonscale_desired_instances{namespace=~".*"}')
+    assert {item["metric"]["model"] for item in result} >= {"pipeline_async", "add_sub"}
+
+
+def test_the_recording_rules_produce_the_shared_signals(live: Live) -> None:
+    for record in (
+        "triton:model_request:rate1m",
+        "triton:model_failure:ratio1m",
+        "triton:queue_compute:ratio",
+        "triton:model_busy_instances:rate1m",
+        "triton:model_latency_seconds:avg1m",
+        "triton:model_pending_requests:sum",
+        "triton:model_pods:count",
+        # Joins Triton's series (no namespace here) with the operator's namespace="local".
+        "triton:model_busy:fraction",
+    ):
+        result = live.prometheus.query(f'{record}{{model="pipeline_async"}}')
+        assert _finite(result), f"{record} has no data"
+
+
+# ---- the preview command ----------------------------------------------------------------
+def _tritonscale() -> list[str]:
+    script = shutil.which("tritonscale", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "tritonscale.cli"]
+
+
+def test_preview_draws_every_dashboard_from_real_data(live: Live, tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    run = subprocess.run(
+        [
+            *_tritonscale(),
+            "dashboards",
+            "preview",
+            "--prometheus",
+            live.prometheus.url,
+            "--out",
+            str(tmp_path),
+            "--range",
+            "2m",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr
+    for name in DASHBOARDS:
+        path = tmp_path / f"{name}.png"
+        assert str(path) in run.stdout
+        image = imread(path)
+        assert image.shape[1] >= 1500 and image.shape[0] >= 1000
+        assert image.std() > 0.05  # drawn panels, not a blank page
+
+
+def test_preview_of_one_dashboard_by_uid(live: Live, tmp_path: Path) -> None:
+    paths = boards.preview(
+        live.prometheus.url, tmp_path, names=["tritonscale-autoscaler"], range_text="1m"
+    )
+    assert paths == [tmp_path / "autoscaler.png"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--prometheus", "http://127.0.0.1:{port}"],
+            "cannot reach Prometheus at http://127.0.0.1:{port}",
+        ),
+        (
+            ["--prometheus", "http://127.0.0.1:{port}", "--dashboard", "nope"],
+            "unknown dashboard 'nope'; choose from: autoscaler, bls-pipeline, triton-overview",
+        ),
+        (["--prometheus", "http://127.0.0.1:{port}", "--range", "soon"], "not a duration: 'soon'"),
+    ],
+    ids=["unreachable", "unknown-dashboard", "bad-range"],
+)
+def test_preview_mistakes_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    port = free_port()
+    run = subprocess.run(
+        [
+            *_tritonscale(),
+            "dashboards",
+            "preview",
+            "--out",
+            str(tmp_path),
+            *[a.format(port=port) for a in args],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {message.format(port=port)}"), lines
+    assert not list(tmp_path.glob("*.png"))
