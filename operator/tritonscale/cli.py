@@ -17,9 +17,10 @@ import requests
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 from tritonscale.local_triton import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
+from tritonscale.tune import TuneConfigError
 
 # Errors that are the user's to fix (bad input, a busy port, a missing binary): one line.
-USER_ERRORS: tuple[type[Exception], ...] = (LocalTritonError,)
+USER_ERRORS: tuple[type[Exception], ...] = (LocalTritonError, TuneConfigError)
 
 
 class _Group(click.Group):
@@ -332,6 +333,63 @@ def report(
     except ReportError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"report: {index}")
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Policy file (YAML): Triton URLs, the metrics source, the policies.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=9102,
+    show_default=True,
+    help="Serve the operator's own metrics on this port; 0: off.",
+)
+@click.option(
+    "--decision-log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Append one JSON line per tick to this file.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Stop after this many seconds (default: until Ctrl-C or SIGTERM).",
+)
+def tune(
+    config_path: Path, metrics_port: int, decision_log: Path | None, duration: float | None
+) -> None:
+    """The local driver: run the policies of a YAML file against static Triton URLs."""
+    from tritonscale import tune as tuning
+    from tritonscale.operator_metrics import OperatorMetrics
+
+    config = tuning.load_config(config_path)
+    _stop_on_signals()
+    metrics = OperatorMetrics()
+    server = None
+    if metrics_port:
+        try:
+            server = metrics.serve(metrics_port)
+        except OSError as error:
+            raise click.ClickException(
+                f"cannot serve metrics on port {metrics_port}: {error.strerror or error}"
+            ) from None
+    names = ", ".join(f"{p.name} ({p.spec.model})" for p in config.policies)
+    click.echo(f"tuning {names} on {len(config.endpoints)} Triton(s), metrics from {config.source}")
+    log = decision_log.open("a") if decision_log else None
+    try:
+        tuning.Tuner(config, metrics=metrics, decision_log=log, echo=click.echo).run(duration)
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+    finally:
+        if log is not None:
+            log.close()
+        if server is not None:
+            server.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,243 @@
+"""The local driver, `tritonscale tune --config policies.yaml`: the control loop without Kubernetes.
+
+The policy file names static Triton URLs, a metrics source, and a list of policies, each
+with the InstanceGroupAutoscaler's `spec` shape (docs/instancegroupautoscaler.md):
+
+    triton:
+      http: ["127.0.0.1:8000"]                      # one per Triton ("pod")
+      metrics: ["http://127.0.0.1:8002/metrics"]    # the same order; optional with prometheus
+    metrics:
+      source: scrape                                # or prometheus
+      prometheusUrl: http://127.0.0.1:9090          # with source: prometheus
+    policies:
+      - name: pipeline-async
+        spec: {model: pipeline_async, minInstances: 1, maxInstances: 4, ...}
+
+Top-level keys starting with `x-` are ignored (a place for YAML anchors shared by the
+specs). `spec.selector` may be left out here (the URLs name the pods); it is ignored when given.
+Every policy runs every `spec.intervalSeconds` through `reconcile.reconcile`, the same tick
+as the Kubernetes driver. Each tick prints one line; `--decision-log` appends one JSON
+object per tick (`TickResult.to_dict()` plus `autoscaler`): time `t` (unix s) and `time`,
+`model`, `current`, `desired`, `recommended`, `direction`, `reason`, `message`, `observed`,
+`requestRate`, `live` (pod -> count), `children`, `applied` (pod, before, after, ok,
+reason, seconds), `errors`, `dryRun`, `durationSeconds`.
+
+The repository-API key comes from TRITONSCALE_REPOSITORY_KEY.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from tritonscale.actuator import Actuator
+from tritonscale.endpoints import Endpoint, local_endpoints
+from tritonscale.operator_metrics import OperatorMetrics
+from tritonscale.reconcile import ReconcileState, TickResult, reconcile
+from tritonscale.sources import MetricsSource, PrometheusSource, ScrapeSource
+from tritonscale.spec import AutoscalerSpec, InvalidSpec
+
+# Locally the URLs name the pods; a spec without a selector gets this placeholder.
+LOCAL_SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
+SOURCES = ("scrape", "prometheus")
+
+
+class TuneConfigError(ValueError):
+    """The policy file is wrong; one line naming the file and the field."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    spec: AutoscalerSpec
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    endpoints: list[Endpoint]
+    source: str  # "scrape" or "prometheus"
+    prometheus_url: str | None
+    policies: list[Policy]
+    path: str = "<config>"
+
+    def make_source(self) -> MetricsSource:
+        if self.source == "prometheus":
+            assert self.prometheus_url is not None
+            return PrometheusSource(self.prometheus_url)
+        return ScrapeSource()
+
+
+def _mapping(value: Any, where: str, known: tuple[str, ...]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TuneConfigError(f"{where} must be a mapping")
+    unknown = [key for key in value if key not in known]
+    if unknown:
+        raise TuneConfigError(
+            f"{where}.{unknown[0]} is not a known field (known: {', '.join(known)})"
+        )
+    return value
+
+
+def _urls(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(u, str) and u for u in value):
+        raise TuneConfigError(f"{where} must be a list of URLs")
+    return value
+
+
+def parse_config(data: Any, path: str = "<config>") -> TuneConfig:
+    """Check a parsed policy file; TuneConfigError names `path` and the field."""
+    try:
+        return _parse(data, path)
+    except (TuneConfigError, InvalidSpec) as error:
+        raise TuneConfigError(f"{path}: {error}") from None
+
+
+def _parse(data: Any, path: str) -> TuneConfig:
+    if isinstance(data, Mapping):
+        # YAML anchors may live under `x-` keys (as in docker-compose files).
+        data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}
+    top = _mapping(data, "the file", ("triton", "metrics", "policies"))
+    for key in ("triton", "policies"):
+        if key not in top:
+            raise TuneConfigError(f"{key} is required")
+    triton = _mapping(top["triton"], "triton", ("http", "metrics"))
+    if "http" not in triton:
+        raise TuneConfigError("triton.http is required")
+    http = _urls(triton["http"], "triton.http")
+    if not http:
+        raise TuneConfigError("triton.http must name at least one Triton")
+    metrics_urls = _urls(triton["metrics"], "triton.metrics") if "metrics" in triton else []
+    if metrics_urls and len(metrics_urls) != len(http):
+        raise TuneConfigError(
+            f"triton.metrics must have one URL per triton.http URL ({len(http)}), got {len(metrics_urls)}"
+        )
+    metrics = _mapping(top.get("metrics") or {}, "metrics", ("source", "prometheusUrl"))
+    source = metrics.get("source", "scrape")
+    if source not in SOURCES:
+        raise TuneConfigError(f"metrics.source must be one of {', '.join(SOURCES)}, got {source!r}")
+    prometheus_url = metrics.get("prometheusUrl")
+    if source == "prometheus" and not (isinstance(prometheus_url, str) and prometheus_url):
+        raise TuneConfigError("metrics.prometheusUrl is required with metrics.source: prometheus")
+    if source == "scrape" and not metrics_urls:
+        raise TuneConfigError("triton.metrics is required with metrics.source: scrape")
+    if source == "prometheus" and not metrics_urls:
+        # Prometheus tells the Tritons apart by their metrics address (`instance`).
+        raise TuneConfigError(
+            "triton.metrics is required: Prometheus's instance label names each Triton"
+        )
+
+    raw_policies = top["policies"]
+    if not isinstance(raw_policies, list) or not raw_policies:
+        raise TuneConfigError("policies must be a non-empty list of {name, spec}")
+    policies: list[Policy] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_policies):
+        where = f"policies[{index}]"
+        entry = _mapping(raw, where, ("name", "spec"))
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise TuneConfigError(f"{where}.name is required")
+        if name in seen:
+            raise TuneConfigError(f"{where}.name {name!r} is used twice")
+        seen.add(name)
+        spec = entry.get("spec")
+        if isinstance(spec, Mapping) and "selector" not in spec:
+            spec = {**spec, "selector": LOCAL_SELECTOR}
+        policies.append(Policy(name, AutoscalerSpec.from_dict(spec, path=f"{where}.spec")))
+    models = [p.spec.model for p in policies]
+    for model in set(models):
+        if models.count(model) > 1:
+            raise TuneConfigError(f"two policies act on model {model!r}: keep one per model")
+    return TuneConfig(
+        endpoints=local_endpoints(http, metrics_urls or None),
+        source=source,
+        prometheus_url=prometheus_url,
+        policies=policies,
+        path=path,
+    )
+
+
+def load_config(path: str | Path) -> TuneConfig:
+    """Read and check a policy file; every mistake is one TuneConfigError line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise TuneConfigError(f"{path}: cannot read it ({error.strerror or error})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "not valid YAML"
+        raise TuneConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    return parse_config(data, str(path))
+
+
+@dataclass
+class Tuner:
+    """The loop: each policy ticks every intervalSeconds; `run` until `stop` or the duration."""
+
+    config: TuneConfig
+    actuator: Actuator = field(default_factory=Actuator)
+    metrics: OperatorMetrics | None = None
+    decision_log: IO[str] | None = None
+    echo: Callable[[str], None] = print
+    source: MetricsSource | None = None
+    states: dict[str, ReconcileState] = field(default_factory=dict)
+    results: list[tuple[str, TickResult]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.source is None:
+            self.source = self.config.make_source()
+
+    def tick(self, policy: Policy, now: float) -> TickResult:
+        assert self.source is not None
+        result = reconcile(
+            policy.spec,
+            self.config.endpoints,
+            self.source,
+            self.actuator,
+            self.states.get(policy.name, ReconcileState()),
+            now,
+            metrics=self.metrics,
+            namespace="local",
+            autoscaler=policy.name,
+        )
+        self.states[policy.name] = result.state
+        self.results.append((policy.name, result))
+        self.echo(result.line())
+        if self.decision_log is not None:
+            self.decision_log.write(
+                json.dumps({"autoscaler": policy.name, **result.to_dict()}) + "\n"
+            )
+            self.decision_log.flush()
+        return result
+
+    def run(self, duration_s: float | None = None, stop: threading.Event | None = None) -> None:
+        stop = stop or threading.Event()
+        started = time.monotonic()
+        due = {policy.name: started for policy in self.config.policies}
+        while not stop.is_set():
+            now_mono = time.monotonic()
+            if duration_s is not None and now_mono - started >= duration_s:
+                return
+            for policy in self.config.policies:
+                if due[policy.name] <= now_mono and not stop.is_set():
+                    self.tick(policy, time.time())
+                    # Keep the period: the next tick is due one interval after this one was.
+                    due[policy.name] += policy.spec.interval_seconds
+                    if due[policy.name] < time.monotonic():
+                        due[policy.name] = time.monotonic() + policy.spec.interval_seconds
+            wait = min(due.values()) - time.monotonic()
+            if duration_s is not None:
+                wait = min(wait, started + duration_s - time.monotonic())
+            if wait > 0:
+                stop.wait(wait)
