@@ -223,7 +223,12 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
     live_source = PrometheusSource(prometheus_url)
     dead_source = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=1)
     for index in range(rounds):
-        tick("pipeline-async", {"model": "pipeline_async", "maxInstances": 2}, live_source)
+        # dryRun: decides (and may ask for more) but leaves the session's Triton as it is.
+        tick(
+            "pipeline-async",
+            {"model": "pipeline_async", "maxInstances": 4, "dryRun": True},
+            live_source,
+        )
         tick("unreachable-prometheus", {"model": "bls_async"}, dead_source)
         # add_sub: 1 -> 2 on the first round, back to 1 on the last (the session's count).
         size = 2 if index < rounds - 1 else 1
@@ -327,6 +332,14 @@ def test_the_recording_rules_produce_the_shared_signals(live: Live) -> None:
     ):
         result = live.prometheus.query(f'{record}{{model="pipeline_async"}}')
         assert _finite(result), f"{record} has no data"
+
+
+def test_the_rules_load_and_evaluate_without_errors(live: Live) -> None:
+    response = requests.get(f"{live.prometheus.url}/api/v1/rules", timeout=10).json()
+    rules = [rule for group in response["data"]["groups"] for rule in group["rules"]]
+    assert len(rules) >= 20
+    broken = {rule["name"]: rule.get("lastError") for rule in rules if rule["health"] != "ok"}
+    assert not broken
 
 
 # ---- the preview command ----------------------------------------------------------------
