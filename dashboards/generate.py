@@ -287,8 +287,9 @@ def triton_overview() -> dict[str, Any]:
         ),
         stat(
             "Failed requests",
-            "Share of requests that failed (any reason). Above a few percent, open "
-            "'Failed requests by model and reason' below.",
+            "Share of requests Triton counted as failed. Above a few percent, open "
+            "'Failed requests by model and reason' below. An error response a Python model "
+            "returns for one request counts as a success in Triton 2.51.",
             "percentunit",
             f"sum({failure})\n  / (sum({success}) + sum({failure}))",
             thresholds=[("green", None), ("orange", 0.01), ("red", 0.05)],
@@ -316,9 +317,12 @@ def triton_overview() -> dict[str, Any]:
         ),
         timeseries(
             "Failed requests by model and reason",
-            "Failed requests per second. BACKEND: the model returned an error (bad input, a "
-            "failed BLS branch); REJECTED: refused before running (queue full or timed out); "
-            "CANCELED: the client gave up; OTHER: anything else.",
+            "Failed requests per second, by Triton's reason. REJECTED: refused by the "
+            "scheduler (queue full, or a timeout expired in the queue: a BLS branch that times "
+            "out shows here, on the branch); CANCELED: the client gave up; BACKEND: the "
+            "backend itself failed; OTHER: anything else. Triton 2.51 counts an error response "
+            "that a Python model returns for one request (bad input, a branch failure as the "
+            "pipeline reports it) as a success: watch the clients' error rate too.",
             "reqps",
             [target(f"sum by (model, reason) ({failure})", "{{model}} {{reason}}")],
         ),
@@ -540,8 +544,9 @@ def bls_pipeline() -> dict[str, Any]:
         ),
         timeseries(
             "Failed requests by model and reason",
-            "Failures per second. A branch timing out (REJECTED, 'Request timeout expired') "
-            "fails the pipeline requests of that batch (BACKEND on the pipeline).",
+            "Failures per second. A branch whose requests time out in its queue shows REJECTED "
+            "on the branch. The pipeline answers those requests with error responses, which "
+            "Triton 2.51 counts as pipeline successes: the failure shows on the branch only.",
             "reqps",
             [
                 target(
