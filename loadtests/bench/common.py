@@ -1,0 +1,238 @@
+"""What the benchmarks share: a local Triton, instance counts, an asyncio load generator,
+progress lines, JSON results and plots.
+
+The load generator is `tritonclient.grpc.aio` with a fixed number of requests in flight
+(closed loop): one process, no gevent, so that at these rates the generator is not the
+bottleneck (bench/loadgen_headroom.py measures how far that holds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc.aio as grpc_aio
+from tritonclient.utils import np_to_triton_dtype
+
+from tritonscale.actuator import Actuator
+from tritonscale.endpoints import Endpoint
+from tritonscale.local_triton import LocalTriton
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = REPO_ROOT / "reports" / "bench"
+
+Inputs = dict[str, np.ndarray]
+
+
+def pipeline_inputs(rows: int = 1) -> Callable[[np.random.Generator], Inputs]:
+    return lambda rng: {"FEATURES": rng.standard_normal((rows, 64), dtype=np.float32)}
+
+
+def pair_inputs(rng: np.random.Generator) -> Inputs:
+    return {"INPUT0": rng.random(4, dtype=np.float32), "INPUT1": rng.random(4, dtype=np.float32)}
+
+
+def stream_count_inputs(count: int = 4) -> Callable[[np.random.Generator], Inputs]:
+    return lambda rng: {"IN": np.array([count], dtype=np.int32)}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One closed-loop run: `concurrency` requests in flight for `seconds`."""
+
+    model: str
+    concurrency: int
+    seconds: float
+    requests: int
+    failures: int
+    throughput_rps: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    first_error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def _percentile(latencies: list[float], q: float) -> float | None:
+    return float(np.percentile(latencies, q)) * 1000.0 if latencies else None
+
+
+async def _closed_loop(
+    url: str,
+    model: str,
+    make: Callable[[np.random.Generator], Inputs],
+    concurrency: int,
+    warmup_s: float,
+    seconds: float,
+) -> Measurement:
+    client = grpc_aio.InferenceServerClient(url)
+    latencies: list[float] = []
+    failures = 0
+    first_error: str | None = None
+    started = time.perf_counter()
+    measure_from = started + warmup_s
+    measure_to = measure_from + seconds
+
+    def build(arrays: Inputs) -> list[grpc_aio.InferInput]:
+        inputs = []
+        for name, array in arrays.items():
+            tensor = grpc_aio.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        return inputs
+
+    async def worker(index: int) -> None:
+        nonlocal failures, first_error
+        rng = np.random.default_rng(index)
+        while time.perf_counter() < measure_to:
+            inputs = build(make(rng))
+            sent = time.perf_counter()
+            try:
+                await client.infer(model, inputs, client_timeout=30)
+                ok = True
+            except Exception as error:  # counted: a failure is a result, not a crash
+                ok = False
+                first_error = first_error or " ".join(str(error).split())[:200]
+                await asyncio.sleep(0.01)
+            done = time.perf_counter()
+            if measure_from <= done < measure_to:
+                if ok:
+                    latencies.append(done - sent)
+                else:
+                    failures += 1
+
+    try:
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    finally:
+        await client.close()
+    return Measurement(
+        model=model,
+        concurrency=concurrency,
+        seconds=seconds,
+        requests=len(latencies),
+        failures=failures,
+        throughput_rps=len(latencies) / seconds,
+        p50_ms=_percentile(latencies, 50),
+        p95_ms=_percentile(latencies, 95),
+        p99_ms=_percentile(latencies, 99),
+        first_error=first_error,
+    )
+
+
+def measure(
+    url: str,
+    model: str,
+    make: Callable[[np.random.Generator], Inputs],
+    *,
+    concurrency: int,
+    seconds: float,
+    warmup_s: float = 1.0,
+) -> Measurement:
+    """Requests/s and latency of `model` with `concurrency` requests always in flight."""
+    return asyncio.run(_closed_loop(url, model, make, concurrency, warmup_s, seconds))
+
+
+# ---- the server and its instance counts ---------------------------------------------
+
+
+@contextmanager
+def local_triton(models: list[str] | None = None) -> Iterator[LocalTriton]:
+    progress(f"starting tritonserver ({', '.join(models) if models else 'all models'}) ...")
+    with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=models) as triton:
+        progress(f"  ready in {triton.startup_s:.1f} s (gRPC {triton.grpc_url})")
+        yield triton
+
+
+class Instances:
+    """Sets instance counts through the operator's actuator (live config, new instance_group,
+    repository load with the key header) and remembers how long each change took."""
+
+    def __init__(self, triton: LocalTriton) -> None:
+        self.actuator = Actuator(triton.repository_key)
+        self.endpoint = Endpoint("local", triton.http_url)
+        self.change_seconds: list[float] = []
+        self.original: dict[str, int] = {}
+
+    def set(self, counts: Mapping[str, int]) -> None:
+        for model, count in counts.items():
+            self.original.setdefault(model, self.get(model))
+            result = self.actuator.apply_one(self.endpoint, model, count)
+            if result is None:
+                continue
+            if not result.ok:
+                raise SystemExit(
+                    f"bench: setting {model} to {count} instances failed: {result.reason}"
+                )
+            self.change_seconds.append(result.seconds)
+
+    def get(self, model: str) -> int:
+        return self.actuator.live_count(self.endpoint, model)
+
+    def restore(self) -> None:
+        """Every model this object changed back to its count before the first change."""
+        for model, count in self.original.items():
+            self.actuator.apply_one(self.endpoint, model, count)
+
+
+# ---- command line, progress, results ----------------------------------------------------
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="A tiny run that proves the benchmark works (CI); its numbers mean little",
+    )
+    p.add_argument("--out", type=Path, help="Result JSON (default: reports/bench/NAME.json)")
+    p.add_argument("--no-plot", action="store_true", help="Skip the PNG")
+    return p
+
+
+def progress(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def write_result(name: str, result: dict[str, Any], out: Path | None) -> Path:
+    path = out or RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "benchmark": name,
+        "command": " ".join(["python -m", f"loadtests.bench.{name}", *sys.argv[1:]]),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        **result,
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    progress(f"wrote {path}")
+    return path
+
+
+def plot_path(json_path: Path) -> Path:
+    return json_path.with_suffix(".png")
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
