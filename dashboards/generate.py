@@ -219,6 +219,32 @@ def custom_variable(name: str, label: str, values: list[str]) -> dict[str, Any]:
     }
 
 
+def annotations() -> list[dict[str, Any]]:
+    """Grafana's own annotations, and a mark wherever the autoscaler changed a count."""
+    return [
+        {
+            "builtIn": 1,
+            "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+            "enable": True,
+            "hide": True,
+            "iconColor": "rgba(0, 211, 255, 1)",
+            "name": "Annotations & Alerts",
+            "type": "dashboard",
+        },
+        {
+            "name": "Instance count changes",
+            "datasource": DATASOURCE,
+            "enable": True,
+            "hide": False,
+            "iconColor": "orange",
+            "expr": (f"changes(tritonscale_current_instances{{{OPERATOR_SEL}}}{RATE}) > 0"),
+            "titleFormat": "{{model}}: instance count changed",
+            "textFormat": "autoscaler {{namespace}}/{{autoscaler}}",
+            "useValueForTime": False,
+        },
+    ]
+
+
 def dashboard(
     uid: str,
     title: str,
@@ -252,7 +278,7 @@ def dashboard(
                 "keepTime": True,
             }
         ],
-        "annotations": {"list": []},
+        "annotations": {"list": annotations()},
         "templating": {"list": [datasource_variable(), *variables]},
         "panels": layout(panels),
     }

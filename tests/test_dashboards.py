@@ -230,10 +230,12 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
             live_source,
         )
         tick("unreachable-prometheus", {"model": "bls_async"}, dead_source)
-        # add_sub: 1 -> 2 on the first round, back to 1 on the last (the session's count).
+        # branch_rank: 1 -> 2 on the first round, back to 1 on the last (the session's count).
         size = 2 if index < rounds - 1 else 1
         tick(
-            "add-sub", {"model": "add_sub", "minInstances": size, "maxInstances": size}, live_source
+            "branch-rank",
+            {"model": "branch_rank", "minInstances": size, "maxInstances": size},
+            live_source,
         )
         yield
 
@@ -260,6 +262,10 @@ def live(triton: LocalTriton, tmp_path_factory) -> Iterator[Live]:
                 stream_load(triton, requests_per_model=100)
                 time.sleep(1.5)
             time.sleep(2.0)  # the last increments scraped and the rules evaluated
+            config = requests.get(
+                f"http://{triton.http_url}/v2/models/branch_rank/config", timeout=10
+            ).json()
+            assert config["instance_group"][0]["count"] == 1, "branch_rank was not restored"
             triton_text = requests.get(triton.metrics_url, timeout=10).text
             operator_text = requests.get(
                 f"http://127.0.0.1:{operator_port}/metrics", timeout=10
@@ -315,7 +321,7 @@ def test_variables_list_the_real_models(live: Live) -> None:
     models = {item["metric"]["model"] for item in result}
     assert {"pipeline_async", "branch_embed", "bls_decoupled_async", "square_int32"} <= models
     result = live.prometheus.query('tritonscale_desired_instances{namespace=~".*"}')
-    assert {item["metric"]["model"] for item in result} >= {"pipeline_async", "add_sub"}
+    assert {item["metric"]["model"] for item in result} >= {"pipeline_async", "branch_rank"}
 
 
 def test_the_recording_rules_produce_the_shared_signals(live: Live) -> None:

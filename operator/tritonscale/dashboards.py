@@ -93,7 +93,7 @@ def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def queries(dashboard: dict[str, Any], name: str = "") -> list[Query]:
-    """Every Prometheus query of every panel."""
+    """Every Prometheus query of every panel, then of every annotation."""
     found = []
     for panel in panels(dashboard):
         unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
@@ -107,6 +107,19 @@ def queries(dashboard: dict[str, Any], name: str = "") -> list[Query]:
                     ref_id=query.get("refId", ""),
                     expr=query.get("expr", ""),
                     legend=query.get("legendFormat", ""),
+                )
+            )
+    for annotation in dashboard.get("annotations", {}).get("list", []):
+        if annotation.get("expr"):
+            found.append(
+                Query(
+                    dashboard=name,
+                    panel=f"annotation: {annotation.get('name', '')}",
+                    panel_type="annotation",
+                    unit="",
+                    ref_id="",
+                    expr=annotation["expr"],
+                    legend=annotation.get("titleFormat", ""),
                 )
             )
     return found
