@@ -42,11 +42,12 @@ def stub_pids(server: LocalTriton, model: str) -> list[int]:
     return sorted(mine)
 
 
-def kill_stub(server: LocalTriton, model: str) -> int:
-    """kill -9 one stub of `model` on this server; its PID."""
+def kill_stub(server: LocalTriton, model: str, every: bool = False) -> int:
+    """kill -9 one stub of `model` on this server (or every one); the (first) PID."""
     pids = stub_pids(server, model)
     assert pids, f"no stub of {model} found for this server"
-    os.kill(pids[0], signal.SIGKILL)
+    for pid in pids if every else pids[:1]:
+        os.kill(pid, signal.SIGKILL)
     return pids[0]
 
 
