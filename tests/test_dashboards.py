@@ -5,6 +5,8 @@ operator metrics (real control ticks of `tritonscale.reconcile`), plus the previ
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import re
 import shutil
@@ -15,8 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
+import tritonclient.http
+from tritonclient.utils import InferenceServerException
 
 from tests.dashboard_load import stream_load
 from tests.tooling import missing
@@ -240,6 +245,28 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
         yield
 
 
+def _branch_timeouts(triton: LocalTriton, count: int) -> None:
+    """Requests whose BLS calls expire in the branches' queues (branch_timeout_us = 1):
+    Triton counts them REJECTED on the branches; the pipeline answers with errors."""
+    with tritonclient.http.InferenceServerClient(triton.http_url) as client:
+        original = client.get_model_config("pipeline_async")
+        changed = copy.deepcopy(original)
+        changed.setdefault("parameters", {})["branch_timeout_us"] = {"string_value": "1"}
+        client.load_model(
+            "pipeline_async", headers=triton.repository_headers, config=json.dumps(changed)
+        )
+        try:
+            features = tritonclient.http.InferInput("FEATURES", [1, 64], "FP32")
+            features.set_data_from_numpy(np.ones((1, 64), dtype=np.float32))
+            for _ in range(count):
+                with pytest.raises(InferenceServerException, match="Request timeout expired"):
+                    client.infer("pipeline_async", [features])
+        finally:
+            client.load_model(
+                "pipeline_async", headers=triton.repository_headers, config=json.dumps(original)
+            )
+
+
 @pytest.fixture(scope="module")
 def live(triton: LocalTriton, tmp_path_factory) -> Iterator[Live]:
     if prometheus_binary() is None:
@@ -258,6 +285,7 @@ def live(triton: LocalTriton, tmp_path_factory) -> Iterator[Live]:
             prometheus.wait_for('up{job="triton"} == 1', timeout_s=30)
             prometheus.wait_for('up{job="tritonscale"} == 1', timeout_s=30)
             time.sleep(1.0)  # a first sample of every counter before the load
+            _branch_timeouts(triton, count=5)
             for _ in _ticks(triton, prometheus.url, metrics, rounds=4):
                 stream_load(triton, requests_per_model=100)
                 time.sleep(1.5)
@@ -294,6 +322,23 @@ def test_every_query_runs_and_returns_data(live: Live, query: boards.Query) -> N
         assert not _finite(result), "GPU data on a machine without a GPU?"
         return
     assert _finite(result), f"no data for {query_id(query)}: {expr}"
+
+
+def test_a_branch_timeout_shows_as_rejected_on_the_branch_not_the_pipeline(live: Live) -> None:
+    # What the failure panels and alerts rely on (Triton 2.51, measured): the branch's
+    # queue rejects the BLS request, and the pipeline's error response counts as a success.
+    query = next(
+        q for q in QUERIES if key(q) == ("bls-pipeline", "Failed requests by model and reason", "A")
+    )
+    board = DASHBOARDS["bls-pipeline"]
+    expr = boards.substitute(query.expr, boards.variable_defaults(board), rate_interval="1m")
+    rates = {
+        (item["metric"]["model"], item["metric"]["reason"]): float(item["value"][1])
+        for item in live.prometheus.query(expr)
+    }
+    assert rates[("branch_embed", "REJECTED")] > 0
+    pipeline = [rate for (model, _), rate in rates.items() if model == "pipeline_async"]
+    assert pipeline and all(rate == 0 for rate in pipeline)
 
 
 def test_metric_names_are_ones_triton_and_the_operator_really_export(live: Live) -> None:
