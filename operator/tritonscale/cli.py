@@ -392,5 +392,33 @@ def tune(
             server.shutdown()
 
 
+@main.command()
+@click.option(
+    "--load",
+    type=click.Choice(["auto", "locust", "builtin"]),
+    default="auto",
+    show_default=True,
+    help="Load generator: Locust with loadtests/bls.py (auto: when present) or the built-in one.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("reports/demo"),
+    show_default=True,
+    help="Folder for the decision log, Locust's CSV files and the report.",
+)
+def demo(load: str, out: Path) -> None:
+    """The control loop on one machine in under five minutes: Triton, metrics, tune, a step load."""
+    from tritonscale import demo as demonstration
+
+    _stop_on_signals()
+    try:
+        demonstration.run_demo(out, load=load, echo=click.echo)
+    except demonstration.DemoError as error:
+        raise click.ClickException(str(error)) from None
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+
+
 if __name__ == "__main__":
     sys.exit(main())

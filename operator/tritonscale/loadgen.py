@@ -45,12 +45,16 @@ class LoadStats:
 
 
 class ClosedLoopLoad:
-    """`users` threads sending `model` requests back to back to Triton's gRPC `url`."""
+    """`users` threads sending `model` requests to Triton's gRPC `url`, `think_s` apart."""
 
-    def __init__(self, url: str, model: str = "pipeline_async", rows: int = 1) -> None:
+    def __init__(
+        self, url: str, model: str = "pipeline_async", rows: int = 1, think_s: float = 0.0
+    ) -> None:
         self.url = url
         self.model = model
         self.rows = rows
+        # A pause after each answer: without one, even two users keep a model busy all the time.
+        self.think_s = think_s
         self._users = 0
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -93,6 +97,8 @@ class ClosedLoopLoad:
                 finished = time.time()
                 with self._lock:
                     self._done.append((finished, finished - started, ok))
+                if self.think_s > 0:
+                    self._stopping.wait(self.think_s)
         finally:
             client.close()
 

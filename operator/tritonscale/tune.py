@@ -191,8 +191,8 @@ class Tuner:
     decision_log: IO[str] | None = None
     echo: Callable[[str], None] = print
     source: MetricsSource | None = None
+    on_tick: Callable[[str, TickResult], None] | None = None  # (policy name, result)
     states: dict[str, ReconcileState] = field(default_factory=dict)
-    results: list[tuple[str, TickResult]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.source is None:
@@ -212,8 +212,9 @@ class Tuner:
             autoscaler=policy.name,
         )
         self.states[policy.name] = result.state
-        self.results.append((policy.name, result))
         self.echo(result.line())
+        if self.on_tick is not None:
+            self.on_tick(policy.name, result)
         if self.decision_log is not None:
             self.decision_log.write(
                 json.dumps({"autoscaler": policy.name, **result.to_dict()}) + "\n"
