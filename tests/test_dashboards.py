@@ -428,9 +428,13 @@ def test_preview_draws_every_dashboard_from_real_data(live: Live, tmp_path: Path
         assert image.std() > 0.05  # drawn panels, not a blank page
 
 
-def test_preview_of_one_dashboard_by_uid(live: Live, tmp_path: Path) -> None:
+def test_preview_of_one_dashboard_by_uid_with_a_variable_set(live: Live, tmp_path: Path) -> None:
     paths = boards.preview(
-        live.prometheus.url, tmp_path, names=["tritonscale-autoscaler"], range_text="1m"
+        live.prometheus.url,
+        tmp_path,
+        names=["tritonscale-autoscaler"],
+        range_text="1m",
+        overrides={"model": "pipeline_async"},
     )
     assert paths == [tmp_path / "autoscaler.png"]
 
@@ -447,8 +451,12 @@ def test_preview_of_one_dashboard_by_uid(live: Live, tmp_path: Path) -> None:
             "unknown dashboard 'nope'; choose from: autoscaler, bls-pipeline, triton-overview",
         ),
         (["--prometheus", "http://127.0.0.1:{port}", "--range", "soon"], "not a duration: 'soon'"),
+        (
+            ["--prometheus", "http://127.0.0.1:{port}", "--var", "nope=x"],
+            "unknown variable 'nope'; these dashboards have: decoupled, model, namespace, pod",
+        ),
     ],
-    ids=["unreachable", "unknown-dashboard", "bad-range"],
+    ids=["unreachable", "unknown-dashboard", "bad-range", "unknown-variable"],
 )
 def test_preview_mistakes_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     port = free_port()

@@ -253,6 +253,14 @@ def dashboards() -> None:
 )
 @click.option("--range", "range_text", default="15m", show_default=True, help="Time range.")
 @click.option(
+    "--var",
+    "variables",
+    multiple=True,
+    metavar="NAME=REGEX",
+    help="Set a dashboard variable (repeatable), e.g. --var model=pipeline_async. "
+    "Default: each variable's default, 'All' being .*.",
+)
+@click.option(
     "--dashboards-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -263,12 +271,19 @@ def preview(
     names: tuple[str, ...],
     out: Path,
     range_text: str,
+    variables: tuple[str, ...],
     dashboards_dir: Path | None,
 ) -> None:
     """Draw each dashboard's panels from a live Prometheus into one PNG per dashboard."""
     # Imported here: the module pulls in matplotlib, which no other command needs.
     from tritonscale import dashboards as dashboard_files
 
+    overrides = {}
+    for item in variables:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"'{item}' is not NAME=REGEX", param_hint="--var")
+        overrides[name] = value
     try:
         paths = dashboard_files.preview(
             prometheus_url,
@@ -276,6 +291,7 @@ def preview(
             names=names,
             range_text=range_text,
             dashboards_dir=dashboards_dir or dashboard_files.DEFAULT_DASHBOARDS_DIR,
+            overrides=overrides,
         )
     except dashboard_files.DashboardError as error:
         raise click.ClickException(str(error)) from None

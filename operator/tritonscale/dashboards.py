@@ -364,8 +364,12 @@ def render(
     *,
     range_s: float,
     end: float | None = None,
+    overrides: dict[str, str] | None = None,
 ) -> Path:
-    """Draw one dashboard from live data as a PNG laid out like Grafana's 24-column grid."""
+    """Draw one dashboard from live data as a PNG laid out like Grafana's 24-column grid.
+
+    `overrides` replace variables' defaults (regexes, as Grafana would substitute them).
+    """
     from matplotlib.figure import Figure  # imported here: only previews need matplotlib
     from matplotlib.gridspec import GridSpec
 
@@ -374,6 +378,7 @@ def render(
     step_s = max(1.0, range_s / POINTS_PER_PANEL)
     rate_interval = duration(rate_interval_s(step_s, prometheus.scrape_interval_s()))
     variables = variable_defaults(dashboard)
+    variables.update({k: v for k, v in (overrides or {}).items() if k in variables})
     laid_out = [p for p in panels(dashboard) if "gridPos" in p]
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in laid_out)
     figure = Figure(figsize=(22, 0.42 * rows + 1), layout="constrained")
@@ -406,6 +411,7 @@ def preview(
     names: Iterable[str] = (),
     range_text: str = "15m",
     dashboards_dir: Path = DEFAULT_DASHBOARDS_DIR,
+    overrides: dict[str, str] | None = None,
 ) -> list[Path]:
     """One PNG per chosen dashboard in `out_dir`, drawn from `prometheus_url`'s data."""
     try:
@@ -413,9 +419,15 @@ def preview(
     except ValueError as error:
         raise DashboardError(str(error)) from None
     chosen = select(load_dashboards(dashboards_dir), names)
+    known = {name for board in chosen.values() for name in variable_defaults(board)}
+    unknown = sorted(set(overrides or {}) - known)
+    if unknown:
+        raise DashboardError(
+            f"unknown variable '{unknown[0]}'; these dashboards have: {', '.join(sorted(known))}"
+        )
     prometheus = Prometheus(prometheus_url)
     prometheus.check()  # fail fast, in one line, before drawing anything
     return [
-        render(board, prometheus, out_dir / f"{stem}.png", range_s=range_s)
+        render(board, prometheus, out_dir / f"{stem}.png", range_s=range_s, overrides=overrides)
         for stem, board in chosen.items()
     ]
