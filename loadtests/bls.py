@@ -49,6 +49,7 @@ DEFAULT_GRPC_PORT = 8001
 # One entry per stream request for the first answer, one for the last (see StreamUser).
 FIRST_RESPONSE = "first response"
 FINAL_RESPONSE = "final response"
+FAILURE_PAUSE_S = 0.05
 
 
 class ResponseError(Exception):
@@ -224,6 +225,20 @@ def _client(protocol: str, address: str, timeout_s: float) -> Any:
     return tritonclient.grpc.InferenceServerClient(address)
 
 
+# Clients not yet closed. tritonclient.grpc closes its channel again in __del__, and a
+# second close under gevent decrements grpc's gevent channel count twice: at exit the
+# process then blocks forever after the run has ended. So every client is closed once,
+# while the hub still runs (on_stop, else the quitting listener), and its close is then
+# made a no-op for the garbage collector.
+_OPEN_CLIENTS: set[Any] = set()
+
+
+def _close(client: Any) -> None:
+    _OPEN_CLIENTS.discard(client)
+    client.close()
+    client.close = lambda: None
+
+
 def _module(protocol: str) -> Any:
     return tritonclient.http if protocol == "http" else tritonclient.grpc
 
@@ -253,11 +268,13 @@ class TritonUser(User):
             else http_address(self.host)
         )
         self.client = _client(self.protocol, address, options.request_timeout_s)
+        _OPEN_CLIENTS.add(self.client)
         self.rng = np.random.default_rng()
         self.requested = [self.module.InferRequestedOutput(n) for n in self.workload.outputs]
 
     def on_stop(self) -> None:
-        self.client.close()
+        if self.client in _OPEN_CLIENTS:
+            _close(self.client)
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> list[Any]:
         inputs = []
@@ -293,6 +310,10 @@ class TritonUser(User):
             problem = self.workload.check(arrays, got)
             if problem:
                 raise ResponseError(problem)
+        if meta["exception"] is not None:
+            # A request that fails at once (server gone, deadline too short) never yields to
+            # gevent: without a pause the user spins and starves Locust's own timers.
+            time.sleep(FAILURE_PAUSE_S)
 
 
 class AddSubUser(TritonUser):
@@ -481,7 +502,7 @@ def check_ready(
     except Exception as error:  # socket errors from geventhttpclient
         return f"cannot reach Triton at {address} ({protocol}): {error}"
     finally:
-        client.close()
+        _close(client)
     return None
 
 
@@ -545,6 +566,12 @@ def broken_gates(stats: Any, options: Any) -> list[str]:
 
 def _gates_on(options: Any) -> bool:
     return options.max_p95_ms > 0 or options.max_p99_ms > 0 or options.max_failure_ratio >= 0
+
+
+@events.quitting.add_listener
+def _close_clients(**_: Any) -> None:
+    for client in list(_OPEN_CLIENTS):
+        _close(client)
 
 
 @events.quitting.add_listener
