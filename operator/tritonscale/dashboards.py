@@ -325,7 +325,7 @@ def _draw_panel(ax: Any, panel: dict[str, Any], series: list[_Series], error: st
     largest = max(abs(v) for s in drawn for v in _finite(s.values))
     factor, label = _scale(unit, largest)
     if panel.get("type") == "stat":
-        last = sum(_finite(s.values)[-1] for s in drawn[:1]) * factor
+        last = _finite(drawn[0].values)[-1] * factor
         ax.set_xticks([])
         ax.set_yticks([])
         ax.text(
