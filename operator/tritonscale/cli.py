@@ -337,7 +337,7 @@ def report(
     from tritonscale.report import ReportError, write_report
 
     if (start is None) != (end is None):
-        raise click.UsageError("give both --start and --end, or neither")
+        raise click.ClickException("give both --start and --end, or neither")
     try:
         index = write_report(
             out,

@@ -195,7 +195,8 @@ def read_prometheus(url: str, start: float, end: float, data: RunData, step: flo
         for result in query_range(url, promql, start, end, step):
             model = result["metric"].get("model", "all")
             series = [(float(t), float(v)) for t, v in result["values"] if math.isfinite(float(v))]
-            if series:
+            # Idle models (every value 0) would only clutter the plots.
+            if series and (key == "instances" or any(v for _, v in series)):
                 target[label.format(model=model)] = series
                 found += 1
     if not found:
