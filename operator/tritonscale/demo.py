@@ -87,9 +87,8 @@ class DemoResult:
     reversals: dict[
         str, int
     ]  # model -> applied changes against the previous direction in a steady phase
-    throughput_high_first_last: tuple[
-        float | None, float | None
-    ]  # req/s: first 20 s, last 20 s of high
+    # pipeline_async req/s under the high load: before the first scale-up, at the phase's end
+    throughput_before_after: tuple[float | None, float | None]
 
 
 class _Recorder:
@@ -376,7 +375,10 @@ def _run(
             row.rate, row.p95_ms, row.failures = stats.rate, stats.p95_ms, stats.failures
         elif locust_load:
             row.rate, row.p95_ms, row.failures = locust_load.stats(row.start, row.end)
-    throughput = _first_last(builtin, locust_load, rows[1])
+    scale_ups = _first_change(recorder.ticks, rows[1].start, +1)
+    throughput = _before_after(
+        builtin, locust_load, rows[1], min(scale_ups.values()) if scale_ups else None
+    )
     report = _report(out_dir, decision_log, locust_load, prometheus, started, echo)
     result = DemoResult(
         rows=rows,
@@ -384,27 +386,40 @@ def _run(
         report=report,
         load="locust" if locust_load else "built-in",
         metrics=config.source,
-        step_to_applied_s=_first_change(recorder.ticks, rows[1].start, +1),
+        step_to_applied_s=scale_ups,
         scale_down_after_s=_first_change(recorder.ticks, rows[2].start, -1),
         reversals=_reversals(recorder.ticks, rows),
-        throughput_high_first_last=throughput,
+        throughput_before_after=throughput,
     )
     for line in summary_lines(result):
         echo(line)
     return result
 
 
-def _first_last(
-    builtin: ClosedLoopLoad | None, locust_load: _LocustLoad | None, high: PhaseRow
+def _before_after(
+    builtin: ClosedLoopLoad | None,
+    locust_load: _LocustLoad | None,
+    high: PhaseRow,
+    first_scale_up_s: float | None,
 ) -> tuple[float | None, float | None]:
+    """pipeline_async req/s under the high load before the first scale-up was applied, and
+    over the end of the high phase (its last third, at most 20 s)."""
     span = min(20.0, high.phase.seconds / 3)
-    first = (high.start, high.start + span)
-    last = (high.end - span, high.end)
-    if builtin:
-        return builtin.stats(*first).rate, builtin.stats(*last).rate
-    if locust_load:
-        return locust_load.stats(*first)[0], locust_load.stats(*last)[0]
-    return None, None
+    windows = [
+        (high.start, high.start + first_scale_up_s) if first_scale_up_s else None,
+        (high.end - span, high.end),
+    ]
+    rates: list[float | None] = []
+    for window in windows:
+        if window is None:
+            rates.append(None)
+        elif builtin:
+            rates.append(builtin.stats(*window).rate)
+        elif locust_load:
+            rates.append(locust_load.stats(*window)[0])
+        else:
+            rates.append(None)
+    return rates[0], rates[1]
 
 
 def _first_change(ticks: list[tuple[str, TickResult]], since: float, sign: int) -> dict[str, float]:
@@ -495,14 +510,14 @@ def summary_lines(result: DemoResult) -> list[str]:
     down = (
         ", ".join(f"{m} {s:.0f} s" for m, s in sorted(result.scale_down_after_s.items())) or "none"
     )
-    first, last = result.throughput_high_first_last
+    first, last = result.throughput_before_after
     flaps = ", ".join(f"{m} {n}" for m, n in sorted(result.reversals.items())) or "none"
     lines += [
         "",
         f"high step -> first scale-up applied: {up}",
         f"low step -> first scale-down applied: {down}",
-        f"pipeline_async throughput in the high phase: at its start {number(first)} req/s, "
-        f"at its end {number(last)} req/s",
+        f"pipeline_async under the high load: {number(first)} req/s before the first "
+        f"scale-up was applied, {number(last)} req/s at the end of the phase",
         f"changes that reversed the previous one under steady load: {flaps}",
         f"decision log: {result.decision_log}",
     ]

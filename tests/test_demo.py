@@ -1,0 +1,221 @@
+"""The control loop end to end: a real Triton, real Prometheus (when installed), short windows.
+
+- The demo (`run_demo`, on free ports, short phases): under load a count rises and the
+  pipeline's throughput with it; after the load drops the counts come back down.
+- A Triton restarted on the same ports comes back with the repository's counts; the loop
+  puts the desired count back on the next tick.
+- Prometheus stopped: the loop holds (FailedGetMetrics) and resumes when it is back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import yaml
+
+from tests.tooling import in_ci, missing
+from tritonscale.actuator import Actuator
+from tritonscale.demo import DemoResult, Phase, run_demo, summary_lines
+from tritonscale.endpoints import local_endpoints
+from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
+from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
+from tritonscale.reconcile import FAILED_GET_METRICS, TickResult
+from tritonscale.tune import Tuner, parse_config
+
+SHORT = {
+    "metricsWindowSeconds": 4,
+    "intervalSeconds": 2,
+    "behavior": {
+        "scaleUp": {"policies": [{"type": "Instances", "value": 2, "periodSeconds": 2}]},
+        "scaleDown": {
+            "stabilizationWindowSeconds": 10,
+            "policies": [{"type": "Instances", "value": 1, "periodSeconds": 2}],
+        },
+    },
+}
+
+
+def _require_triton() -> None:
+    try:
+        TritonInstall()
+    except LocalTritonError as error:
+        missing(str(error))
+
+
+def _policies(models: dict[str, dict]) -> list[dict]:
+    return [
+        {"name": model.replace("_", "-"), "spec": {**SHORT, "model": model, **extra}}
+        for model, extra in models.items()
+    ]
+
+
+# ---- the demo: a step load up and back down ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
+    _require_triton()
+    if prometheus_binary() is None and in_ci():
+        missing("prometheus not installed (Debian package 'prometheus')")
+    out = tmp_path_factory.mktemp("demo")
+    policies = out / "policies.yaml"
+    policies.write_text(
+        yaml.safe_dump(
+            {
+                "triton": {"http": ["127.0.0.1:1"], "metrics": ["http://127.0.0.1:1/metrics"]},
+                "policies": _policies(
+                    {
+                        "pipeline_async": {"calls": ["branch_embed"], "maxInstances": 4},
+                        "branch_embed": {"maxInstances": 4},
+                    }
+                ),
+            }
+        )
+    )
+    lines: list[str] = []
+    result = run_demo(
+        out,
+        phases=(Phase("low", 1, 8), Phase("high", 16, 30), Phase("low again", 1, 36)),
+        load="builtin",
+        ports=(free_port(), free_port(), free_port()),
+        metrics_port=0,
+        policies=policies,
+        echo=lines.append,
+    )
+    print("\n".join(lines))
+    return result
+
+
+def test_under_load_a_count_rises_and_the_throughput_with_it(demo: DemoResult) -> None:
+    low, high, _ = demo.rows
+    grown = [
+        model
+        for model in ("pipeline_async", "branch_embed")
+        if high.instances_max.get(model, 0) > low.instances_end.get(model, 1)
+    ]
+    assert grown, f"no count rose under load: {high.instances_max}"
+    assert any(model in demo.step_to_applied_s for model in grown)
+    first, last = demo.throughput_before_after
+    assert first is not None and last is not None and last > first
+    assert high.rate is not None and low.rate is not None and high.rate > low.rate
+
+
+def test_after_the_load_the_counts_come_back_down(demo: DemoResult) -> None:
+    _, high, after = demo.rows
+    for model, count in high.instances_max.items():
+        if count > 1:
+            assert after.instances_end[model] < count, f"{model} stayed at {count}"
+            assert model in demo.scale_down_after_s
+
+
+def test_the_demo_reports_its_run(demo: DemoResult) -> None:
+    records = demo.decision_log.read_text().splitlines()
+    assert len(records) > 10
+    text = "\n".join(summary_lines(demo))
+    assert "low again" in text and "high step -> first scale-up applied" in text
+    assert demo.metrics == ("prometheus" if prometheus_binary() else "scrape")
+    assert all(row.failures == 0 for row in demo.rows)
+
+
+# ---- faults: a restarted Triton, a Prometheus outage ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def branch_triton() -> Iterator[LocalTriton]:
+    _require_triton()
+    with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=["branch_rank"]) as server:
+        yield server
+
+
+class _Loop:
+    """A Tuner in a thread, collecting its ticks."""
+
+    def __init__(self, server: LocalTriton, config: dict) -> None:
+        self.ticks: list[TickResult] = []
+        self.stop = threading.Event()
+        self.tuner = Tuner(
+            parse_config(config),
+            actuator=Actuator(server.repository_key),
+            echo=print,
+            on_tick=lambda _, result: self.ticks.append(result),
+        )
+        self.thread = threading.Thread(target=self.tuner.run, kwargs={"stop": self.stop})
+
+    def __enter__(self) -> _Loop:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+    def wait_for(
+        self, check: Callable[[TickResult], bool], timeout_s: float, since: float = 0
+    ) -> TickResult:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            for tick in list(self.ticks):
+                if tick.at >= since and check(tick):
+                    return tick
+            time.sleep(0.2)
+        raise AssertionError(
+            f"no tick matched in {timeout_s:.0f} s; last: {self.ticks[-1].line() if self.ticks else None}"
+        )
+
+
+def _config(server: LocalTriton, models: dict[str, dict], prometheus: str | None = None) -> dict:
+    config: dict = {
+        "triton": {"http": [server.http_url], "metrics": [server.metrics_url]},
+        "policies": _policies(models),
+    }
+    if prometheus:
+        config["metrics"] = {"source": "prometheus", "prometheusUrl": prometheus}
+    return config
+
+
+def test_a_restarted_triton_gets_its_count_back(branch_triton: LocalTriton) -> None:
+    endpoint = local_endpoints([branch_triton.http_url])[0]
+    actuator = Actuator(branch_triton.repository_key)
+    with _Loop(branch_triton, _config(branch_triton, {"branch_rank": {"minInstances": 2}})) as loop:
+        loop.wait_for(lambda t: t.live_counts.get(endpoint.name) == 2, timeout_s=20)
+        branch_triton.stop()
+        branch_triton.start()  # the same ports; the repository says 1 instance
+        back = time.time()
+        restored = loop.wait_for(
+            lambda t: bool(t.applied) and t.applied[0].ok and t.applied[0].after == 2,
+            timeout_s=30,
+            since=back,
+        )
+        print(f"count restored {restored.at + restored.duration_s - back:.1f} s after the restart")
+    assert restored.applied[0].before == 1
+    assert actuator.live_count(endpoint, "branch_rank") == 2
+
+
+def test_the_loop_holds_while_prometheus_is_down(branch_triton: LocalTriton) -> None:
+    if prometheus_binary() is None:
+        missing("prometheus not installed (Debian package 'prometheus')")
+    endpoint = local_endpoints([branch_triton.http_url])[0]
+    Actuator(branch_triton.repository_key).apply([endpoint], "branch_rank", 2)
+    target = branch_triton.metrics_url.removeprefix("http://").removesuffix("/metrics")
+    with LocalPrometheus({"triton": [target]}, scrape_interval_s=0.5) as prometheus:
+        prometheus.wait_for("nv_inference_request_success", timeout_s=30)
+        config = _config(branch_triton, {"branch_rank": {"maxInstances": 4}}, prometheus.url)
+        with _Loop(branch_triton, config) as loop:
+            # Idle at 2 instances, the policy wants fewer once the window is complete.
+            loop.wait_for(lambda t: t.reason not in ("WarmingUp", FAILED_GET_METRICS), timeout_s=30)
+            prometheus.stop()
+            down = time.time()
+            held = loop.wait_for(lambda t: t.reason == FAILED_GET_METRICS, timeout_s=20, since=down)
+            assert "unreachable" in held.message
+            during = [t for t in loop.ticks if t.at >= down]
+            assert all(t.applied == [] for t in during), "no load while the metrics are down"
+            assert all(t.desired_instances == t.current_instances for t in during)
+            prometheus.start()
+            up = time.time()
+            resumed = loop.wait_for(
+                lambda t: t.reason != FAILED_GET_METRICS, timeout_s=30, since=up
+            )
+    assert resumed.decision is not None and resumed.snapshot is not None
