@@ -258,6 +258,7 @@ def _plot(
     users: Series | None = None,
 ) -> None:
     figure, axes = plt.subplots(figsize=(10, 4))
+    axes.set_prop_cycle(color=plt.cm.tab20.colors)  # many models: 20 distinct colours
     for label, series in sorted(groups.items()):
         times = [datetime.fromtimestamp(t, timezone.utc) for t, _ in series]
         values = [v for _, v in series]

@@ -1,0 +1,127 @@
+"""The benchmarks' quick modes run against the real Triton and write their JSON and PNG.
+
+No timing assertions: the numbers of a quick run mean little. Each benchmark runs on the
+session's server through its `run()` (counts are put back afterwards); one runs as the
+documented command, with its own server.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadtests.bench import async_vs_sync, bls_hop, common, loadgen_headroom, operator_vs_static
+from tritonscale.local_triton import LocalTriton
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PIPELINE_MODELS = (
+    "pipeline_async",
+    "pipeline_sync",
+    "branch_embed",
+    "branch_classify",
+    "branch_rank",
+)
+
+
+def _written(name: str, result: dict, tmp_path: Path, plot) -> dict:
+    path = common.write_result(name, result, tmp_path / f"{name}.json")
+    plot(path.with_suffix(".png"))
+    assert path.with_suffix(".png").stat().st_size > 1000
+    document = json.loads(path.read_text())
+    assert document["benchmark"] == name
+    assert {"command", "finished", "machine", "settings"} <= document.keys()
+    assert document["machine"]["cpus"] >= 1
+    return document
+
+
+def _counts(triton: LocalTriton) -> dict[str, int]:
+    instances = common.Instances(triton)
+    return {model: instances.get(model) for model in PIPELINE_MODELS}
+
+
+def test_async_vs_sync_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    before = _counts(triton)
+    result = async_vs_sync.run(triton, async_vs_sync.QUICK)
+    doc = _written(
+        "async_vs_sync", result, tmp_path, lambda p: async_vs_sync.plot(result["grid"], p)
+    )
+    point = doc["grid"][0]
+    for variant in ("async", "sync"):
+        assert point[variant]["requests"] > 0 and point[variant]["failures"] == 0, point
+    assert point["throughput_ratio"] > 0
+    assert doc["fan_out"] == 3 and doc["ideal_ratio_sum_over_max"] == 2.0
+    assert doc["fewest_instances_for_target"]["sync"] is not None
+    assert doc["decoupled"][0]["async"]["requests"] > 0
+    assert {"throughput_ratio", "work_ratio"} <= doc["decoupled"][0].keys()
+    assert _counts(triton) == before
+
+
+def test_bls_hop_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    result = bls_hop.run(triton, bls_hop.QUICK)
+    doc = _written("bls_hop", result, tmp_path, lambda p: bls_hop.plot(result["by_concurrency"], p))
+    row = doc["by_concurrency"][0]
+    for model in bls_hop.MODELS:
+        assert row[model]["requests"] > 0 and row[model]["failures"] == 0, row[model]
+    assert {
+        "bls_sync_hop_p50_ms",
+        "bls_async_hop_p50_ms",
+        "bls_async_latency_ratio_p50",
+    } <= row.keys()
+
+
+def test_loadgen_headroom_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    result = loadgen_headroom.run(triton, loadgen_headroom.QUICK)
+    doc = _written(
+        "loadgen_headroom", result, tmp_path, lambda p: loadgen_headroom.plot(result["by_users"], p)
+    )
+    row = doc["by_users"][0]
+    assert row["locust"]["requests"] > 0 and row["asyncio"]["requests"] > 0
+    assert row["locust"]["client_cpu_ms_per_request"] > 0
+    assert row["locust_over_asyncio"] > 0
+
+
+def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    before = _counts(triton)
+    result = operator_vs_static.run(triton, operator_vs_static.QUICK)
+    doc = _written(
+        "operator_vs_static", result, tmp_path, lambda p: operator_vs_static.plot(result, p)
+    )
+    assert doc["best_static"]["throughput_rps"] > 0
+    assert len(doc["static_sweep"]) == 1  # a budget of 4 leaves one configuration
+    operator = doc["operator"]
+    assert operator["decisions"] > 0, operator["tune_output_tail"]
+    assert {
+        "throughput_fraction_of_best_static",
+        "time_to_90pct_of_best_static_s",
+        "total_instances_at_end_of_high_load",
+        "total_instances_at_end_of_low_load",
+        "within_budget",
+    } <= operator.keys()
+    assert {w["phase"] for w in operator["timeline"]} == {"high load", "low load"}
+    assert _counts(triton) == before
+
+
+def test_static_configurations_use_the_whole_budget() -> None:
+    configurations = operator_vs_static.static_configurations(6)
+    assert len(configurations) == 10  # 2 extra instances over 4 models: C(5, 3)
+    assert all(sum(c.values()) == 6 and min(c.values()) >= 1 for c in configurations)
+
+
+@pytest.mark.parametrize("name", ["bls_hop"])
+def test_the_documented_command_runs(name: str, tmp_path: Path) -> None:
+    out = tmp_path / f"{name}.json"
+    done = subprocess.run(
+        [sys.executable, "-m", f"loadtests.bench.{name}", "--quick", "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "starting tritonserver" in done.stdout and f"wrote {out}" in done.stdout
+    assert json.loads(out.read_text())["benchmark"] == name
+    assert out.with_suffix(".png").is_file()
