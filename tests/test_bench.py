@@ -54,7 +54,8 @@ def test_async_vs_sync_quick(triton: LocalTriton, tmp_path: Path) -> None:
         assert point[variant]["requests"] > 0 and point[variant]["failures"] == 0, point
     assert point["throughput_ratio"] > 0
     assert doc["fan_out"] == 3 and doc["ideal_ratio_sum_over_max"] == 2.0
-    assert doc["fewest_instances_for_target"]["sync"] is not None
+    # The lower target is 90 % of sync's best: sync reaches it somewhere in the grid.
+    assert doc["fewest_instances_for_target"][0]["sync"] is not None
     assert doc["decoupled"][0]["async"]["requests"] > 0
     assert {"throughput_ratio", "work_ratio"} <= doc["decoupled"][0].keys()
     assert _counts(triton) == before

@@ -1,6 +1,6 @@
 """Async BLS against its sync twin, side by side in one run.
 
-    python -m loadtests.bench.async_vs_sync            # full grid, a few minutes
+    python -m loadtests.bench.async_vs_sync            # full grid, about three minutes
     python -m loadtests.bench.async_vs_sync --quick    # one point, seconds (CI)
 
 For each (parent instances, branch instances) of a small grid, pipeline_async and
@@ -153,7 +153,7 @@ QUICK = {
 }
 FULL = {
     "parents": [1, 2, 4],
-    "branches": [1, 3],
+    "branches": [1, 2, 4],
     "concurrency": 32,
     "rows": 1,
     "seconds": 6.0,
@@ -178,7 +178,9 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
     finally:
         instances.restore()
     best_sync = max(p["sync"]["throughput_rps"] for p in points)
-    target = round(0.9 * best_sync, 1)
+    best_async = max(p["async"]["throughput_rps"] for p in points)
+    # Two bars: 90 % of the best that sync reached anywhere in the grid, and of async's.
+    targets = sorted({round(0.9 * best_sync, 1), round(0.9 * best_async, 1)})
     ratios = [p["throughput_ratio"] for p in points if p["throughput_ratio"] is not None]
     return {
         "settings": settings,
@@ -189,11 +191,14 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
         "grid": points,
         "throughput_ratio_min": min(ratios) if ratios else None,
         "throughput_ratio_max": max(ratios) if ratios else None,
-        "target_rps": target,
-        "fewest_instances_for_target": {
-            "async": fewest_instances(points, "async", target),
-            "sync": fewest_instances(points, "sync", target),
-        },
+        "fewest_instances_for_target": [
+            {
+                "target_rps": target,
+                "async": fewest_instances(points, "async", target),
+                "sync": fewest_instances(points, "sync", target),
+            }
+            for target in targets
+        ],
         "decoupled": decoupled_rows,
         "instance_change_seconds": [round(s, 2) for s in instances.change_seconds],
     }
@@ -209,10 +214,14 @@ def main(argv: list[str] | None = None) -> None:
     common.progress(
         f"async/sync throughput ratio {result['throughput_ratio_min']} to "
         f"{result['throughput_ratio_max']} (fan-out {FAN_OUT}, ideal sum/max "
-        f"{result['ideal_ratio_sum_over_max']}); fewest instances for {result['target_rps']} rps: "
-        f"async {result['fewest_instances_for_target']['async']}, "
-        f"sync {result['fewest_instances_for_target']['sync']}"
+        f"{result['ideal_ratio_sum_over_max']})"
     )
+    for row in result["fewest_instances_for_target"]:
+        common.progress(
+            f"fewest instances for {row['target_rps']} rps: async "
+            f"{(row['async'] or {}).get('total_instances', 'not reached')}, sync "
+            f"{(row['sync'] or {}).get('total_instances', 'not reached')}"
+        )
 
 
 if __name__ == "__main__":
