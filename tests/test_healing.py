@@ -7,7 +7,10 @@ READY and every request fails in about 1 s with "Stub process '<model>_0_0' is n
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from tests.faults import PIPELINE_MODELS, add_sub_once, kill_stub, pipeline_once, stub_pids
 from tests.tooling import missing
 from tritonscale import healing
+from tritonscale.actuator import Actuator
 from tritonscale.endpoints import Endpoint
 from tritonscale.healing import Healer
 from tritonscale.local_triton import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
@@ -142,6 +146,43 @@ class TestAKilledStubIsHealed:
         result = doctor.check(endpoint(server), "pipeline_async")
         assert (result.action, result.reason) == (healing.NONE, healing.HEALTHY), result
         assert stub_pids(server, "pipeline_async") == stubs
+
+
+def test_one_dead_instance_among_two_is_found_and_all_are_replaced(server: LocalTriton) -> None:
+    """With two instances only every other request fails; probes reach both instances."""
+    at = endpoint(server)
+    assert all(r.ok for r in Actuator(server.repository_key).apply([at], "add_sub", 2))
+    doctor = healer(server)
+    assert doctor.check(at, "add_sub").reason == healing.HEALTHY
+    survivors = stub_pids(server, "add_sub")
+    assert len(survivors) == 2
+    killed = survivors[0]
+    os.kill(killed, signal.SIGKILL)
+
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+    rng = np.random.default_rng(2)
+    outcomes = []
+    for _ in range(6):
+        try:
+            add_sub_once(client, rng)
+            outcomes.append("ok")
+        except InferenceServerException as error:
+            assert "is not healthy" in error.message()
+            outcomes.append("failed")
+    assert "ok" in outcomes and "failed" in outcomes, outcomes  # a share fails
+
+    result = doctor.check(at, "add_sub")
+    assert result.action == healing.RELOADED, result
+    serve_correctly(server, add_sub_once, count=8)
+    assert Actuator(server.repository_key).live_count(at, "add_sub") == 2
+    new = set(stub_pids(server, "add_sub")) - set(survivors)
+    assert len(new) == 2 and killed not in new
+    # Triton 2.51 never finishes unloading the replaced version once its dead stub has been
+    # sent requests: the old version's live stub stays until the server stops (measured;
+    # docs/reliability.md). Printed, not asserted, so that a fixed Triton is noticed.
+    time.sleep(3)
+    left = set(stub_pids(server, "add_sub")) & set(survivors)
+    print(f"{len(left)} stub(s) of the replaced version still running 3 s after the heal")
 
 
 class FakeClock:

@@ -10,12 +10,15 @@ itself. A BLS parent of that model fails its requests too, naming the child's st
 So readiness alone says nothing; the signals here are, per (pod, model):
 
 - readiness not 200 (the model unloaded or failed a load);
-- BACKEND failures rising between two checks while successes do not (everything it got
-  failed), confirmed by a probe where one can be sent;
-- a probe inference (zeros built from the live config; off by default, or on suspicion):
-  an error naming the model's *own* stub as not healthy, or no answer within the timeout.
-  Any other answer, even an error, means the stub is alive: a parent whose child is dead
-  is not reloaded for it.
+- BACKEND failures rising between two checks, confirmed by probes; where no probe can be
+  sent (decoupled models), only when not one request succeeded meanwhile (requests the
+  model refuses count as BACKEND failures too);
+- probe inferences (zeros built from the live config; on suspicion by default, or at
+  every check): instances + 1 of them in a row, since Triton hands consecutive requests to
+  the instances in turn and one dead instance among several fails only its share. An
+  error naming one of the model's *own* stubs as not healthy, or no answer within the
+  timeout, is the verdict. Any other answer, even an error, means the stub is alive: a
+  parent whose child is dead is not reloaded for it.
 
 The cure is a reload of that model on that pod through the load API. Loading the live
 config unchanged is a no-op in Triton (it answers 200 at once and keeps the dead stub), so
@@ -230,18 +233,21 @@ class Healer:
                 return MODEL_LOADING, f"{model} on {pod} is {state.lower()}; not touched"
             return MODEL_NOT_READY, f"{model} on {pod} is not ready ({state or 'absent'})"
 
-        suspicion = None
+        failed = succeeded = 0.0
         if endpoint.metrics_url:
-            suspicion = self._failures_without_successes(endpoint.metrics_url, model, history)
+            failed, succeeded = self._counter_increase(endpoint.metrics_url, model, history)
+        suspicion = f"{failed:.0f} backend failures since the last check" if failed else None
         if self.probe == PROBE_ALWAYS or (suspicion and self.probe == PROBE_ON_SUSPICION):
             probed, verdict = self._probe(base, pod, model)
             if verdict is not None:
                 reason, why = verdict
                 return reason, f"{why} ({suspicion})" if suspicion else why
             if probed:
-                return None  # the stub answered: the failures were the requests' own
-        if suspicion:
-            return STUB_UNHEALTHY, f"{model} on {pod}: {suspicion}"
+                return None  # every instance answered: the failures were the requests' own
+        # Without a probe, only "everything failed" is evidence enough: requests the model
+        # refuses (bad input) also count as BACKEND failures.
+        if suspicion and not succeeded:
+            return STUB_UNHEALTHY, f"{model} on {pod}: {suspicion} and no success"
         return None
 
     def _repository_state(self, base: str, model: str) -> str | None:
@@ -255,10 +261,10 @@ class Healer:
                 return row.get("state")
         return None
 
-    def _failures_without_successes(
+    def _counter_increase(
         self, metrics_url: str, model: str, history: _History
-    ) -> str | None:
-        """BACKEND failures rose since the last check and not one request succeeded."""
+    ) -> tuple[float, float]:
+        """(BACKEND failures, successes) of `model` since the last check; (0, 0) the first time."""
         text = self._http.get(metrics_url, timeout=10).text
         failures = successes = 0.0
         for family in text_string_to_metric_families(text):
@@ -275,14 +281,12 @@ class Healer:
         before_failures, before_successes = history.failures, history.successes
         history.failures, history.successes = failures, successes
         if before_failures is None or before_successes is None:
-            return None  # the first look is a baseline
+            return 0.0, 0.0  # the first look is a baseline
         failed = failures - before_failures
         succeeded = successes - before_successes
         if failed < 0 or succeeded < 0:
-            return None  # counters reset: the model was reloaded since
-        if failed > 0 and succeeded == 0:
-            return f"{failed:.0f} backend failures and no success since the last check"
-        return None
+            return 0.0, 0.0  # counters reset: the model was reloaded since
+        return failed, succeeded
 
     def _live_config(self, base: str, model: str) -> dict[str, Any]:
         response = self._http.get(f"{base}/v2/models/{model}/config", timeout=10)
@@ -290,25 +294,34 @@ class Healer:
         return response.json()
 
     def _probe(self, base: str, pod: str, model: str) -> tuple[bool, tuple[str, str] | None]:
-        """One inference of zeros: (whether it was sent, a verdict if our own stub is broken)."""
-        body = _probe_body(self._live_config(base, model))
+        """Inferences of zeros: (whether any was sent, a verdict if one of our stubs is broken).
+
+        Triton hands consecutive requests to the instances in turn (seen here with 2
+        instances and one dead stub: fail, ok, fail, ok...), so instances + 1 probes in a row
+        reach every instance, dead ones included.
+        """
+        config = self._live_config(base, model)
+        body = _probe_body(config)
         if body is None:
             return False, None  # decoupled models cannot be asked over plain HTTP
-        try:
-            answer = self._http.post(
-                f"{base}/v2/models/{model}/infer", json=body, timeout=self.probe_timeout_s
-            )
-        except requests.Timeout:
-            return True, (
-                PROBE_TIMEOUT,
-                f"{model} on {pod}: a probe inference got no answer in {self.probe_timeout_s:g} s",
-            )
-        if answer.status_code == 200:
-            return True, None
-        error = _error_text(answer)
-        # A parent's error names its child's stub: only our own stub is our business.
-        if f"Stub process '{model}_" in error and "is not healthy" in error:
-            return True, (STUB_UNHEALTHY, f"{model} on {pod}: {error}")
+        instances = sum(int(g.get("count", 1)) for g in config.get("instance_group") or [{}])
+        for _ in range(max(1, instances) + 1):
+            try:
+                answer = self._http.post(
+                    f"{base}/v2/models/{model}/infer", json=body, timeout=self.probe_timeout_s
+                )
+            except requests.Timeout:
+                return True, (
+                    PROBE_TIMEOUT,
+                    f"{model} on {pod}: a probe inference got no answer in "
+                    f"{self.probe_timeout_s:g} s",
+                )
+            if answer.status_code == 200:
+                continue
+            error = _error_text(answer)
+            # A parent's error names its child's stub: only our own stubs are our business.
+            if f"Stub process '{model}_" in error and "is not healthy" in error:
+                return True, (STUB_UNHEALTHY, f"{model} on {pod}: {error}")
         return True, None
 
     # ---- the cure ------------------------------------------------------------------------
