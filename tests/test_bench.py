@@ -88,6 +88,7 @@ def test_loadgen_headroom_quick(triton: LocalTriton, tmp_path: Path) -> None:
 def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
     before = _counts(triton)
     result = operator_vs_static.run(triton, operator_vs_static.QUICK)
+    assert result["operator"].pop("decision_log").count("\n") == result["operator"]["decisions"]
     doc = _written(
         "operator_vs_static", result, tmp_path, lambda p: operator_vs_static.plot(result, p)
     )

@@ -238,11 +238,8 @@ def with_operator(
                 tune.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 tune.kill()
-        decisions = (
-            [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-            if log.exists()
-            else []
-        )
+        decision_log = log.read_text() if log.exists() else ""
+        decisions = [json.loads(line) for line in decision_log.splitlines() if line.strip()]
         tune_tail = output.read_text().strip().splitlines()[-3:]
     target = 0.9 * best_rps
     reached = next((w for w in high if w["throughput_rps"] >= target), None)
@@ -262,6 +259,7 @@ def with_operator(
             1 for d in decisions for pod in d.get("applied") or () if pod.get("ok")
         ),
         "tune_output_tail": tune_tail,
+        "decision_log": decision_log,
     }
 
 
@@ -328,7 +326,10 @@ def main(argv: list[str] | None = None) -> None:
     args = common.parser(__doc__.splitlines()[0]).parse_args(argv)
     with common.local_triton(list(MODELS)) as triton:
         result = run(triton, QUICK if args.quick else FULL)
+    # The driver's own log beside the JSON, for `tritonscale report --decisions`.
+    decision_log = result["operator"].pop("decision_log")
     path = common.write_result("operator_vs_static", result, args.out)
+    path.with_suffix(".decisions.jsonl").write_text(decision_log)
     if not args.no_plot:
         plot(result, common.plot_path(path))
     op = result["operator"]
