@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.bench import async_vs_sync, bls_hop, common, loadgen_headroom, operator_vs_static
+from loadtests.bench import (
+    async_vs_sync,
+    bls_hop,
+    common,
+    loadgen_headroom,
+    operator_vs_static,
+    summary,
+)
 from tritonscale.local_triton import LocalTriton
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +42,8 @@ def _written(name: str, result: dict, tmp_path: Path, plot) -> dict:
     assert document["benchmark"] == name
     assert {"command", "finished", "machine", "settings"} <= document.keys()
     assert document["machine"]["cpus"] >= 1
+    # The markdown summary reads it back.
+    assert summary.summary(tmp_path).startswith(f"### {name}\n")
     return document
 
 
