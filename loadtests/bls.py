@@ -491,11 +491,14 @@ def check_ready(
         client = _client(protocol, address, timeout_s)
     except Exception as error:  # bad address syntax
         return f"cannot reach Triton at {address} ({protocol}): {error}"
+    # A silent address (a firewall dropping packets) must not hang the start: gRPC takes a
+    # deadline per call; the HTTP client got its timeouts above.
+    deadline = {"client_timeout": timeout_s} if protocol == "grpc" else {}
     try:
-        if not client.is_server_live() or not client.is_server_ready():
+        if not client.is_server_live(**deadline) or not client.is_server_ready(**deadline):
             return f"Triton at {address} ({protocol}) is up but not ready"
         for model in models:
-            if not client.is_model_ready(model):
+            if not client.is_model_ready(model, **deadline):
                 return f"model '{model}' is not ready on Triton at {address} ({protocol})"
     except InferenceServerException as error:
         return f"cannot reach Triton at {address} ({protocol}): {error.message() or error}"
