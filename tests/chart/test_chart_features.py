@@ -369,6 +369,9 @@ class TestMonitoring:
         for monitor in monitors:
             component = monitor["metadata"]["labels"]["app.kubernetes.io/component"]
             assert monitor["spec"][endpoints_key][0]["port"] == "metrics"
+            # The operator's own `namespace` label (the autoscaler's) must survive the scrape.
+            honor = monitor["spec"][endpoints_key][0].get("honorLabels", False)
+            assert honor is (component == "operator")
             if kind == "ServiceMonitor":
                 assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
                 target = one(objects, "Service", f"-{component}")["metadata"]["labels"]
