@@ -37,7 +37,9 @@ from tritonscale.sources import PrometheusSource
 
 def private_triton(models: list[str]) -> LocalTriton:
     try:
-        return LocalTriton(models=models, http_port=0, grpc_port=0, metrics_port=0).start()
+        return LocalTriton(
+            models=models, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=3
+        ).start()
     except LocalTritonError as error:
         if "not found: install" in str(error):
             missing(str(error))

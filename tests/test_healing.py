@@ -32,7 +32,7 @@ from tritonscale.local_triton import DEFAULT_MODEL_REPOSITORY, LocalTriton, Loca
 def start(repository: Path = DEFAULT_MODEL_REPOSITORY, models: list[str] | None = None):
     try:
         return LocalTriton(
-            repository, models=models, http_port=0, grpc_port=0, metrics_port=0
+            repository, models=models, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=3
         ).start()
     except LocalTritonError as error:
         if "not found: install" in str(error):

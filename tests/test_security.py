@@ -162,6 +162,7 @@ def keyed_triton() -> Iterator[LocalTriton]:
             http_port=0,
             grpc_port=0,
             metrics_port=0,
+            exit_timeout_s=3,
         ).start()
     except LocalTritonError as error:
         if "not found: install" in str(error):
