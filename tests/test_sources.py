@@ -225,3 +225,14 @@ def test_a_restarted_triton_counts_on_from_zero() -> None:
         after = source.snapshot(["add_sub"], endpoints, 600)
     assert after.models["add_sub"].request_rate * after.window_s == pytest.approx(20 + 5)
     assert not after.complete  # 600 s of history do not exist yet
+
+
+def test_targets_gone_longer_than_any_window_are_forgotten(pipeline: LocalTriton) -> None:
+    now = [1000.0]
+    source = ScrapeSource(max_window_s=60, clock=lambda: now[0])
+    old_pod, new_pod = pipeline.metrics_url, pipeline.metrics_url + "?pod=new"
+    source.scrape([old_pod])
+    now[0] += 500  # the old pod was replaced long ago
+    source.scrape([new_pod])
+    assert source.targets([Endpoint("new", "x", new_pod)]) == [new_pod]
+    assert set(source._history) == {new_pod}

@@ -375,7 +375,7 @@ def _run(
             row.rate, row.p95_ms, row.failures = stats.rate, stats.p95_ms, stats.failures
         elif locust_load:
             row.rate, row.p95_ms, row.failures = locust_load.stats(row.start, row.end)
-    scale_ups = _first_change(recorder.ticks, rows[1].start, +1)
+    scale_ups = _first_change(recorder.ticks, rows[1], +1)
     throughput = _before_after(
         builtin, locust_load, rows[1], min(scale_ups.values()) if scale_ups else None
     )
@@ -387,7 +387,7 @@ def _run(
         load="locust" if locust_load else "built-in",
         metrics=config.source,
         step_to_applied_s=scale_ups,
-        scale_down_after_s=_first_change(recorder.ticks, rows[2].start, -1),
+        scale_down_after_s=_first_change(recorder.ticks, rows[2], -1),
         reversals=_reversals(recorder.ticks, rows),
         throughput_before_after=throughput,
     )
@@ -422,11 +422,15 @@ def _before_after(
     return rates[0], rates[1]
 
 
-def _first_change(ticks: list[tuple[str, TickResult]], since: float, sign: int) -> dict[str, float]:
-    """Per model: seconds from `since` to the end of the first successful load in that direction."""
+def _first_change(
+    ticks: list[tuple[str, TickResult]], phase: PhaseRow, sign: int
+) -> dict[str, float]:
+    """Per model: seconds from the phase's start to the end of its first successful load in
+    that direction within the phase."""
     found: dict[str, float] = {}
+    since = phase.start
     for _, result in ticks:
-        if result.at < since or result.model in found:
+        if not since <= result.at < phase.end or result.model in found:
             continue
         for pod in result.applied:
             if pod.ok and pod.before is not None and pod.after is not None:

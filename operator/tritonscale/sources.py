@@ -343,6 +343,13 @@ class ScrapeSource:
                 history.append(Sample(self._clock(), values))
                 while history and history[0].at < history[-1].at - self.max_window_s - 60:
                     history.popleft()
+                # Forget targets gone for longer than any window (pods replaced in Kubernetes).
+                for gone in [
+                    url
+                    for url, samples in self._history.items()
+                    if samples and samples[-1].at < now - self.max_window_s - 60
+                ]:
+                    del self._history[gone]
 
     def snapshot(
         self, models: Sequence[str], endpoints: Sequence[Endpoint] = (), window_s: float = 60.0
