@@ -7,10 +7,10 @@
 It starts its own Triton (LocalTriton, free ports, the pipeline and its branches), sends
 pipeline_async requests from `--users` closed-loop gRPC users, and checks every answer
 bit for bit against pipeline_sync's (the twins are bit-identical per row, whatever the
-batching). Meanwhile the control loop runs every `--interval` seconds: one
-`tritonscale.reconcile.reconcile` tick per model (pipeline_async and each branch, the
-direct-scrape source, the real actuator), the code `tritonscale tune` drives, followed by a
-`tritonscale.healing.Healer` check. Every `--sample-every` seconds it samples, for this
+batching). Meanwhile the local driver runs as a user runs it, `tritonscale tune` with a
+policy file for pipeline_async and each branch (ticks every `--interval` seconds, the
+direct-scrape source, the real actuator, a decision log), and a `tritonscale.healing.Healer`
+checks each model at the same period (tune does not heal by itself). Every `--sample-every` seconds it samples, for this
 server only (its process group):
 
 - `/dev/shm`: the Python backend's regions (`triton_python_backend_shm_region_*`) its live
@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -35,14 +37,13 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+import yaml
 
-from tritonscale import healing
+from tritonscale import REPOSITORY_KEY_ENV, healing
 from tritonscale.actuator import Actuator
 from tritonscale.endpoints import Endpoint
 from tritonscale.healing import Healer
 from tritonscale.local_triton import LocalTriton
-from tritonscale.reconcile import ReconcileState, reconcile
-from tritonscale.sources import ScrapeSource
 
 MODEL = "pipeline_async"
 BRANCHES = ["branch_embed", "branch_classify", "branch_rank"]
@@ -245,57 +246,100 @@ def reference_answers(
 
 
 class ControlLoop:
-    """reconcile() for each policy, then a healing check of each model, every interval."""
+    """The local driver, `tritonscale tune`, as a user runs it, plus a healing check per model.
 
-    def __init__(self, server: LocalTriton, interval_s: float) -> None:
+    `tune` ticks every policy each `intervalSeconds` (reconcile: the direct-scrape source and
+    the real actuator) and appends each tick to a decision log. It does not heal (yet), so a
+    `Healer` thread here checks every model at the same period.
+    """
+
+    def __init__(self, server: LocalTriton, interval_s: float, out: Path) -> None:
+        self.server = server
         self.endpoint = Endpoint("local", server.http_url, server.metrics_url)
-        self.source = ScrapeSource()
-        self.actuator = Actuator(server.repository_key)
         self.healer = Healer(repository_key=server.repository_key)
-        self.specs = policies(interval_s)
-        self.states = {spec["model"]: ReconcileState() for spec in self.specs}
         self.interval_s = interval_s
+        self.config_path = out / "policies.yaml"
+        self.decision_log = out / "decisions.jsonl"
+        self.tune_log = out / "tune.log"
         self.lines: list[dict[str, Any]] = []
         self.heals: list[dict[str, Any]] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._heal, daemon=True)
+        self._tune: subprocess.Popen[bytes] | None = None
 
-    def _run(self) -> None:
+    def _heal(self) -> None:
         while not self._stop.wait(self.interval_s):
-            for spec in self.specs:
-                model = spec["model"]
-                tick = reconcile(
-                    spec,
-                    [self.endpoint],
-                    self.source,
-                    self.actuator,
-                    self.states[model],
-                    time.time(),
-                )
-                self.states[model] = tick.state
-                self.lines.append(
-                    {
-                        "t": time.time(),
-                        "model": model,
-                        "current": tick.current_instances,
-                        "desired": tick.desired_instances,
-                        "reason": tick.reason,
-                        "applied": bool(tick.applied),
-                    }
-                )
-                if tick.applied:
-                    print("  " + tick.line(), flush=True)
+            for model in [MODEL, *BRANCHES]:
                 result = self.healer.check(self.endpoint, model)
                 if result.action != healing.NONE or not result.healthy:
                     self.heals.append(result.to_dict())
                     print(f"  healing: {result.message}", flush=True)
 
     def start(self) -> None:
+        config = {
+            "triton": {"http": [self.server.http_url], "metrics": [self.server.metrics_url]},
+            "metrics": {"source": "scrape"},
+            "policies": [
+                {"name": spec["model"].replace("_", "-"), "spec": spec}
+                for spec in policies(self.interval_s)
+            ],
+        }
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.decision_log.unlink(missing_ok=True)
+        env = {**os.environ, REPOSITORY_KEY_ENV: self.server.repository_key}
+        with open(self.tune_log, "wb") as log:
+            self._tune = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tritonscale.cli",
+                    "tune",
+                    "--config",
+                    str(self.config_path),
+                    "--metrics-port",
+                    "0",
+                    "--decision-log",
+                    str(self.decision_log),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._tune is not None:
+            self._tune.send_signal(signal.SIGTERM)
+            try:
+                self._tune.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._tune.kill()
+                self._tune.wait(timeout=10)
         self._thread.join(timeout=120)
+        if self.decision_log.exists():
+            for line in self.decision_log.read_text().splitlines():
+                tick = json.loads(line)
+                self.lines.append(
+                    {
+                        "t": tick["t"],
+                        "model": tick["model"],
+                        "current": tick["current"],
+                        "desired": tick["desired"],
+                        "reason": tick["reason"],
+                        "applied": any(p["ok"] for p in tick["applied"]),
+                    }
+                )
+                if tick["applied"]:
+                    print(
+                        f"  tune: {tick['time']} {tick['model']} {tick['current']} -> "
+                        f"{tick['desired']} {tick['reason']}",
+                        flush=True,
+                    )
+
+    @property
+    def tune_exit_code(self) -> int | None:
+        return self._tune.returncode if self._tune is not None else None
 
 
 # ---- the run -------------------------------------------------------------------------------
@@ -309,7 +353,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sampler = Sampler(os.getpgid(server.process.pid))
         inputs, reference = reference_answers(server.grpc_url, np.random.default_rng(7), 32)
         users = Users(server.grpc_url, inputs, reference, args.users)
-        control = ControlLoop(server, args.interval) if args.control else None
+        control = ControlLoop(server, args.interval, out) if args.control else None
         samples = [sampler.sample(0.0)]
         print(
             f"soak: {args.duration:.0f} s, {args.users} users on {MODEL}, control loop "
@@ -419,6 +463,8 @@ def summarize(
         "stubs": {"min": min(s["stubs"] for s in samples), "max": max(s["stubs"] for s in samples)},
         "instances_at_end": instances,
         "scale_events": sum(1 for line in control.lines if line["applied"]) if control else 0,
+        "control_ticks": len(control.lines) if control else 0,
+        "tune_exit_code": control.tune_exit_code if control else None,
         "healing_actions": len(control.heals) if control else 0,
     }
 

@@ -42,7 +42,8 @@ def test_the_quick_soak_serves_without_failures_and_reports_memory(tmp_path: Pat
     summary = report["summary"]
     assert summary["requests_ok"] > 0
     assert summary["requests_failed"] == 0 and summary["wrong_answers"] == 0
-    assert summary["control_loop"] is True
+    assert summary["control_loop"] is True and summary["tune_exit_code"] == 0
+    assert (tmp_path / "decisions.jsonl").read_text().strip()  # tritonscale tune ran and logged
     assert len(report["samples"]) >= 4
     first = report["samples"][0]
     # Five stubs (the pipeline, its twin and three branches), each with its own shm region.
