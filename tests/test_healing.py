@@ -112,6 +112,19 @@ class TestAKilledStubIsHealed:
         assert "Stub process 'branch_rank_0_0' is not healthy" in result.message
         serve_correctly(server, pipeline_once)
 
+    def test_a_hung_stub_is_found_by_a_probe_and_replaced(self, server: LocalTriton) -> None:
+        """SIGSTOP: the stub is alive but answers nothing; Triton calls it unhealthy in ~1 s."""
+        doctor = healer(server, probe=healing.PROBE_ALWAYS)
+        at = endpoint(server)
+        assert doctor.check(at, "branch_classify").reason == healing.HEALTHY
+        (hung,) = stub_pids(server, "branch_classify")
+        os.kill(hung, signal.SIGSTOP)
+        result = doctor.check(at, "branch_classify")
+        assert result.action == healing.RELOADED, result
+        assert "Stub process 'branch_classify_0_0' is not healthy" in result.message
+        serve_correctly(server, pipeline_once)
+        assert set(stub_pids(server, "branch_classify")) - {hung}  # a fresh stub serves
+
     def test_a_dead_branch_is_healed_and_its_parent_is_left_alone(
         self, server: LocalTriton
     ) -> None:
