@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 
 from tests.tooling import missing
@@ -210,11 +211,23 @@ def _send(server: LocalTriton, requests: int) -> None:
     client.close()
 
 
+def _wait_for_series(server: LocalTriton, model: str) -> None:
+    """Until Triton exports the model's counters (so that a first sample holds them at 0)."""
+    deadline = time.monotonic() + 30
+    while (
+        f'nv_inference_request_success{{model="{model}"'
+        not in requests.get(server.metrics_url, timeout=5).text
+    ):
+        assert time.monotonic() < deadline, f"Triton exports no counters for {model}"
+        time.sleep(0.1)
+
+
 def test_a_restarted_triton_counts_on_from_zero() -> None:
     server = _triton(["add_sub"])
     source = ScrapeSource(min_scrape_interval_s=0)
     endpoints = [_endpoint(server)]
     with server:
+        _wait_for_series(server, "add_sub")
         source.scrape([server.metrics_url])  # add_sub at 0 requests
         _send(server, 20)
         source.scrape([server.metrics_url])
