@@ -9,16 +9,18 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.tooling import in_ci, missing
 from tritonscale.actuator import Actuator
-from tritonscale.demo import DemoResult, Phase, run_demo, summary_lines
+from tritonscale.demo import DemoError, DemoResult, Phase, run_demo, summary_lines
 from tritonscale.endpoints import local_endpoints
 from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
 from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
@@ -82,6 +84,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
         load="builtin",
         ports=(free_port(), free_port(), free_port()),
         metrics_port=0,
+        prometheus_port=0,
         policies=policies,
         echo=lines.append,
     )
@@ -219,3 +222,12 @@ def test_the_loop_holds_while_prometheus_is_down(branch_triton: LocalTriton) -> 
                 lambda t: t.reason != FAILED_GET_METRICS, timeout_s=30, since=up
             )
     assert resumed.decision is not None and resumed.snapshot is not None
+
+
+def test_a_taken_port_is_one_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(DemoError, match=f"port {port} is in use"):
+            run_demo(tmp_path, ports=(free_port(), port, free_port()), echo=lambda line: None)

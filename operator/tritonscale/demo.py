@@ -140,7 +140,7 @@ def _counts(counts: dict[str, int]) -> str:
 
 @contextlib.contextmanager
 def _prometheus(
-    echo: Callable[[str], None], metrics_target: str
+    echo: Callable[[str], None], metrics_target: str, port: int
 ) -> Iterator[LocalPrometheus | None]:
     if prometheus_binary() is None:
         echo(
@@ -148,7 +148,8 @@ def _prometheus(
         )
         yield None
         return
-    port = 9090 if _port_free(9090) else free_port()
+    # Prometheus's usual port when it is free, so that a person finds it; else any.
+    port = port if port and _port_free(port) else free_port()
     with LocalPrometheus({"triton": [metrics_target]}, scrape_interval_s=1.0, port=port) as server:
         server.wait_for(f'nv_inference_request_success{{model="{TARGET}"}}', timeout_s=30)
         echo(f"metrics: Prometheus at {server.url} scraping Triton every 1 s (PrometheusSource)")
@@ -243,6 +244,7 @@ def run_demo(
     load: str = "auto",
     ports: tuple[int, int, int] = (8000, 8001, 8002),
     metrics_port: int = 9102,
+    prometheus_port: int = 9090,
     policies: Path = POLICIES,
     echo: Callable[[str], None] = print,
 ) -> DemoResult:
@@ -257,6 +259,12 @@ def run_demo(
         raise DemoError(f"Locust or {LOCUSTFILE} not found; use --load builtin")
 
     http_port, grpc_port, triton_metrics_port = ports
+    for port in ports:
+        if not _port_free(port):
+            raise DemoError(
+                f"port {port} is in use (another tritonserver?): the demo runs its own Triton on "
+                f"{', '.join(map(str, ports))} so that you can curl it; stop the other one first"
+            )
     echo(f"starting Triton (HTTP {http_port}, gRPC {grpc_port}, metrics {triton_metrics_port}) ...")
     triton = LocalTriton(
         http_port=http_port,
@@ -271,7 +279,9 @@ def run_demo(
         )
         endpoints = local_endpoints([triton.http_url], [triton.metrics_url])
         with _prometheus(
-            echo, triton.metrics_url.removeprefix("http://").removesuffix("/metrics")
+            echo,
+            triton.metrics_url.removeprefix("http://").removesuffix("/metrics"),
+            prometheus_port,
         ) as prometheus:
             if prometheus is not None:
                 config = replace(
