@@ -28,6 +28,10 @@ from tritonscale.reconcile import FAILED_GET_METRICS, TickResult
 from tritonscale.tune import Tuner, parse_config
 
 SHORT = {
+    # At light load a few requests that meet a busy branch make the queue/compute ratio jump
+    # (seen: 0.7 at 0.09 busy), which asks for an instance the next window takes back; a
+    # looser queue target keeps these tests on the utilization signal they are about.
+    "targets": {"queueComputeRatio": 2.0},
     "metricsWindowSeconds": 4,
     "intervalSeconds": 2,
     "behavior": {
