@@ -363,7 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         users.start()
         if control:
             control.start()
-        started = time.monotonic()
+        started, started_unix = time.monotonic(), time.time()
         try:
             while (elapsed := time.monotonic() - started) < args.duration:
                 time.sleep(min(args.sample_every, max(0.1, args.duration - elapsed)))
@@ -395,7 +395,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "errors": users.tally.errors,
     }
     (out / "soak.json").write_text(json.dumps(report, indent=1))
-    plot(samples, users.tally, out / "soak.png", summary)
+    ticks = [{**t, "t": round(t["t"] - started_unix, 2)} for t in report["ticks"]]
+    plot(samples, users.tally, ticks, out / "soak.png", summary)
     return summary
 
 
@@ -469,7 +470,13 @@ def summarize(
     }
 
 
-def plot(samples: list[dict[str, Any]], tally: Tally, path: Path, summary: dict[str, Any]) -> None:
+def plot(
+    samples: list[dict[str, Any]],
+    tally: Tally,
+    ticks: list[dict[str, Any]],
+    path: Path,
+    summary: dict[str, Any],
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -477,7 +484,7 @@ def plot(samples: list[dict[str, Any]], tally: Tally, path: Path, summary: dict[
 
     t = [s["t"] for s in samples]
     mib = 2**20
-    figure, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    figure, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
     seconds = sorted(tally.per_second)[:-1]  # the last second is cut short by the stop
     axes[0].plot(seconds, [tally.per_second[s] for s in seconds], lw=0.8)
     axes[0].set_ylabel("successful req/s")
@@ -492,8 +499,15 @@ def plot(samples: list[dict[str, Any]], tally: Tally, path: Path, summary: dict[
     axes[2].plot(t, [s["shm_bytes"] / mib for s in samples], label="live regions")
     axes[2].plot(t, [s["shm_leaked_bytes"] / mib for s in samples], label="leaked regions")
     axes[2].set_ylabel("/dev/shm (MiB)")
-    axes[2].set_xlabel("seconds")
     axes[2].legend(loc="upper left")
+    for model in [MODEL, *BRANCHES]:
+        mine = [t for t in ticks if t["model"] == model and t["current"] is not None]
+        axes[3].step(
+            [t["t"] for t in mine], [t["current"] for t in mine], where="post", label=model
+        )
+    axes[3].set_ylabel("instances (tune)")
+    axes[3].set_xlabel("seconds")
+    axes[3].legend(loc="upper left", fontsize="small")
     for axis in axes:
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
