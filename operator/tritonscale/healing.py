@@ -17,13 +17,18 @@ So readiness alone says nothing; the signals here are, per (pod, model):
   every check): instances + 1 of them in a row, since Triton hands consecutive requests to
   the instances in turn and one dead instance among several fails only its share. An
   error naming one of the model's *own* stubs as not healthy, or no answer within the
-  timeout, is the verdict. Any other answer, even an error, means the stub is alive: a
+  timeout while no request succeeds either (with successes, a slow probe means a queue), is
+  the verdict. Any other answer, even an error, means the stub is alive: a
   parent whose child is dead is not reloaded for it.
 
 The cure is a reload of that model on that pod through the load API. Loading the live
 config unchanged is a no-op in Triton (it answers 200 at once and keeps the dead stub), so
 the override is the live config with one parameter, `tritonscale_heal_generation`, bumped:
 Triton then loads a fresh set of instances (about 1.4 s here) with the same instance count.
+Triton 2.51 never finishes unloading the replaced version once its dead stub was sent
+requests: stubs of it that were still alive linger until the server stops (an unload before
+the load does not help: it never completes). Healing is bounded, so is that leak; see
+docs/reliability.md.
 
 It never reloads in a loop: per (pod, model) an exponential back-off between attempts and at
 most `max_attempts` within `window_s`; then every check answers `HealingExhausted` (a
@@ -239,6 +244,9 @@ class Healer:
         suspicion = f"{failed:.0f} backend failures since the last check" if failed else None
         if self.probe == PROBE_ALWAYS or (suspicion and self.probe == PROBE_ON_SUSPICION):
             probed, verdict = self._probe(base, pod, model)
+            if verdict is not None and verdict[0] == PROBE_TIMEOUT and succeeded:
+                # Requests still succeed: a slow probe means a long queue, not a hang.
+                verdict = None
             if verdict is not None:
                 reason, why = verdict
                 return reason, f"{why} ({suspicion})" if suspicion else why
