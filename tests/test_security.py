@@ -11,9 +11,11 @@ it everywhere they report, and checks the rendered chart across its whole ci/ ma
 from __future__ import annotations
 
 import base64
+import io
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from tritonscale.healing import Healer
 from tritonscale.local_triton import LocalTriton, LocalTritonError
 from tritonscale.reconcile import ReconcileState, reconcile
 from tritonscale.sources import ScrapeSource
+from tritonscale.tune import Tuner, parse_config
 
 INTRUDER_CONFIG = (
     'name: "intruder" backend: "python" '
@@ -200,21 +203,35 @@ def test_the_key_appears_in_no_log_message_result_or_status(
     healer.check(at, "add_sub")  # heal it again for the tick below
     shown += [repr(healer), repr(healed), repr(refused), json.dumps(refused.condition())]
 
-    spec = {
-        "selector": {"matchLabels": {"app": "triton"}},
-        "model": "add_sub",
-        "minInstances": 1,
-        "maxInstances": 3,
-        "metricsWindowSeconds": 2,
-    }
-    for key in (KNOWN_KEY, WRONG_KEY):
-        tick = reconcile(spec, [at], ScrapeSource(), Actuator(key), ReconcileState(), now=1e9)
+    # Ticks that must act: up to the minimum with the key, down to the maximum without it.
+    base = {"model": "add_sub", "metricsWindowSeconds": 2}
+    up = {**base, "minInstances": 3, "maxInstances": 4}
+    down = {**base, "minInstances": 1, "maxInstances": 1}
+    for key, spec in ((KNOWN_KEY, up), (WRONG_KEY, down)):
+        selector = {"selector": {"matchLabels": {"app": "triton"}}}
+        tick = reconcile(
+            {**spec, **selector}, [at], ScrapeSource(), Actuator(key), ReconcileState(), now=1e9
+        )
+        assert tick.applied, tick.line()
         shown += [
             tick.line(),
             json.dumps(tick.to_dict()),
             json.dumps(tick.status(), default=str),
             repr(tick),
         ]
+        # The local driver, as `tritonscale tune` runs it: its printed lines and decision log.
+        config = parse_config(
+            {
+                "triton": {"http": [keyed_triton.http_url], "metrics": [keyed_triton.metrics_url]},
+                "metrics": {"source": "scrape"},
+                "policies": [{"name": "add-sub", "spec": spec}],
+            }
+        )
+        log, printed = io.StringIO(), []
+        tuner = Tuner(config, actuator=Actuator(key), decision_log=log, echo=printed.append)
+        tuner.tick(config.policies[0], time.time())
+        shown += [log.getvalue(), *printed]
+    assert "FailedRescale" in "\n".join(shown)
 
     everything = "\n".join([*shown, caplog.text, keyed_triton.log_path.read_text(errors="replace")])
     assert "restricted" in everything  # the wrong-key refusals were reported...
