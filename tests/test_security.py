@@ -82,11 +82,14 @@ HTTP_CALLS = {
 }
 
 
-def assert_nothing_changed(triton: LocalTriton) -> None:
+def add_sub_config(triton: LocalTriton) -> dict:
+    return requests.get(f"http://{triton.http_url}/v2/models/add_sub/config", timeout=10).json()
+
+
+def assert_nothing_changed(triton: LocalTriton, config_before: dict) -> None:
     base = f"http://{triton.http_url}"
     assert requests.get(f"{base}/v2/models/add_sub/ready", timeout=10).status_code == 200
-    config = requests.get(f"{base}/v2/models/add_sub/config", timeout=10).json()
-    assert sum(group["count"] for group in config["instance_group"]) == 1
+    assert add_sub_config(triton) == config_before
     assert requests.get(f"{base}/v2/models/intruder/ready", timeout=10).status_code != 200
     assert not (triton.model_repository / "intruder").exists()
     assert not Path("/tmp/tritonscale-intruder-was-here").exists()
@@ -96,6 +99,7 @@ class TestEveryRepositoryCallRefusesStrangers:
     @pytest.mark.parametrize("call", HTTP_CALLS, ids=list(HTTP_CALLS))
     def test_over_http(self, triton: LocalTriton, call: str) -> None:
         path, body = HTTP_CALLS[call]
+        before = add_sub_config(triton)
         for why, headers in near_misses(triton.repository_key).items():
             answer = requests.post(
                 f"http://{triton.http_url}/{path}", json=body, headers=headers, timeout=30
@@ -106,7 +110,7 @@ class TestEveryRepositoryCallRefusesStrangers:
             }
             # The refusal never echoes what was sent.
             assert triton.repository_key not in answer.text
-        assert_nothing_changed(triton)
+        assert_nothing_changed(triton, before)
 
     @pytest.mark.parametrize(
         "call", ["index", "load", "load with a config", "unload", "load carrying python code"]
@@ -122,6 +126,7 @@ class TestEveryRepositoryCallRefusesStrangers:
         if call not in ("load", "unload"):  # those two are in test_local_triton.py
             attempts["no metadata"] = {}
             attempts["the key under the HTTP name"] = {REPOSITORY_KEY_HEADER: key}
+        before = add_sub_config(triton)
         client = grpcclient.InferenceServerClient(triton.grpc_url)
         try:
             for why, headers in attempts.items():
@@ -147,7 +152,7 @@ class TestEveryRepositoryCallRefusesStrangers:
                 assert key not in message
         finally:
             client.close()
-        assert_nothing_changed(triton)
+        assert_nothing_changed(triton, before)
 
 
 # ---- the key never shows -------------------------------------------------------------------
