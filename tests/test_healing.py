@@ -286,3 +286,24 @@ def test_an_unreachable_pod_is_not_healing_s_business() -> None:
 def test_an_unknown_probe_mode_is_refused(probe: str) -> None:
     with pytest.raises(ValueError, match="probe must be off, on-suspicion or always"):
         Healer(probe=probe)
+
+
+def test_a_healthy_server_is_never_reloaded_whatever_the_model(triton: LocalTriton) -> None:
+    """Probes at every check, twice, on every model of the shared server: no false alarm."""
+    index = requests.post(
+        f"http://{triton.http_url}/v2/repository/index",
+        json={"ready": True},
+        headers=triton.repository_headers,
+        timeout=10,
+    ).json()
+    models = sorted(row["name"] for row in index)
+    assert len(models) >= 12
+    session = CountingSession()
+    doctor = Healer(
+        repository_key=triton.repository_key, probe=healing.PROBE_ALWAYS, session=session
+    )
+    at = endpoint(triton)
+    for _ in range(2):
+        results = {model: doctor.check(at, model) for model in models}
+        assert {m: r.reason for m, r in results.items()} == dict.fromkeys(models, healing.HEALTHY)
+    assert session.loads == 0
