@@ -230,3 +230,33 @@ def test_the_decision_log_record_is_plain_json(actuator, pods) -> None:
     assert record["model"] == "add_sub" and record["desired"] == 2 and record["current"] == 1
     assert record["applied"][0]["ok"] is True
     assert result.line().split()[1:4] == ["add_sub", "1", "->"]
+
+
+def test_a_restarted_pod_is_brought_up_to_its_peers_not_the_peers_down_to_it(
+    server: LocalTriton, actuator: Actuator
+) -> None:
+    """Two pods disagree: one serves 3 instances, the other restarted with the default 1.
+
+    Counterfactual: were `current` the lowest count, the tick would read the restart as a
+    scale-down already made and load the healthy pod down to 1 at once, past the
+    scale-down window.
+    """
+    with LocalTriton(
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        models=["add_sub"],
+        repository_key=server.repository_key,
+    ) as restarted:
+        pods = [
+            Endpoint("pod-0", server.http_url, server.metrics_url),
+            Endpoint("pod-1", restarted.http_url, restarted.metrics_url),
+        ]
+        assert actuator.apply(pods[:1], "add_sub", 3)[0].ok
+        result = reconcile(
+            spec(maxInstances=4), pods, ScrapeSource(), actuator, ReconcileState(), time.time()
+        )
+        assert result.current_instances == 3
+        assert any("disagree" in note for note in result.notes)
+        assert [actuator.live_count(pod, "add_sub") for pod in pods] == [3, 3]
+    assert actuator.apply(pods[:1], "add_sub", 1)[0].ok

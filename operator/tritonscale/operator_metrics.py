@@ -45,7 +45,7 @@ class OperatorMetrics:
         )
         self.current = Gauge(
             "tritonscale_current_instances",
-            "The live instance count on the pods (the lowest if they disagree).",
+            "The live instance count on the pods (the highest if they disagree).",
             LABELS,
             registry=r,
         )

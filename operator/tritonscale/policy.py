@@ -105,7 +105,7 @@ def decide(
 ) -> Decision:
     """Decide the instance count of `spec.model` for one tick.
 
-    `current_instances` is the live count on the pods (the lowest if they disagree);
+    `current_instances` is the live count on the pods (the highest if they disagree);
     `child_instances` the live counts of the models in `spec.calls`, where known; `now` is
     unix seconds on the same clock as `snapshot.taken_at`.
 

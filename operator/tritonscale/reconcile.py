@@ -6,8 +6,8 @@
     patch.status.update(result.status())                  # kopf; tune prints result.line()
     state = result.state                                  # pass it to the next tick
 
-A tick: read the live counts on the ready pods (the lowest is `current`; the others are
-reported), read the children's counts (`spec.calls`), take a metrics snapshot, ask
+A tick: read the live counts on the ready pods (the highest is `current`, so that a restarted
+or lagging pod converges to what the others serve; disagreements are reported), read the children's counts (`spec.calls`), take a metrics snapshot, ask
 `policy.decide`, then, unless paused, dry-running or backing off, bring every pod whose
 count differs from the decision to it (`Actuator.apply`, one pod at a time). Errors are
 results, not exceptions: `TickResult.errors` holds each with its HPA-style reason
@@ -110,7 +110,7 @@ class TickResult:
     model: str
     at: float  # the tick's `now`
     decision: policy.Decision | None  # None when no decision could be made (errors say why)
-    current_instances: int | None  # the lowest live count; None without a ready pod
+    current_instances: int | None  # the highest live count; None without a ready pod
     live_counts: dict[str, int]  # pod -> live count
     child_instances: dict[str, int]  # child model -> lowest live count
     applied: list[PodResult]  # loads sent this tick (empty when none were needed or allowed)
@@ -341,11 +341,17 @@ def _run(
     if not live:
         why = "; ".join(f"{pod}: {reason}" for pod, reason in unreadable.items())
         return tick.failed(spec.model, NO_READY_PODS, f"no ready pod serves {spec.model} ({why})")
-    current = min(live.values())
+    # The highest count is the one the policy last brought the pods to: a pod that restarted
+    # with the repository's default (or missed a load) is brought back up to it. Taking the
+    # lowest would read a restart as a scale-down already done, and shrink every other pod at
+    # once, past the scale-down window and rate limits.
+    current = max(live.values())
     notes = []
     if len(set(live.values())) > 1:
         counts = ", ".join(f"{pod}={count}" for pod, count in sorted(live.items()))
-        notes.append(f"the pods disagree on {spec.model}'s count ({counts}); current is the lowest")
+        notes.append(
+            f"the pods disagree on {spec.model}'s count ({counts}); current is the highest"
+        )
     for pod, reason in unreadable.items():
         notes.append(f"{pod} did not answer ({reason})")
 
