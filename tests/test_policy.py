@@ -121,6 +121,22 @@ SIZING = [
         model=signals(compute=1.4, queue=1.96),
         in_message=("queue/compute ratio 1.40",),
     ),
+    # busy 0.09 / 0.70 is under half its target: the queue in front of idle instances is
+    # batching delay, so it has no say. Without that floor it would ask for (1 + 0.7) / 1.5
+    # * 2 = 2.27 -> 3, and low utilization would take the instance back a window later.
+    Case(
+        "a queue in front of idle instances adds nothing",
+        1,
+        "LowUtilization",
+        model=signals(compute=0.18, queue=0.126),
+    ),
+    # The same queue ratio with busy at 0.40 (above half the 0.70 target) does count.
+    Case(
+        "a queue in front of busy instances asks for more",
+        3,
+        "HighQueueTime",
+        model=signals(compute=0.8, queue=0.56),
+    ),
     # 8 pending / 2 instances = 4 per instance, twice the target of 2.
     Case(
         "many pending requests size by pending per instance",

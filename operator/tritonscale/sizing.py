@@ -15,7 +15,11 @@ The signals, per instance of one pod (rates are summed over the pods, so each di
   asks for more: a short queue says there is room, not how much, so below its band it has
   no say (were it to vote `ceil(current / (1 + target))`, it would decide how fast an idle
   model shrinks). A model with a dynamic-batching delay queues on purpose: give it a target
-  above delay / compute time;
+  above delay / compute time. It has no say either while the instances are mostly idle (busy
+  per instance below `QUEUE_SIGNAL_MIN_BUSY` of the utilization target): a queue in front of
+  idle instances is batching delay or a burst, not a lack of instances (measured on the demo:
+  branch_embed at busy 0.09 queued 0.7 x its compute time, the queue signal added an
+  instance, low utilization took it back 30 s later, again and again);
 - pending requests per instance.
 
 Batching: Triton adds a batch's whole compute time to each request in it, so with batches of
@@ -31,6 +35,9 @@ from dataclasses import dataclass
 
 from tritonscale.signals import ModelSignals
 from tritonscale.spec import Targets
+
+# The queue signal speaks only when busy per instance is at least this share of its target.
+QUEUE_SIGNAL_MIN_BUSY = 0.5
 
 HIGH_UTILIZATION = "HighUtilization"
 HIGH_QUEUE_TIME = "HighQueueTime"
@@ -115,6 +122,7 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
                 instances,
                 tolerance,
                 only_up=True,
+                has_say=busy >= QUEUE_SIGNAL_MIN_BUSY * targets.utilization,
             )
         )
     pending = pending_per_instance(signals, instances)
@@ -141,9 +149,12 @@ def _need(
     instances: int,
     tolerance: float,
     only_up: bool = False,
+    has_say: bool = True,
 ) -> Need:
     count: int | None
-    if abs(1.0 - ratio) <= tolerance:
+    if not has_say:
+        count = None
+    elif abs(1.0 - ratio) <= tolerance:
         count = instances
     elif only_up and ratio < 1:
         count = None
