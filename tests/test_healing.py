@@ -93,6 +93,7 @@ class TestAKilledStubIsHealed:
 
         result = doctor.check(endpoint(server), "add_sub")
         assert (result.action, result.reason) == (healing.RELOADED, healing.HEALED), result
+        assert result.cause == healing.STUB_UNHEALTHY
         assert "backend failures" in result.message and "not healthy" in result.message
         assert result.event_type == "Normal" and result.condition()["status"] == "True"
         print(f"healed add_sub in {result.reload_s:.2f} s")

@@ -107,6 +107,7 @@ class HealingResult:
     message: str  # one line, with the numbers; never the repository key
     attempts_in_window: int = 0
     reload_s: float | None = None  # how long the reload took, when one was sent
+    cause: str = ""  # what was wrong: StubUnhealthy, ProbeTimeout, ModelNotReady; "" if nothing
 
     @property
     def healthy(self) -> bool:
@@ -140,6 +141,7 @@ class HealingResult:
             "reason": self.reason,
             "message": self.message,
             "attemptsInWindow": self.attempts_in_window,
+            "cause": self.cause,
         }
 
 
@@ -346,7 +348,9 @@ class Healer:
                 "a person must look (the Triton log of this pod says why)"
             )
             logger.error("%s", message)
-            return HealingResult(pod, model, EXHAUSTED, HEALING_EXHAUSTED, message, attempts)
+            return HealingResult(
+                pod, model, EXHAUSTED, HEALING_EXHAUSTED, message, attempts, cause=reason
+            )
         if attempts:
             wait_until = history.attempts[-1] + self.backoff_s(attempts)
             if now < wait_until:
@@ -354,7 +358,9 @@ class Healer:
                     f"{why}; next reload in {math.ceil(wait_until - now)} s "
                     f"(attempt {attempts + 1} of {self.max_attempts})"
                 )
-                return HealingResult(pod, model, WAITING, HEALING_BACKOFF, message, attempts)
+                return HealingResult(
+                    pod, model, WAITING, HEALING_BACKOFF, message, attempts, cause=reason
+                )
         history.attempts.append(now)
         history.generation += 1
         history.failures = history.successes = None  # a reload resets the counters
@@ -368,10 +374,14 @@ class Healer:
                 f"{self.max_attempts} in {self.window_s:g} s)"
             )
             logger.warning("%s", message)
-            return HealingResult(pod, model, RELOADED, HEALED, message, attempts, reload_s)
+            return HealingResult(
+                pod, model, RELOADED, HEALED, message, attempts, reload_s, cause=reason
+            )
         message = f"{why}; reload failed: {failure} (attempt {attempts} of {self.max_attempts})"
         logger.error("%s", message)
-        return HealingResult(pod, model, RELOAD_FAILED, HEALING_FAILED, message, attempts, reload_s)
+        return HealingResult(
+            pod, model, RELOAD_FAILED, HEALING_FAILED, message, attempts, reload_s, cause=reason
+        )
 
     def _reload(self, base: str, model: str, generation: int) -> str | None:
         """Load the live config with the heal parameter bumped; None on success, else why."""
