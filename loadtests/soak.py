@@ -151,6 +151,7 @@ class Tally:
     latencies_s: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     per_second: dict[int, int] = field(default_factory=dict)  # second of the run -> successes
+    failed_at_s: list[float] = field(default_factory=list)  # when each failure was sent
 
 
 class Users:
@@ -201,6 +202,7 @@ class Users:
                         second = int(done - self.started)
                         tally.per_second[second] = tally.per_second.get(second, 0) + 1
                     else:
+                        tally.failed_at_s.append(round(sent - self.started, 2))
                         tally.failed += outcome == "failed"
                         tally.wrong += outcome == "wrong"
                         tally.errors[why] = tally.errors.get(why, 0) + 1
@@ -342,6 +344,15 @@ class ControlLoop:
         return self._tune.returncode if self._tune is not None else None
 
 
+def kill_one_stub(group: int, model: str) -> int:
+    """kill -9 the first stub of `model` in the server's process group; its PID."""
+    for pid, argv in sorted(_group_processes(group)):
+        if argv[0].endswith("triton_python_backend_stub") and f"/{model}/" in argv[1]:
+            os.kill(pid, signal.SIGKILL)
+            return pid
+    raise RuntimeError(f"no stub of {model} to kill")
+
+
 # ---- the run -------------------------------------------------------------------------------
 
 
@@ -364,6 +375,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if control:
             control.start()
         started, started_unix = time.monotonic(), time.time()
+        fault: dict[str, Any] = {}
+        if args.kill_stub:
+
+            def inject() -> None:
+                at = round(time.monotonic() - started, 2)
+                pid = kill_one_stub(sampler.group, args.kill_stub)
+                fault.update(model=args.kill_stub, killed_at_s=at, pid=pid)
+                print(f"  fault: kill -9 {args.kill_stub}'s stub (pid {pid}) at {at} s", flush=True)
+
+            injector = threading.Timer(args.kill_at, inject)
+            injector.start()
         try:
             while (elapsed := time.monotonic() - started) < args.duration:
                 time.sleep(min(args.sample_every, max(0.1, args.duration - elapsed)))
@@ -377,6 +399,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         flush=True,
                     )
         finally:
+            if args.kill_stub:
+                injector.cancel()
             users.stop()
             if control:
                 control.stop()
@@ -387,6 +411,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name in [MODEL, *BRANCHES]
         }
     summary = summarize(args, users.tally, samples, instances, control)
+    if fault:
+        after = [t for t in users.tally.failed_at_s if t >= fault["killed_at_s"]]
+        fault["requests_failed"] = len(after)
+        fault["last_failure_sent_at_s"] = max(after) if after else None
+        summary["fault"] = fault
     report = {
         "summary": summary,
         "samples": samples,
@@ -528,11 +557,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-control", dest="control", action="store_false")
     parser.add_argument("--out", default="reports/soak", help="folder for soak.json/png")
     parser.add_argument("--verbose", action="store_true", help="print every sample")
+    parser.add_argument(
+        "--kill-stub", metavar="MODEL", help="fault: kill -9 this model's stub once (healing on)"
+    )
+    parser.add_argument("--kill-at", type=float, help="fault: when, in s (default: half way)")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration = args.duration or 20.0
         args.sample_every, args.interval = 2.0, 2.0
     args.duration = args.duration or 600.0
+    if args.kill_at is None:
+        args.kill_at = args.duration / 2
+    if args.kill_stub and not args.control:
+        parser.error("--kill-stub needs the control loop (healing): drop --no-control")
     if args.duration <= 0 or args.users < 1 or args.sample_every <= 0 or args.interval <= 0:
         parser.error("--duration, --users, --interval and --sample-every must be positive")
     return args
@@ -550,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(summary, indent=1))
     print(f"soak: wrote {Path(args.out) / 'soak.json'} and {Path(args.out) / 'soak.png'}")
-    if summary["requests_failed"] or summary["wrong_answers"]:
+    if summary["wrong_answers"] or (summary["requests_failed"] and not args.kill_stub):
         print("soak: FAILED: requests failed or answers were wrong", file=sys.stderr)
         return 1
     return 0

@@ -140,6 +140,42 @@ def test_a_killed_branch_stub_is_healed_under_load(pipeline_triton: LocalTriton)
     assert load.report.successes_after(healed_at) >= 20
 
 
+def test_one_of_two_branch_instances_killed_under_load_is_healed(
+    pipeline_triton: LocalTriton,
+) -> None:
+    """Under load the probes may miss the dead instance; failures at every check give it away."""
+    at = Endpoint("pod-0", pipeline_triton.http_url, pipeline_triton.metrics_url)
+    assert all(
+        r.ok for r in Actuator(pipeline_triton.repository_key).apply([at], "branch_embed", 2)
+    )
+    doctor = Healer(repository_key=pipeline_triton.repository_key)
+    results: list[healing.HealingResult] = []
+    with Load(pipeline_triton, pipeline_once, threads=6, pause_s=0) as load:
+        load.wait_for_successes(20, after=0)
+        for model in PIPELINE_MODELS:
+            doctor.check(at, model)
+        killed_at = time.monotonic()
+        kill_stub(pipeline_triton, "branch_embed")
+        healed_at = None
+        for _ in range(30):
+            time.sleep(1.0)
+            for model in PIPELINE_MODELS:
+                result = doctor.check(at, model)
+                if result.action != healing.NONE:
+                    results.append(result)
+                    if result.model == "branch_embed" and result.action == healing.RELOADED:
+                        healed_at = time.monotonic()
+            if healed_at is not None:
+                break
+        assert healed_at is not None, [r.message for r in results]
+        first_ok = load.wait_for_successes(20, after=healed_at)
+    print(report_line("kill -9 one of two branch_embed stubs", load, first_ok - killed_at))
+    print(f"  healed by: {[(r.model, r.cause) for r in results]}")
+    assert load.report.wrong_answers == []
+    assert load.report.last_failure_at() is None or load.report.last_failure_at() < healed_at
+    assert Actuator(pipeline_triton.repository_key).live_count(at, "branch_embed") == 2
+
+
 def test_stopping_and_restarting_triton_on_the_same_ports(add_sub_triton: LocalTriton) -> None:
     """A Triton restart (a pod's container restart): requests fail while it is down, then
     succeed; the instance count falls back to the repository's and the actuator restores it."""

@@ -18,7 +18,11 @@ So readiness alone says nothing; the signals here are, per (pod, model):
   the instances in turn and one dead instance among several fails only its share. An
   error naming one of the model's *own* stubs as not healthy, or no answer within the
   timeout while no request succeeds either (with successes, a slow probe means a queue), is
-  the verdict. Any other answer, even an error, means the stub is alive: a
+  the verdict.
+- BACKEND failures at `persistent_checks` checks in a row (3) that probes could not explain:
+  under load the probes may all land on live instances while a dead one keeps failing its
+  share. Requests the model refuses at every check look the same; the reload they cause is
+  harmless (the replace keeps serving) and bounded like any other. Any other answer, even an error, means the stub is alive: a
   parent whose child is dead is not reloaded for it.
 
 The cure is a reload of that model on that pod through the load API. Loading the live
@@ -67,6 +71,7 @@ HEALTHY = "ModelHealthy"
 MODEL_NOT_READY = "ModelNotReady"
 STUB_UNHEALTHY = "StubUnhealthy"
 PROBE_TIMEOUT = "ProbeTimeout"
+PERSISTENT_FAILURES = "PersistentBackendFailures"
 HEALED = "Healed"
 HEALING_FAILED = "HealingFailed"
 HEALING_BACKOFF = "HealingBackoff"
@@ -107,7 +112,8 @@ class HealingResult:
     message: str  # one line, with the numbers; never the repository key
     attempts_in_window: int = 0
     reload_s: float | None = None  # how long the reload took, when one was sent
-    cause: str = ""  # what was wrong: StubUnhealthy, ProbeTimeout, ModelNotReady; "" if nothing
+    # What was wrong: StubUnhealthy, ProbeTimeout, PersistentBackendFailures, ModelNotReady.
+    cause: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -153,6 +159,7 @@ class _History:
     successes: float | None = None
     attempts: list[float] = field(default_factory=list)  # clock times of reloads sent
     generation: int = 0
+    rising: int = 0  # checks in a row that saw BACKEND failures
 
 
 class Healer:
@@ -172,6 +179,7 @@ class Healer:
         backoff_max_s: float = 600.0,
         max_attempts: int = 3,
         window_s: float = 1800.0,
+        persistent_checks: int = 3,
         load_timeout_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
         session: requests.Session | None = None,
@@ -187,6 +195,7 @@ class Healer:
         self.backoff_max_s = backoff_max_s
         self.max_attempts = max_attempts
         self.window_s = window_s
+        self.persistent_checks = persistent_checks
         self.load_timeout_s = load_timeout_s
         self.clock = clock
         self._http = session or requests.Session()
@@ -243,17 +252,28 @@ class Healer:
         failed = succeeded = 0.0
         if endpoint.metrics_url:
             failed, succeeded = self._counter_increase(endpoint.metrics_url, model, history)
+        history.rising = history.rising + 1 if failed else 0
         suspicion = f"{failed:.0f} backend failures since the last check" if failed else None
+        probed = blamed = False
         if self.probe == PROBE_ALWAYS or (suspicion and self.probe == PROBE_ON_SUSPICION):
-            probed, verdict = self._probe(base, pod, model)
+            probed, verdict, blamed = self._probe(base, pod, model)
+            if blamed:
+                history.rising = 0  # a model it calls is broken: that one is healed instead
             if verdict is not None and verdict[0] == PROBE_TIMEOUT and succeeded:
                 # Requests still succeed: a slow probe means a long queue, not a hang.
                 verdict = None
             if verdict is not None:
                 reason, why = verdict
                 return reason, f"{why} ({suspicion})" if suspicion else why
-            if probed:
-                return None  # every instance answered: the failures were the requests' own
+        if suspicion and history.rising >= self.persistent_checks:
+            # Under load the probes may all land on live instances while a dead one keeps
+            # failing its share (seen in the soak): failures at every check are the tell.
+            return PERSISTENT_FAILURES, (
+                f"{model} on {pod}: backend failures at {history.rising} checks in a row "
+                f"({suspicion}) that probes could not explain"
+            )
+        if probed:
+            return None  # every instance answered: the failures were the requests' own
         # Without a probe, only "everything failed" is evidence enough: requests the model
         # refuses (bad input) also count as BACKEND failures.
         if suspicion and not succeeded:
@@ -303,8 +323,9 @@ class Healer:
         response.raise_for_status()
         return response.json()
 
-    def _probe(self, base: str, pod: str, model: str) -> tuple[bool, tuple[str, str] | None]:
-        """Inferences of zeros: (whether any was sent, a verdict if one of our stubs is broken).
+    def _probe(self, base: str, pod: str, model: str) -> tuple[bool, tuple[str, str] | None, bool]:
+        """Inferences of zeros: (whether any was sent, a verdict if one of our stubs is broken,
+        whether an answer blamed the broken stub of another model, one this one calls).
 
         Triton hands consecutive requests to the instances in turn (seen here with 2
         instances and one dead stub: fail, ok, fail, ok...), so instances + 1 probes in a row
@@ -313,26 +334,30 @@ class Healer:
         config = self._live_config(base, model)
         body = _probe_body(config)
         if body is None:
-            return False, None  # decoupled models cannot be asked over plain HTTP
+            return False, None, False  # decoupled models cannot be asked over plain HTTP
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group") or [{}])
+        blamed = False
         for _ in range(max(1, instances) + 1):
             try:
                 answer = self._http.post(
                     f"{base}/v2/models/{model}/infer", json=body, timeout=self.probe_timeout_s
                 )
             except requests.Timeout:
-                return True, (
+                timeout = (
                     PROBE_TIMEOUT,
                     f"{model} on {pod}: a probe inference got no answer in "
                     f"{self.probe_timeout_s:g} s",
                 )
+                return True, timeout, blamed
             if answer.status_code == 200:
                 continue
             error = _error_text(answer)
             # A parent's error names its child's stub: only our own stubs are our business.
-            if f"Stub process '{model}_" in error and "is not healthy" in error:
-                return True, (STUB_UNHEALTHY, f"{model} on {pod}: {error}")
-        return True, None
+            if "Stub process '" in error and "is not healthy" in error:
+                if f"Stub process '{model}_" in error:
+                    return True, (STUB_UNHEALTHY, f"{model} on {pod}: {error}"), blamed
+                blamed = True
+        return True, None, blamed
 
     # ---- the cure ------------------------------------------------------------------------
     def _heal(
@@ -364,6 +389,7 @@ class Healer:
         history.attempts.append(now)
         history.generation += 1
         history.failures = history.successes = None  # a reload resets the counters
+        history.rising = 0
         started = time.monotonic()
         failure = self._reload(endpoint.base_url, model, history.generation)
         reload_s = time.monotonic() - started
