@@ -12,6 +12,7 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,16 @@ def server() -> Iterator[LocalTriton]:
     triton.stop()
 
 
+@contextmanager
+def http_client(server: LocalTriton) -> Iterator[httpclient.InferenceServerClient]:
+    """A client closed on this thread (gevent refuses to close it from the collector's)."""
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
 def endpoint(server: LocalTriton) -> Endpoint:
     return Endpoint("pod-0", server.http_url, server.metrics_url)
 
@@ -58,21 +69,21 @@ def healer(server: LocalTriton, **options) -> Healer:
 
 def fail_requests(server: LocalTriton, model_once, count: int = 3) -> list[str]:
     """Send `count` requests that must fail; their error messages."""
-    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
     rng = np.random.default_rng(0)
     errors = []
-    for _ in range(count):
-        with pytest.raises(InferenceServerException) as raised:
-            model_once(client, rng)
-        errors.append(raised.value.message())
+    with http_client(server) as client:
+        for _ in range(count):
+            with pytest.raises(InferenceServerException) as raised:
+                model_once(client, rng)
+            errors.append(raised.value.message())
     return errors
 
 
 def serve_correctly(server: LocalTriton, model_once, count: int = 5) -> None:
-    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
     rng = np.random.default_rng(1)
-    for _ in range(count):
-        model_once(client, rng)
+    with http_client(server) as client:
+        for _ in range(count):
+            model_once(client, rng)
 
 
 class TestAKilledStubIsHealed:
@@ -150,12 +161,12 @@ class TestAKilledStubIsHealed:
         """A burst of requests the model itself refuses (NaN) is the requests' fault."""
         doctor = healer(server)
         assert doctor.check(endpoint(server), "pipeline_async").reason == healing.HEALTHY
-        client = httpclient.InferenceServerClient(server.http_url)
         bad = httpclient.InferInput("FEATURES", [1, 64], "FP32")
         bad.set_data_from_numpy(np.full((1, 64), np.nan, dtype=np.float32))
-        for _ in range(3):
-            with pytest.raises(InferenceServerException, match="must be finite"):
-                client.infer("pipeline_async", [bad])
+        with http_client(server) as client:
+            for _ in range(3):
+                with pytest.raises(InferenceServerException, match="must be finite"):
+                    client.infer("pipeline_async", [bad])
         stubs = stub_pids(server, "pipeline_async")
         result = doctor.check(endpoint(server), "pipeline_async")
         assert (result.action, result.reason) == (healing.NONE, healing.HEALTHY), result
@@ -173,16 +184,16 @@ def test_one_dead_instance_among_two_is_found_and_all_are_replaced(server: Local
     killed = survivors[0]
     os.kill(killed, signal.SIGKILL)
 
-    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
     rng = np.random.default_rng(2)
     outcomes = []
-    for _ in range(6):
-        try:
-            add_sub_once(client, rng)
-            outcomes.append("ok")
-        except InferenceServerException as error:
-            assert "is not healthy" in error.message()
-            outcomes.append("failed")
+    with http_client(server) as client:
+        for _ in range(6):
+            try:
+                add_sub_once(client, rng)
+                outcomes.append("ok")
+            except InferenceServerException as error:
+                assert "is not healthy" in error.message()
+                outcomes.append("failed")
     assert "ok" in outcomes and "failed" in outcomes, outcomes  # a share fails
 
     result = doctor.check(at, "add_sub")
