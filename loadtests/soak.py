@@ -490,6 +490,10 @@ def summarize(
             "end": round(samples[-1]["shm_bytes"] / mib, 2),
         },
         "shm_leaked_regions_max": max(s["shm_leaked_regions"] for s in samples),
+        # Per live region: the totals follow the stub count; a region that grows shows here.
+        "shm_per_region_mib_max": round(
+            max(s["shm_bytes"] / max(1, s["shm_regions"]) for s in samples) / mib, 2
+        ),
         "stubs": {"min": min(s["stubs"] for s in samples), "max": max(s["stubs"] for s in samples)},
         "instances_at_end": instances,
         "scale_events": sum(1 for line in control.lines if line["applied"]) if control else 0,
