@@ -333,12 +333,8 @@ def test_the_key_lives_in_a_secret_and_only_triton_and_the_operator_get_it(
         assert "repository-key" not in json.dumps(cm.get("data", {})).lower()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the chart has no NetworkPolicy yet (charts/tritonscale/templates/); see "
-    "docs/reliability.md. When one lands, this test passes and strict xfail fails: drop the mark.",
-)
 def test_an_optional_network_policy_limits_who_reaches_tritons_ports(helm: str) -> None:
+    assert not [o for o in rendered(helm, "default-values.yaml") if o["kind"] == "NetworkPolicy"]
     result = run_helm(
         helm, *template_args("default-values.yaml", sets=("networkPolicy.enabled=true",))
     )
