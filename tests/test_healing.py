@@ -232,7 +232,7 @@ class CountingSession(requests.Session):
 
 
 def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Its model.py breaks after startup: each reload fails, then healing asks for a person."""
     shutil.copytree(DEFAULT_MODEL_REPOSITORY / "add_sub", tmp_path / "add_sub")
@@ -263,6 +263,7 @@ def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
         assert session.loads == 3
         final = doctor.check(at, "add_sub")
         assert final.reason == healing.HEALING_EXHAUSTED and final.needs_person
+        assert caplog.text.count("a person must look") == 1  # logged once, not at every check
         assert final.condition() == {
             "type": "ModelHealthy",
             "status": "False",

@@ -160,6 +160,7 @@ class _History:
     attempts: list[float] = field(default_factory=list)  # clock times of reloads sent
     generation: int = 0
     rising: int = 0  # checks in a row that saw BACKEND failures
+    exhausted: bool = False  # HealingExhausted has been logged
 
 
 class Healer:
@@ -372,7 +373,9 @@ class Healer:
                 f"{why}; {attempts} reloads in the last {self.window_s:g} s did not cure it: "
                 "a person must look (the Triton log of this pod says why)"
             )
-            logger.error("%s", message)
+            if not history.exhausted:  # said once, not at every tick
+                logger.error("%s", message)
+                history.exhausted = True
             return HealingResult(
                 pod, model, EXHAUSTED, HEALING_EXHAUSTED, message, attempts, cause=reason
             )
@@ -387,6 +390,7 @@ class Healer:
                     pod, model, WAITING, HEALING_BACKOFF, message, attempts, cause=reason
                 )
         history.attempts.append(now)
+        history.exhausted = False
         history.generation += 1
         history.failures = history.successes = None  # a reload resets the counters
         history.rising = 0
