@@ -117,6 +117,11 @@ class Actuator:
     def __repr__(self) -> str:  # never show the key
         return f"Actuator(repository_key={'set' if self._key else 'unset'})"
 
+    @property
+    def repository_key(self) -> str:
+        """The key this actuator sends (for a Healer on the same pods); never log it."""
+        return self._key
+
     # ---- reading -------------------------------------------------------------------
     def live_config(self, endpoint: Endpoint, model: str) -> dict[str, Any]:
         url = f"{endpoint.base_url}/v2/models/{model}/config"

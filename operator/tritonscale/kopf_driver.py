@@ -28,6 +28,7 @@ import kopf
 
 from tritonscale import pods
 from tritonscale.actuator import Actuator
+from tritonscale.healing import Healer
 from tritonscale.operator_metrics import OperatorMetrics
 from tritonscale.reconcile import FAILED_RESCALE, ReconcileState, TickResult, reconcile
 from tritonscale.sources import MetricsSource, PrometheusSource, ScrapeSource
@@ -73,6 +74,7 @@ class Runtime:
     source: MetricsSource
     actuator: Actuator
     metrics: OperatorMetrics
+    healer: Healer
     health: Health = field(default_factory=Health)
 
 
@@ -86,6 +88,7 @@ def make_runtime(config: DriverConfig, metrics: OperatorMetrics | None = None) -
         source=source,
         actuator=Actuator(repository_key=config.repository_key),
         metrics=metrics if metrics is not None else OperatorMetrics(),
+        healer=Healer(repository_key=config.repository_key),
     )
 
 
@@ -143,6 +146,7 @@ def reconcile_timer(
         metrics=runtime.metrics,
         namespace=namespace,
         autoscaler=name,
+        healer=runtime.healer,
     )
     memo.last_tick_at, memo.last_generation = now, generation
     runtime.health.ticks += 1
@@ -202,6 +206,14 @@ def _post_events(body: kopf.Body, result: TickResult, memo: kopf.Memo, logger: A
             kopf.warn(body, reason=error.reason, message=error.message)
             logger.warning(result.line())
     memo.failing = frozenset(error.reason for error in result.errors)
+    # Healing results are events of their own; the Healer's back-off and attempt limit
+    # bound how often a sick model can post one.
+    for healing in result.healing_actions:
+        if healing.event_type == "Normal":
+            kopf.info(body, reason=healing.reason, message=healing.message)
+        else:
+            kopf.warn(body, reason=healing.reason, message=healing.message)
+        logger.warning(healing.message)
 
 
 # ---------------------------------------------------------------------------------------

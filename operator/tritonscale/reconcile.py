@@ -29,6 +29,9 @@ from tritonscale import policy
 from tritonscale.actuator import Actuator, PodResult
 from tritonscale.behavior import PolicyState
 from tritonscale.endpoints import Endpoint
+from tritonscale.healing import CONDITION_TYPE as HEALTH_CONDITION
+from tritonscale.healing import NONE as NO_HEALING_ACTION
+from tritonscale.healing import Healer, HealingResult
 from tritonscale.operator_metrics import OperatorMetrics
 from tritonscale.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.sources import MetricsSource
@@ -123,6 +126,13 @@ class TickResult:
     dry_run: bool
     duration_s: float
     finished_at: float  # unix seconds (wall clock) when the tick ended
+    # One healing check per pod (when the driver passed a Healer), the quiet ones included.
+    healing: list[HealingResult] = field(default_factory=list)
+
+    @property
+    def healing_actions(self) -> list[HealingResult]:
+        """The checks worth an event: a reload, a failed or held-back one, a sick model."""
+        return [result for result in self.healing if result.event_type is not None]
 
     @property
     def desired_instances(self) -> int | None:
@@ -145,6 +155,7 @@ class TickResult:
         if self.decision is not None:
             parts.append(self.decision.message)
         parts += [error.message for error in self.errors]
+        parts += [result.message for result in self.healing_actions]
         parts += self.notes
         return "; ".join(parts)
 
@@ -190,6 +201,7 @@ class TickResult:
                 for p in self.applied
             ],
             "errors": [{"reason": e.reason, "message": e.message} for e in self.errors],
+            "healing": [result.to_dict() for result in self.healing_actions],
             "dryRun": self.dry_run,
             "durationSeconds": round(self.duration_s, 4),
         }
@@ -231,13 +243,16 @@ def reconcile(
     autoscaler: str | None = None,
     backoff_base_s: float = BACKOFF_BASE_S,
     backoff_cap_s: float = BACKOFF_CAP_S,
+    healer: Healer | None = None,
 ) -> TickResult:
     """Run one control tick for one autoscaler; never raises for Triton's or Prometheus's troubles.
 
     `spec` may be the raw CR spec (a mapping): an invalid one gives an InvalidSpec result.
     `endpoints` are the ready pods. `child_instances=None` reads the children's live counts
     from the pods. `metrics` (optional) records the tick under (namespace, autoscaler, model);
-    `autoscaler` defaults to the model's name.
+    `autoscaler` defaults to the model's name. With a `healer`, the model is first checked on
+    every pod and reloaded where its stub died or hangs (tritonscale.healing); the results
+    and a ModelHealthy condition are part of the tick.
     """
     started = time.monotonic()
     tick = _Tick(now=now, state=state, started=started)
@@ -249,7 +264,15 @@ def reconcile(
             result = tick.failed(str(model or "?"), INVALID_SPEC, str(error))
             return _recorded(result, metrics, namespace, autoscaler)
     result = _run(
-        spec, endpoints, source, actuator, tick, child_instances, backoff_base_s, backoff_cap_s
+        spec,
+        endpoints,
+        source,
+        actuator,
+        tick,
+        child_instances,
+        backoff_base_s,
+        backoff_cap_s,
+        healer,
     )
     return _recorded(result, metrics, namespace, autoscaler)
 
@@ -269,15 +292,18 @@ class _Tick:
     started: float
 
     def conditions(
-        self, able: policy.Condition, active: policy.Condition, limited: policy.Condition
+        self,
+        able: policy.Condition,
+        active: policy.Condition,
+        limited: policy.Condition,
+        health: policy.Condition | None = None,
     ) -> list[dict[str, Any]]:
         previous = {c.get("type"): c for c in self.state.conditions}
         result = []
-        for kind, condition in (
-            ("AbleToScale", able),
-            ("ScalingActive", active),
-            ("ScalingLimited", limited),
-        ):
+        kinds = [("AbleToScale", able), ("ScalingActive", active), ("ScalingLimited", limited)]
+        if health is not None:
+            kinds.append((HEALTH_CONDITION, health))
+        for kind, condition in kinds:
             status = "True" if condition.status else "False"
             before = previous.get(kind)
             since = (
@@ -333,10 +359,13 @@ def _run(
     child_instances: Mapping[str, int] | None,
     backoff_base_s: float,
     backoff_cap_s: float,
+    healer: Healer | None,
 ) -> TickResult:
     now, state = tick.now, tick.state
     if not endpoints:
         return tick.failed(spec.model, NO_READY_PODS, "no ready Triton pod matches the selector")
+    # Heal first: a model whose stub died serves nothing, and its metrics would mislead.
+    healing = [healer.check(endpoint, spec.model) for endpoint in endpoints] if healer else []
     live, unreadable = actuator.live_counts(endpoints, spec.model)
     if not live:
         why = "; ".join(f"{pod}: {reason}" for pod, reason in unreadable.items())
@@ -423,7 +452,7 @@ def _run(
                         f"set {spec.model} to {desired} instances on {len(applied)} pod(s)",
                     )
 
-    conditions = tick.conditions(able, active, decision.scaling_limited)
+    conditions = tick.conditions(able, active, decision.scaling_limited, _health(healing))
     new_state = ReconcileState(
         policy=decision.state,
         backoff=backoff,
@@ -446,7 +475,19 @@ def _run(
         dry_run=spec.dry_run,
         duration_s=time.monotonic() - tick.started,
         finished_at=time.time(),
+        healing=healing,
     )
+
+
+def _health(healing: Sequence[HealingResult]) -> policy.Condition | None:
+    """ModelHealthy over the pods: the first pod that is not healthy speaks for all."""
+    if not healing:
+        return None
+    sick = next((result for result in healing if not result.healthy), None)
+    if sick is not None:
+        return policy.Condition(False, sick.reason, sick.message)
+    healed = next((r for r in healing if r.action != NO_HEALING_ACTION), healing[0])
+    return policy.Condition(True, healed.reason, healed.message)
 
 
 def _iso(t: float) -> str:

@@ -39,6 +39,7 @@ import yaml
 
 from tritonscale.actuator import Actuator
 from tritonscale.endpoints import Endpoint, local_endpoints
+from tritonscale.healing import Healer
 from tritonscale.operator_metrics import OperatorMetrics
 from tritonscale.reconcile import ReconcileState, TickResult, reconcile
 from tritonscale.sources import MetricsSource, PrometheusSource, ScrapeSource
@@ -192,11 +193,17 @@ class Tuner:
     echo: Callable[[str], None] = print
     source: MetricsSource | None = None
     on_tick: Callable[[str, TickResult], None] | None = None  # (policy name, result)
+    # Checks each policy's model on every pod and reloads it where its stub died or hangs;
+    # by default with the actuator's key. `heal=False` turns it off.
+    healer: Healer | None = None
+    heal: bool = True
     states: dict[str, ReconcileState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.source is None:
             self.source = self.config.make_source()
+        if self.heal and self.healer is None:
+            self.healer = Healer(repository_key=self.actuator.repository_key)
 
     def tick(self, policy: Policy, now: float) -> TickResult:
         assert self.source is not None
@@ -210,6 +217,7 @@ class Tuner:
             metrics=self.metrics,
             namespace="local",
             autoscaler=policy.name,
+            healer=self.healer,
         )
         self.states[policy.name] = result.state
         self.echo(result.line())
