@@ -6,16 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.tooling import missing
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall
+from tests.tooling import require_local_triton
+from tritonscale.local_triton import LocalTriton
 
 
 @pytest.fixture(scope="session")
 def triton() -> Iterator[LocalTriton]:
     """A real tritonserver on the project's models/, every model loaded, free ports."""
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
     with LocalTriton(http_port=0, grpc_port=0, metrics_port=0) as server:
         yield server

@@ -10,17 +10,14 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
-from tests.tooling import missing
+from tests.tooling import require_local_triton
 from tritonscale.actuator import ActuationError, Actuator, instance_count, with_instances
 from tritonscale.endpoints import Endpoint
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
+from tritonscale.local_triton import LocalTriton, free_port
 
 
 def _server() -> LocalTriton:
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
     return LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=["add_sub"])
 
 

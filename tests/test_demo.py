@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.tooling import in_ci, missing
+from tests.tooling import in_ci, missing, require_local_triton
 from tritonscale.actuator import Actuator
 from tritonscale.demo import DemoError, DemoResult, Phase, run_demo, summary_lines
 from tritonscale.endpoints import local_endpoints
 from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
+from tritonscale.local_triton import LocalTriton, free_port
 from tritonscale.reconcile import FAILED_GET_METRICS, TickResult
 from tritonscale.tune import Tuner, parse_config
 
@@ -45,10 +45,7 @@ SHORT = {
 
 
 def _require_triton() -> None:
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
 
 
 def _policies(models: dict[str, dict]) -> list[dict]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.tooling import missing
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
+from tests.tooling import require_local_triton
+from tritonscale.local_triton import LocalTriton, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = REPO_ROOT / "loadtests" / "bls.py"
@@ -154,10 +154,7 @@ def test_an_unknown_workload_stops_with_one_line(triton: LocalTriton) -> None:
 @pytest.fixture(scope="module")
 def add_sub_only() -> Iterator[LocalTriton]:
     """A server where only add_sub is loaded: every BLS model is not ready."""
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
     with LocalTriton(
         http_port=0, grpc_port=0, metrics_port=0, models=["add_sub"], exit_timeout_s=2
     ) as server:

@@ -38,9 +38,9 @@ from tests.operator_harness import (
     ticks,
     triton_pod,
 )
-from tests.tooling import missing
+from tests.tooling import require_local_triton
 from tritonscale import kopf_driver
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall
+from tritonscale.local_triton import LocalTriton
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 
@@ -147,10 +147,7 @@ async def test_an_invalid_spec_is_a_condition_and_one_warning_not_a_crash(api: E
 @pytest.fixture
 def add_sub_triton() -> Any:
     """A real tritonserver serving add_sub alone (its instance count is ours to change)."""
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
     with LocalTriton(
         http_port=0, grpc_port=0, metrics_port=0, models=["add_sub"], exit_timeout_s=2
     ) as server:

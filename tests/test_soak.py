@@ -10,17 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tooling import missing
-from tritonscale.local_triton import LocalTritonError, TritonInstall
+from tests.tooling import require_local_triton
 
 SOAK = Path(__file__).resolve().parents[1] / "loadtests" / "soak.py"
 
 
 def test_the_quick_soak_serves_without_failures_and_reports_memory(tmp_path: Path) -> None:
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
     done = subprocess.run(
         [
             sys.executable,

@@ -10,11 +10,11 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from tests.tooling import missing
+from tests.tooling import missing, require_local_triton
 from tritonscale.endpoints import Endpoint
 from tritonscale.loadgen import ClosedLoopLoad, make_inputs
 from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
+from tritonscale.local_triton import LocalTriton, free_port
 from tritonscale.signals import MetricsUnavailable
 from tritonscale.sources import (
     DEFAULT_QUERIES,
@@ -29,10 +29,7 @@ WINDOW_S = 8
 
 
 def _triton(models: list[str]) -> LocalTriton:
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
     return LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=models)
 
 

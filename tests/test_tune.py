@@ -16,11 +16,11 @@ import requests
 import yaml
 from click.testing import CliRunner
 
-from tests.tooling import missing
+from tests.tooling import require_local_triton
 from tritonscale.actuator import Actuator
 from tritonscale.cli import main
 from tritonscale.endpoints import Endpoint
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
+from tritonscale.local_triton import LocalTriton, free_port
 from tritonscale.tune import load_config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "operator" / "examples" / "local" / "policies.yaml"
@@ -138,10 +138,7 @@ def test_the_example_policies_are_valid() -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LocalTriton]:
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
     with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=["add_sub"]) as triton:
         yield triton
 

@@ -16,18 +16,15 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.faults import add_sub_once, kill_stub, stub_pids
-from tests.tooling import missing
+from tests.tooling import require_local_triton
 from tritonscale.actuator import Actuator
 from tritonscale.healing import HEALED, HEALTHY, RELOADED
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall
+from tritonscale.local_triton import LocalTriton
 from tritonscale.tune import Tuner, parse_config
 
 
 def test_the_local_driver_reloads_a_model_whose_stub_died_and_reports_it() -> None:
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
     with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=["add_sub"]) as server:
         config = parse_config(
             {

@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.tooling import missing
+from tests.tooling import require_local_triton
 from tritonscale.actuator import Actuator
 from tritonscale.endpoints import Endpoint
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
+from tritonscale.local_triton import LocalTriton, free_port
 from tritonscale.operator_metrics import OperatorMetrics
 from tritonscale.reconcile import (
     FAILED_GET_METRICS,
@@ -33,10 +33,7 @@ def spec(**overrides: object) -> dict:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LocalTriton]:
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
     with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=["add_sub"]) as triton:
         yield triton
 

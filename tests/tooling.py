@@ -25,3 +25,13 @@ def require_tool(name: str) -> str:
     if path is None:
         missing(f"{name} not found on PATH")
     return path
+
+
+def require_local_triton() -> None:
+    """The tritonserver of the `server` extra, with a Python backend stub for this Python."""
+    from tritonscale.local_triton import LocalTritonError, TritonInstall
+
+    try:
+        TritonInstall()
+    except LocalTritonError as error:
+        missing(str(error))

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.chart.helm import CHART, by_kind, one
-from tests.tooling import missing
-from tritonscale.local_triton import LocalTriton, LocalTritonError, TritonInstall, free_port
+from tests.tooling import require_local_triton
+from tritonscale.local_triton import LocalTriton, free_port
 
 SCRIPTS = CHART / "files" / "scripts"
 
@@ -55,10 +55,7 @@ def lay_out_like_the_kubelet(objects: list[dict], root: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def chart_triton(render, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     """tritonserver on the chart's CPU-mode model ConfigMaps, laid out as in the pod."""
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        missing(str(error))
+    require_local_triton()
     repository = tmp_path_factory.mktemp("pod") / "models"
     models = lay_out_like_the_kubelet(render("cpu-only-values.yaml").objects, repository)
     assert "bls_async" in models
