@@ -444,7 +444,7 @@ def test_preview_of_one_dashboard_by_uid_with_a_variable_set(live: Live, tmp_pat
     [
         (
             ["--prometheus", "http://127.0.0.1:{port}"],
-            "cannot reach Prometheus at http://127.0.0.1:{port}",
+            "Prometheus at http://127.0.0.1:{port} is unreachable",
         ),
         (
             ["--prometheus", "http://127.0.0.1:{port}", "--dashboard", "nope"],

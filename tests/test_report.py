@@ -134,7 +134,7 @@ def test_bad_inputs_are_one_line_errors(run: Run, tmp_path: Path) -> None:
     bad_log.write_text('{"t": 1, "model": "m", "current": 1}\nnot json\n')
     assert "decisions.jsonl line 2: not a decision record" in _error(["--decisions", str(bad_log)])
     assert "decision log not found" in _error(["--decisions", str(tmp_path / "none.jsonl")])
-    assert f"cannot reach Prometheus at http://127.0.0.1:{(port := free_port())}" in _error(
+    assert f"Prometheus at http://127.0.0.1:{(port := free_port())} is unreachable" in _error(
         ["--locust-csv", str(run.locust_csv), "--prometheus", f"http://127.0.0.1:{port}"]
     )
     assert "give both --start and --end" in _error(["--start", "1"])

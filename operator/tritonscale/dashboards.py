@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
 import yaml
+
+from tritonscale.prometheus_api import PrometheusApiError, prometheus_get
 
 # The source checkout's dashboards (operator/tritonscale/ -> repo root / dashboards).
 DEFAULT_DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
@@ -186,19 +187,11 @@ class Prometheus:
 
     def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         try:
-            response = requests.get(f"{self.url}{path}", params=params, timeout=self.timeout_s)
-        except requests.RequestException as error:
-            reason = type(error).__name__
-            raise DashboardError(f"cannot reach Prometheus at {self.url} ({reason})") from None
-        try:
-            body = response.json()
-        except ValueError:
-            raise DashboardError(
-                f"{self.url} does not answer like Prometheus (HTTP {response.status_code} on {path})"
-            ) from None
-        if body.get("status") != "success":
-            raise DashboardError(f"Prometheus refused the query: {body.get('error', 'no reason')}")
-        return body["data"]
+            return prometheus_get(
+                self.url, path.removeprefix("/api/v1/"), params, timeout_s=self.timeout_s
+            )
+        except PrometheusApiError as error:
+            raise DashboardError(str(error)) from None
 
     def scrape_interval_s(self) -> float:
         """The global scrape interval from Prometheus' config (what $__rate_interval builds on)."""

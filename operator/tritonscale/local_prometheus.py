@@ -21,6 +21,7 @@ import requests
 import yaml
 
 from tritonscale.local_triton import free_port
+from tritonscale.prometheus_api import PrometheusApiError, prometheus_get
 
 PROMETHEUS_BINARY = "prometheus"
 
@@ -146,11 +147,10 @@ class LocalPrometheus:
         shutil.rmtree(self._workdir, ignore_errors=True)
 
     def _api(self, path: str, params: dict[str, Any]) -> Any:
-        response = requests.get(f"{self.url}/api/v1/{path}", params=params, timeout=10)
-        body = response.json()
-        if body.get("status") != "success":
-            raise LocalPrometheusError(f"{path} failed: {body.get('error', response.text)}")
-        return body["data"]
+        try:
+            return prometheus_get(self.url, path, params)
+        except PrometheusApiError as error:
+            raise LocalPrometheusError(str(error)) from None
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """An instant query's result vector (or matrix/scalar data as Prometheus returns it)."""

@@ -35,7 +35,8 @@ matplotlib.use("Agg")  # files only: no display on servers and in CI
 
 import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
-import requests  # noqa: E402
+
+from tritonscale.prometheus_api import PrometheusApiError, prometheus_get  # noqa: E402
 
 HISTORY_SUFFIX = "_stats_history.csv"
 HISTORY_COLUMNS = (
@@ -167,23 +168,11 @@ PROMETHEUS_QUERIES: dict[str, tuple[str, str]] = {
 
 
 def query_range(url: str, promql: str, start: float, end: float, step: float) -> list[dict]:
+    params = {"query": promql, "start": start, "end": end, "step": step}
     try:
-        response = requests.get(
-            f"{url.rstrip('/')}/api/v1/query_range",
-            params={"query": promql, "start": start, "end": end, "step": step},
-            timeout=15,
-        )
-    except requests.RequestException as error:
-        raise ReportError(f"cannot reach Prometheus at {url}: {type(error).__name__}") from None
-    try:
-        body = response.json()
-    except ValueError:
-        raise ReportError(
-            f"{url} did not answer like Prometheus (HTTP {response.status_code})"
-        ) from None
-    if body.get("status") != "success":
-        raise ReportError(f"Prometheus query failed: {body.get('error', response.status_code)}")
-    return body["data"]["result"]
+        return prometheus_get(url, "query_range", params, timeout_s=15)["result"]
+    except PrometheusApiError as error:
+        raise ReportError(str(error)) from None
 
 
 def read_prometheus(url: str, start: float, end: float, data: RunData, step: float = 1.0) -> None:

@@ -39,6 +39,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tritonscale.endpoints import Endpoint
+from tritonscale.prometheus_api import PrometheusApiError, prometheus_get
 from tritonscale.signals import GpuSignals, MetricSnapshot, MetricsUnavailable, ModelSignals
 
 
@@ -150,23 +151,18 @@ class PrometheusSource:
     def query(self, promql: str) -> list[dict]:
         """One instant query; MetricsUnavailable with one line on any failure."""
         try:
-            response = self._session.get(
-                f"{self.url}/api/v1/query", params={"query": promql}, timeout=self.timeout_s
+            data = prometheus_get(
+                self.url,
+                "query",
+                {"query": promql},
+                timeout_s=self.timeout_s,
+                session=self._session,
             )
-        except requests.RequestException as error:
-            raise MetricsUnavailable(
-                f"Prometheus at {self.url} is unreachable ({type(error).__name__})"
-            ) from None
-        try:
-            body = response.json()
-        except ValueError:
-            raise MetricsUnavailable(
-                f"Prometheus at {self.url} answered HTTP {response.status_code} without JSON"
-            ) from None
-        if body.get("status") != "success":
-            error = " ".join(str(body.get("error", response.text)).split())
-            raise MetricsUnavailable(f"Prometheus query failed: {error} (query: {promql})")
-        return body["data"]["result"]
+        except PrometheusApiError as error:
+            if "failed:" in str(error):
+                raise MetricsUnavailable(f"{error} (query: {promql})") from None
+            raise MetricsUnavailable(str(error)) from None
+        return data["result"]
 
     def snapshot(
         self, models: Sequence[str], endpoints: Sequence[Endpoint], window_s: float
