@@ -74,15 +74,22 @@ def fewest_instances(points: list[dict], variant: str, target_rps: float) -> dic
 def decoupled(triton: Any, instances: common.Instances, settings: dict) -> list[dict]:
     rows = []
     for count in settings["decoupled_instances"]:
-        instances.set(
-            {"bls_decoupled_async": count, "bls_decoupled_sync": count, "square_int32": count}
-        )
+        try:
+            instances.set(
+                {"bls_decoupled_async": count, "bls_decoupled_sync": count, "square_int32": count}
+            )
+        except SystemExit as error:
+            # Seen here: bls_decoupled_sync stuck under load, so that Triton could not
+            # reload it. Keep the grid's results and say what happened.
+            rows.append({"instances": count, "error": str(error)})
+            common.progress(f"  decoupled, {count} instance(s): {error}")
+            break
         runs = {
             model: common.measure(
                 triton.grpc_url,
                 model,
                 common.stream_count_inputs(settings["stream_responses"]),
-                concurrency=settings["concurrency"],
+                concurrency=settings["decoupled_concurrency"],
                 seconds=settings["seconds"],
                 warmup_s=settings["warmup_s"],
             )
@@ -149,6 +156,7 @@ QUICK = {
     "seconds": 1.0,
     "warmup_s": 0.3,
     "decoupled_instances": [1],
+    "decoupled_concurrency": 4,
     "stream_responses": 2,
 }
 FULL = {
@@ -159,6 +167,9 @@ FULL = {
     "seconds": 6.0,
     "warmup_s": 1.5,
     "decoupled_instances": [1, 2],
+    # 32 in flight left bls_decoupled_sync answering nothing and Triton unable to reload
+    # it (see loadtests/README.md); 4 is what the decoupled pair is measured at.
+    "decoupled_concurrency": 4,
     "stream_responses": 4,
 }
 

@@ -51,6 +51,9 @@ def async_vs_sync(doc: dict) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for row in doc["decoupled"]:
+        if "error" in row:
+            lines.append(f"| {row['instances']} | error: {row['error']} | | | |")
+            continue
         lines.append(
             f"| {row['instances']} | {_f(row['async']['throughput_rps'])} | {_f(row['sync']['throughput_rps'])} "
             f"| {_f(row['throughput_ratio'], 2)} | {_f(row['work_ratio'], 2)} |"
