@@ -8,9 +8,8 @@ It starts its own Triton (LocalTriton, free ports, the pipeline and its branches
 pipeline_async requests from `--users` closed-loop gRPC users, and checks every answer
 bit for bit against pipeline_sync's (the twins are bit-identical per row, whatever the
 batching). Meanwhile the local driver runs as a user runs it, `tritonscale tune` with a
-policy file for pipeline_async and each branch (ticks every `--interval` seconds, the
-direct-scrape source, the real actuator, a decision log), and a `tritonscale.healing.Healer`
-checks each model at the same period (tune does not heal by itself). Every `--sample-every` seconds it samples, for this
+policy file for pipeline_async and each branch (ticks every `--interval` seconds: a healing
+check, the direct-scrape source, the real actuator; a decision log). Every `--sample-every` seconds it samples, for this
 server only (its process group):
 
 - `/dev/shm`: the Python backend's regions (`triton_python_backend_shm_region_*`) its live
@@ -39,10 +38,9 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import yaml
 
-from tritonscale import REPOSITORY_KEY_ENV, healing
+from tritonscale import REPOSITORY_KEY_ENV
 from tritonscale.actuator import Actuator
 from tritonscale.endpoints import Endpoint
-from tritonscale.healing import Healer
 from tritonscale.local_triton import LocalTriton
 
 MODEL = "pipeline_async"
@@ -248,34 +246,22 @@ def reference_answers(
 
 
 class ControlLoop:
-    """The local driver, `tritonscale tune`, as a user runs it, plus a healing check per model.
+    """The local driver, `tritonscale tune`, as a user runs it: it scales and it heals.
 
-    `tune` ticks every policy each `intervalSeconds` (reconcile: the direct-scrape source and
-    the real actuator) and appends each tick to a decision log. It does not heal (yet), so a
-    `Healer` thread here checks every model at the same period.
+    `tune` ticks every policy each `intervalSeconds` (reconcile: a healing check of the model
+    on the pod, the direct-scrape source, the real actuator) and appends each tick, with its
+    healing actions, to a decision log.
     """
 
     def __init__(self, server: LocalTriton, interval_s: float, out: Path) -> None:
         self.server = server
-        self.endpoint = Endpoint("local", server.http_url, server.metrics_url)
-        self.healer = Healer(repository_key=server.repository_key)
         self.interval_s = interval_s
         self.config_path = out / "policies.yaml"
         self.decision_log = out / "decisions.jsonl"
         self.tune_log = out / "tune.log"
         self.lines: list[dict[str, Any]] = []
         self.heals: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._heal, daemon=True)
         self._tune: subprocess.Popen[bytes] | None = None
-
-    def _heal(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            for model in [MODEL, *BRANCHES]:
-                result = self.healer.check(self.endpoint, model)
-                if result.action != healing.NONE or not result.healthy:
-                    self.heals.append(result.to_dict())
-                    print(f"  healing: {result.message}", flush=True)
 
     def start(self) -> None:
         config = {
@@ -307,10 +293,8 @@ class ControlLoop:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
         if self._tune is not None:
             self._tune.send_signal(signal.SIGTERM)
             try:
@@ -318,7 +302,6 @@ class ControlLoop:
             except subprocess.TimeoutExpired:
                 self._tune.kill()
                 self._tune.wait(timeout=10)
-        self._thread.join(timeout=120)
         if self.decision_log.exists():
             for line in self.decision_log.read_text().splitlines():
                 tick = json.loads(line)
@@ -332,6 +315,9 @@ class ControlLoop:
                         "applied": any(p["ok"] for p in tick["applied"]),
                     }
                 )
+                for heal in tick.get("healing", []):
+                    self.heals.append(heal)
+                    print(f"  tune healing: {tick['time']} {heal['message']}", flush=True)
                 if tick["applied"]:
                     print(
                         f"  tune: {tick['time']} {tick['model']} {tick['current']} -> "
@@ -562,7 +548,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="reports/soak", help="folder for soak.json/png")
     parser.add_argument("--verbose", action="store_true", help="print every sample")
     parser.add_argument(
-        "--kill-stub", metavar="MODEL", help="fault: kill -9 this model's stub once (healing on)"
+        "--kill-stub", metavar="MODEL", help="fault: kill -9 this model's stub once (tune heals)"
     )
     parser.add_argument("--kill-at", type=float, help="fault: when, in s (default: half way)")
     args = parser.parse_args(argv)
@@ -573,7 +559,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.kill_at is None:
         args.kill_at = args.duration / 2
     if args.kill_stub and not args.control:
-        parser.error("--kill-stub needs the control loop (healing): drop --no-control")
+        parser.error("--kill-stub needs the control loop (tune heals): drop --no-control")
     if args.duration <= 0 or args.users < 1 or args.sample_every <= 0 or args.interval <= 0:
         parser.error("--duration, --users, --interval and --sample-every must be positive")
     return args
