@@ -180,6 +180,37 @@ def keyed_triton() -> Iterator[LocalTriton]:
     server.stop()
 
 
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("GET", "/v2/systemsharedmemory/status", None),
+        (
+            "POST",
+            "/v2/systemsharedmemory/region/intruder/register",
+            {"key": "/intruder", "offset": 0, "byte_size": 64},
+        ),
+        ("GET", "/v2/logging", None),
+        ("POST", "/v2/logging", {"log_verbose_level": 1}),
+        ("GET", "/v2/trace/setting", None),
+        ("POST", "/v2/trace/setting", {"trace_level": ["TIMESTAMPS"]}),
+    ],
+    ids=["shm-status", "shm-register", "log-read", "log-change", "trace-read", "trace-change"],
+)
+def test_server_state_apis_are_locked_too_while_inference_stays_open(
+    triton: LocalTriton, method: str, path: str, body: dict | None
+) -> None:
+    """Shared memory, log and trace settings change the server for everyone: locked."""
+    url = f"http://{triton.http_url}{path}"
+    refused = requests.request(method, url, json=body, timeout=10)
+    assert refused.status_code == 403, refused.text
+    assert REPOSITORY_KEY_HEADER in refused.text
+    if method == "GET":  # reads go through with the key; changes are not made in a test
+        allowed = requests.get(url, headers=triton.repository_headers, timeout=10)
+        assert allowed.status_code == 200, allowed.text
+    for open_path in ("/v2/health/ready", "/v2/models/add_sub/config", "/v2/models/stats"):
+        assert requests.get(f"http://{triton.http_url}{open_path}", timeout=10).status_code == 200
+
+
 def test_the_key_appears_in_no_log_message_result_or_status(
     keyed_triton: LocalTriton, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -312,7 +343,7 @@ def test_the_key_lives_in_a_secret_and_only_triton_and_the_operator_get_it(
 ) -> None:
     objects = rendered(helm, values)
     restricted = re.compile(
-        r"^--(http-restricted-api|grpc-restricted-protocol)=model-repository:"
+        r"^--(http-restricted-api|grpc-restricted-protocol)=model-repository,shared-memory,logging,trace:"
         + REPOSITORY_KEY_HEADER
         + r"=\$\(TRITONSCALE_REPOSITORY_KEY\)$"
     )

@@ -29,6 +29,11 @@ import requests
 
 from tritonscale import GRPC_REPOSITORY_KEY_HEADER, REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 
+# Triton's APIs locked behind the repository key (as the chart does): loading code, and the
+# ones that change the server's state. Inference, health, metadata, config and statistics
+# stay open.
+RESTRICTED_APIS = "model-repository,shared-memory,logging,trace"
+
 # The source checkout's model repository (operator/tritonscale/ -> repo root / models).
 DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parents[2] / "models"
 
@@ -170,7 +175,7 @@ class LocalTriton:
 
     # ---- life cycle ------------------------------------------------------------------
     def command(self, backend_directory: Path) -> list[str]:
-        restricted = f"model-repository:{REPOSITORY_KEY_HEADER}={self.repository_key}"
+        restricted = f"{RESTRICTED_APIS}:{REPOSITORY_KEY_HEADER}={self.repository_key}"
         args = [
             f"--model-repository={self.model_repository}",
             f"--backend-directory={backend_directory}",

@@ -116,11 +116,11 @@ class TestTritonPod:
         objects = render().objects
         tritonserver = triton_container(objects)
         assert (
-            "--http-restricted-api=model-repository:tritonscale-repository-key=$(TRITONSCALE_REPOSITORY_KEY)"
+            "--http-restricted-api=model-repository,shared-memory,logging,trace:tritonscale-repository-key=$(TRITONSCALE_REPOSITORY_KEY)"
             in tritonserver["args"]
         )
         assert (
-            "--grpc-restricted-protocol=model-repository:tritonscale-repository-key=$(TRITONSCALE_REPOSITORY_KEY)"
+            "--grpc-restricted-protocol=model-repository,shared-memory,logging,trace:tritonscale-repository-key=$(TRITONSCALE_REPOSITORY_KEY)"
             in tritonserver["args"]
         )
         env = {e["name"]: e for e in tritonserver["env"]}

@@ -259,3 +259,10 @@ tritonscale: operator.replicaCount is {{ .Values.operator.replicaCount }} but op
 tritonscale: locust.enabled is true but the chart holds no loadtests/{{ .Values.locust.locustfile }} (files/loadtests is synced from loadtests/ by `make chart-sync`).
 {{- end -}}
 {{- end -}}
+
+{{/* Triton's APIs locked behind the repository key: loading code, and the ones that change
+the server's state (shared-memory regions, log and trace settings). Inference, health,
+metadata, model config and statistics stay open. */}}
+{{- define "tritonscale.restrictedApis" -}}
+model-repository,shared-memory,logging,trace
+{{- end -}}
