@@ -296,12 +296,17 @@ class TritonUser(User):
         inputs = self.make_inputs(arrays)
         timeout = self.options.request_timeout_s
         with self.environment.events.request.measure(self.protocol, self.workload_name) as meta:
-            if self.protocol == "grpc":
-                result = self.client.infer(
-                    self.workload.model, inputs, outputs=self.requested, client_timeout=timeout
-                )
-            else:
-                result = self.client.infer(self.workload.model, inputs, outputs=self.requested)
+            try:
+                if self.protocol == "grpc":
+                    result = self.client.infer(
+                        self.workload.model, inputs, outputs=self.requested, client_timeout=timeout
+                    )
+                else:
+                    result = self.client.infer(self.workload.model, inputs, outputs=self.requested)
+            except InferenceServerException as error:
+                # Locust's error table shows repr(exception), which for tritonclient's
+                # exception is a bare "InferenceServerException()": carry Triton's message.
+                raise ResponseError(error.message() or str(error)) from None
             got = {name: result.as_numpy(name) for name in self.workload.outputs}
             missing = [name for name, value in got.items() if value is None]
             if missing:
