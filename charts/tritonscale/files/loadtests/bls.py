@@ -22,7 +22,7 @@ from __future__ import annotations
 # Locust first: importing it monkey-patches the standard library for gevent. grpc's gevent
 # integration must be switched on after that and before any channel exists; in any other
 # order a gRPC run hangs without a word.
-import locust
+import locust  # noqa: F401
 from grpc.experimental import gevent as grpc_gevent
 
 grpc_gevent.init_gevent()
@@ -49,6 +49,7 @@ DEFAULT_GRPC_PORT = 8001
 # One entry per stream request for the first answer, one for the last (see StreamUser).
 FIRST_RESPONSE = "first response"
 FINAL_RESPONSE = "final response"
+FAILURE_PAUSE_S = 0.05
 
 
 class ResponseError(Exception):
@@ -109,7 +110,9 @@ def _stream_count(payload: int, rng: np.random.Generator) -> dict[str, np.ndarra
     return {"IN": np.array([max(payload, 1)], dtype=np.int32)}
 
 
-def _check_square(factor: int) -> Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], str | None]:
+def _check_square(
+    factor: int,
+) -> Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], str | None]:
     def check(sent: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> str | None:
         n = int(sent["IN"][0])
         if int(got["SUM"][0]) != factor * n * n:
@@ -134,9 +137,7 @@ WORKLOADS: dict[str, Workload] = {
     "bls_decoupled_async": Workload(
         "bls_decoupled_async", ("SUM",), _stream_count, _check_square(2)
     ),
-    "bls_decoupled_sync": Workload(
-        "bls_decoupled_sync", ("SUM",), _stream_count, _check_square(1)
-    ),
+    "bls_decoupled_sync": Workload("bls_decoupled_sync", ("SUM",), _stream_count, _check_square(1)),
     # A decoupled model: answered over a gRPC stream, checked in StreamUser.
     "square_int32": Workload("square_int32", ("OUT",), _stream_count, lambda s, g: None, True),
 }
@@ -179,9 +180,7 @@ def _add_options(parser: Any) -> None:
         include_in_web_ui=False,
         help="Load over time: steady (-u/-r/-t), step (ramp in steps), spike (a burst)",
     )
-    parser.add_argument(
-        "--step-users", type=int, default=2, help="step: users added at each step"
-    )
+    parser.add_argument("--step-users", type=int, default=2, help="step: users added at each step")
     parser.add_argument("--step-time", type=float, default=10.0, help="step: seconds per step")
     parser.add_argument(
         "--spike-at", type=float, default=10.0, help="spike: seconds of base load before it"
@@ -218,18 +217,26 @@ def grpc_address(host: str | None, grpc_host: str) -> str:
     return f"{http_address(host).rsplit(':', 1)[0]}:{DEFAULT_GRPC_PORT}"
 
 
-def target_address(options: Any, host: str | None) -> str:
-    if options.protocol == "http":
-        return http_address(host)
-    return grpc_address(host, options.grpc_host)
-
-
 def _client(protocol: str, address: str, timeout_s: float) -> Any:
     if protocol == "http":
         return tritonclient.http.InferenceServerClient(
             address, connection_timeout=timeout_s, network_timeout=timeout_s
         )
     return tritonclient.grpc.InferenceServerClient(address)
+
+
+# Clients not yet closed. tritonclient.grpc closes its channel again in __del__, and a
+# second close under gevent decrements grpc's gevent channel count twice: at exit the
+# process then blocks forever after the run has ended. So every client is closed once,
+# while the hub still runs (on_stop, else the quitting listener), and its close is then
+# made a no-op for the garbage collector.
+_OPEN_CLIENTS: set[Any] = set()
+
+
+def _close(client: Any) -> None:
+    _OPEN_CLIENTS.discard(client)
+    client.close()
+    client.close = lambda: None
 
 
 def _module(protocol: str) -> Any:
@@ -261,11 +268,13 @@ class TritonUser(User):
             else http_address(self.host)
         )
         self.client = _client(self.protocol, address, options.request_timeout_s)
+        _OPEN_CLIENTS.add(self.client)
         self.rng = np.random.default_rng()
         self.requested = [self.module.InferRequestedOutput(n) for n in self.workload.outputs]
 
     def on_stop(self) -> None:
-        self.client.close()
+        if self.client in _OPEN_CLIENTS:
+            _close(self.client)
 
     def make_inputs(self, arrays: dict[str, np.ndarray]) -> list[Any]:
         inputs = []
@@ -287,12 +296,17 @@ class TritonUser(User):
         inputs = self.make_inputs(arrays)
         timeout = self.options.request_timeout_s
         with self.environment.events.request.measure(self.protocol, self.workload_name) as meta:
-            if self.protocol == "grpc":
-                result = self.client.infer(
-                    self.workload.model, inputs, outputs=self.requested, client_timeout=timeout
-                )
-            else:
-                result = self.client.infer(self.workload.model, inputs, outputs=self.requested)
+            try:
+                if self.protocol == "grpc":
+                    result = self.client.infer(
+                        self.workload.model, inputs, outputs=self.requested, client_timeout=timeout
+                    )
+                else:
+                    result = self.client.infer(self.workload.model, inputs, outputs=self.requested)
+            except InferenceServerException as error:
+                # Locust's error table shows repr(exception), which for tritonclient's
+                # exception is a bare "InferenceServerException()": carry Triton's message.
+                raise ResponseError(error.message() or str(error)) from None
             got = {name: result.as_numpy(name) for name in self.workload.outputs}
             missing = [name for name, value in got.items() if value is None]
             if missing:
@@ -301,6 +315,10 @@ class TritonUser(User):
             problem = self.workload.check(arrays, got)
             if problem:
                 raise ResponseError(problem)
+        if meta["exception"] is not None:
+            # A request that fails at once (server gone, deadline too short) never yields to
+            # gevent: without a pause the user spins and starves Locust's own timers.
+            time.sleep(FAILURE_PAUSE_S)
 
 
 class AddSubUser(TritonUser):
@@ -360,7 +378,9 @@ class SquareStreamUser(TritonUser):
         self.client.start_stream(callback=lambda result, error: self.answers.put((result, error)))
 
     def on_stop(self) -> None:
-        self.client.stop_stream(cancel_requests=True)
+        # Ending the request stream (no cancel) lets gRPC close it; a cancel left the
+        # stream handler blocked under gevent and the run never exited.
+        self.client.stop_stream(cancel_requests=False)
         super().on_stop()
 
     def _report(self, name: str, started: float, error: Exception | None) -> None:
@@ -468,24 +488,29 @@ def _stop(message: str) -> None:
     sys.exit(2)
 
 
-def check_ready(protocol: str, address: str, models: list[str], timeout_s: float = 10.0) -> str | None:
+def check_ready(
+    protocol: str, address: str, models: list[str], timeout_s: float = 10.0
+) -> str | None:
     """None when the server and every model are ready; else one line saying what is not."""
     try:
         client = _client(protocol, address, timeout_s)
     except Exception as error:  # bad address syntax
         return f"cannot reach Triton at {address} ({protocol}): {error}"
+    # A silent address (a firewall dropping packets) must not hang the start: gRPC takes a
+    # deadline per call; the HTTP client got its timeouts above.
+    deadline = {"client_timeout": timeout_s} if protocol == "grpc" else {}
     try:
-        if not client.is_server_live() or not client.is_server_ready():
+        if not client.is_server_live(**deadline) or not client.is_server_ready(**deadline):
             return f"Triton at {address} ({protocol}) is up but not ready"
         for model in models:
-            if not client.is_model_ready(model):
+            if not client.is_model_ready(model, **deadline):
                 return f"model '{model}' is not ready on Triton at {address} ({protocol})"
     except InferenceServerException as error:
         return f"cannot reach Triton at {address} ({protocol}): {error.message() or error}"
     except Exception as error:  # socket errors from geventhttpclient
         return f"cannot reach Triton at {address} ({protocol}): {error}"
     finally:
-        client.close()
+        _close(client)
     return None
 
 
@@ -517,7 +542,9 @@ def _on_init(environment: Environment, **_: Any) -> None:
         protocol = "grpc" if workload.grpc_only else options.protocol
         by_protocol.setdefault(protocol, []).append(workload.model)
     for protocol, models in by_protocol.items():
-        address = http_address(host) if protocol == "http" else grpc_address(host, options.grpc_host)
+        address = (
+            http_address(host) if protocol == "http" else grpc_address(host, options.grpc_host)
+        )
         problem = check_ready(protocol, address, models)
         if problem:
             _stop(problem)
@@ -550,6 +577,12 @@ def _gates_on(options: Any) -> bool:
 
 
 @events.quitting.add_listener
+def _close_clients(**_: Any) -> None:
+    for client in list(_OPEN_CLIENTS):
+        _close(client)
+
+
+@events.quitting.add_listener
 def _judge(environment: Environment, **_: Any) -> None:
     options = environment.parsed_options
     if options is None or getattr(options, "worker", False) or not _gates_on(options):
@@ -563,8 +596,3 @@ def _judge(environment: Environment, **_: Any) -> None:
         # The gates decide: failures within --max-failure-ratio do not fail the run.
         logger.info("service-level gates hold")
         environment.process_exit_code = 0
-
-
-if __name__ == "__main__":
-    # Debug one user in-process: python loadtests/bls.py (uses the defaults above).
-    locust.run_single_user(BlsAsyncUser)
