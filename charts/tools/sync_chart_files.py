@@ -5,7 +5,7 @@ Helm reads only files inside the chart folder, so the chart keeps copies of:
 - models/                                -> files/models/     (model repository ConfigMaps)
 - dashboards/*.json                      -> files/dashboards/ (Grafana dashboard ConfigMaps)
 - dashboards/rules/tritonscale.rules.yaml -> files/rules/      (the PrometheusRule)
-- loadtests/*.py                         -> files/loadtests/  (the Locust ConfigMap)
+- loadtests/bls.py                       -> files/loadtests/  (the Locust ConfigMap)
 
     python charts/tools/sync_chart_files.py          # copy, and delete stale copies
     python charts/tools/sync_chart_files.py --check  # exit 1 and list the drift
@@ -24,6 +24,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_FILES = REPO_ROOT / "charts" / "tritonscale" / "files"
 # The synced folders of files/; everything else there (files/scripts) is the chart's own.
 SYNCED = ("models", "dashboards", "rules", "loadtests")
+# The locustfiles the Locust pods run. Other scripts of loadtests/ (the soak, the benchmarks)
+# start their own tritonserver and have no place in the Locust ConfigMap.
+LOCUSTFILES = ("bls.py",)
 
 
 def _wanted(path: Path, root: Path) -> bool:
@@ -50,8 +53,10 @@ def expected_files(repo_root: Path = REPO_ROOT) -> dict[str, Path]:
     rules = repo_root / "dashboards" / "rules" / "tritonscale.rules.yaml"
     if rules.is_file():
         files["rules/tritonscale.rules.yaml"] = rules
-    for path in sorted((repo_root / "loadtests").glob("*.py")):
-        files[f"loadtests/{path.name}"] = path
+    for name in LOCUSTFILES:
+        path = repo_root / "loadtests" / name
+        if path.is_file():
+            files[f"loadtests/{name}"] = path
     return files
 
 
