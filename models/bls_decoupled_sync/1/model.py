@@ -5,18 +5,51 @@ request it calls square_int32 with exec(decoupled=True), which returns an
 iterator over that model's response stream; the OUT values of the stream add
 up to IN squared. The last response of the stream carries only the final
 flag and no outputs.
+
+Each finished stream is held until python_backend has let go of it (see
+`FinishedStreams`): Triton 2.51 otherwise frees it on a thread that does not
+hold the GIL, and the stub dies of a corrupted heap under bursts.
 """
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
+class FinishedStreams:
+    """Decoupled BLS response streams, kept alive until python_backend has dropped them.
+
+    python_backend (Triton 2.51 and later) keeps its own reference to every decoupled BLS
+    response stream and drops it on its stub-to-parent thread, which does not take the
+    GIL. When that reference is the last one, the stream's numpy arrays are freed there,
+    racing this model's own Python code, and the heap corrupts (a segfault in CPython's
+    allocator some time later). Holding each finished stream until a later
+    `request.is_cancelled()` has made a round trip through that same thread (its queue is
+    first in, first out) makes the model's reference the last one, released with the GIL.
+    """
+
+    def __init__(self):
+        self._held = []
+
+    def hold(self, stream):
+        self._held.append(stream)
+        return stream
+
+    def release_after_round_trip(self, request):
+        # is_cancelled() only goes to the parent while the request is not cancelled; a
+        # cancelled request answers from a cache, so keep the streams for the next call.
+        if not request.is_cancelled():
+            self._held.clear()
+
+
 class TritonPythonModel:
     def initialize(self, args):
         self.model_name = args["model_name"]
+        self.finished_streams = FinishedStreams()
 
     def execute(self, requests):
-        return [self.square(request) for request in requests]
+        responses = [self.square(request) for request in requests]
+        self.finished_streams.release_after_round_trip(requests[-1])
+        return responses
 
     def square(self, request):
         bls_request = pb_utils.InferenceRequest(
@@ -29,7 +62,8 @@ class TritonPythonModel:
         error = None
         # Read the stream to its end even after an error, so that the called
         # model's responses are all consumed.
-        for bls_response in bls_request.exec(decoupled=True):
+        stream = self.finished_streams.hold(bls_request.exec(decoupled=True))
+        for bls_response in stream:
             if bls_response.has_error():
                 error = error or bls_response.error().message()
                 continue
