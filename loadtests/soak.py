@@ -39,9 +39,9 @@ import tritonclient.grpc as grpcclient
 import yaml
 
 from tritonscale import REPOSITORY_KEY_ENV
-from tritonscale.actuator import Actuator
-from tritonscale.endpoints import Endpoint
-from tritonscale.local_triton import LocalTriton
+from tritonscale.local.triton_server import LocalTriton
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.endpoints import Endpoint
 
 MODEL = "pipeline_async"
 BRANCHES = ["branch_embed", "branch_classify", "branch_rank"]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.tooling import require_local_triton
-from tritonscale.local_triton import LocalTriton
+from tritonscale.local.triton_server import LocalTriton
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tritonscale.local_triton import LocalTriton
+from tritonscale.local.triton_server import LocalTriton
 
 MODELS = ("pipeline_async", "bls_async", "bls_decoupled_async")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tritonclient.http as httpclient
 
-from tritonscale.local_triton import LocalTriton
+from tritonscale.local.triton_server import LocalTriton
 
 PIPELINE_MODELS = ["pipeline_async", "branch_embed", "branch_classify", "branch_rank"]
 

@@ -12,7 +12,7 @@ import tritonclient.grpc
 import tritonclient.http
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from tritonscale.local_triton import LocalTriton
+from tritonscale.local.triton_server import LocalTriton
 
 PROTOCOLS = ("http", "grpc")
 _MODULES = {"http": tritonclient.http, "grpc": tritonclient.grpc}

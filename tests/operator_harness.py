@@ -22,8 +22,8 @@ import kopf
 from kopf._cogs.structs import credentials
 from prometheus_client.parser import text_string_to_metric_families
 
-from tritonscale import kopf_driver
-from tritonscale.local_triton import free_port
+from tritonscale.drivers import kopf_operator as kopf_driver
+from tritonscale.local.triton_server import free_port
 
 IGA = "tritonscale.io/v1alpha1/instancegroupautoscalers"
 PODS = "v1/pods"

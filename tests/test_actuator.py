@@ -11,9 +11,9 @@ import requests
 import tritonclient.http as httpclient
 
 from tests.tooling import require_local_triton
-from tritonscale.actuator import ActuationError, Actuator, instance_count, with_instances
-from tritonscale.endpoints import Endpoint
-from tritonscale.local_triton import LocalTriton, free_port
+from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.triton.actuator import ActuationError, Actuator, instance_count, with_instances
+from tritonscale.triton.endpoints import Endpoint
 
 
 def _server() -> LocalTriton:

@@ -22,7 +22,7 @@ from loadtests.bench import (
     operator_vs_static,
     summary,
 )
-from tritonscale.local_triton import LocalTriton
+from tritonscale.local.triton_server import LocalTriton
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PIPELINE_MODELS = (

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from tests.test_spec import INVALID, minimal
-from tritonscale import spec as spec_module
-from tritonscale.spec import AutoscalerSpec, InvalidSpec
+from tritonscale.core import spec as spec_module
+from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_PATH = ROOT / "charts" / "tritonscale" / "crds" / "instancegroupautoscalers.yaml"

@@ -1,6 +1,6 @@
 """The Grafana dashboards: generated from dashboards/generate.py, linted, and every query
 proven against a real Prometheus that scraped the real Triton under load and the real
-operator metrics (real control ticks of `tritonscale.reconcile`), plus the preview command.
+operator metrics (real control ticks of `tritonscale.control.reconcile`), plus the preview command.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.dashboard_load import stream_load
 from tests.tooling import missing
-from tritonscale import dashboards as boards
-from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
-from tritonscale.local_triton import LocalTriton, free_port
+from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
+from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.reports import dashboards as boards
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "dashboards" / "rules" / "tritonscale.rules.yaml"
@@ -202,10 +202,11 @@ def _sample_names(text: str) -> set[str]:
 def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> Iterator[None]:
     """Real control ticks, one round per call: a model sized from Prometheus, a model forced
     to 2 instances and back to 1 (real loads), and a source that cannot be reached."""
-    from tritonscale.actuator import Actuator
-    from tritonscale.endpoints import local_endpoints
-    from tritonscale.reconcile import ReconcileState, reconcile
-    from tritonscale.sources import PrometheusSource
+    from tritonscale.control.reconcile import reconcile
+    from tritonscale.control.tick import ReconcileState
+    from tritonscale.metrics.sources import PrometheusSource
+    from tritonscale.triton.actuator import Actuator
+    from tritonscale.triton.endpoints import local_endpoints
 
     endpoints = local_endpoints([triton.http_url], [triton.metrics_url])
     actuator = Actuator(triton.repository_key)
@@ -271,7 +272,7 @@ def _branch_timeouts(triton: LocalTriton, count: int) -> None:
 def live(triton: LocalTriton, tmp_path_factory) -> Iterator[Live]:
     if prometheus_binary() is None:
         missing("prometheus not installed (Debian package 'prometheus')")
-    from tritonscale.operator_metrics import OperatorMetrics
+    from tritonscale.control.operator_metrics import OperatorMetrics
 
     metrics = OperatorMetrics()
     operator_port = free_port()

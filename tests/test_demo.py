@@ -19,13 +19,13 @@ import pytest
 import yaml
 
 from tests.tooling import in_ci, missing, require_local_triton
-from tritonscale.actuator import Actuator
-from tritonscale.demo import DemoError, DemoResult, Phase, run_demo, summary_lines
-from tritonscale.endpoints import local_endpoints
-from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
-from tritonscale.local_triton import LocalTriton, free_port
-from tritonscale.reconcile import FAILED_GET_METRICS, TickResult
-from tritonscale.tune import Tuner, parse_config
+from tritonscale.control.tick import FAILED_GET_METRICS, TickResult
+from tritonscale.drivers.tune import Tuner, parse_config
+from tritonscale.local.demo import DemoError, DemoResult, Phase, run_demo, summary_lines
+from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
+from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.endpoints import local_endpoints
 
 SHORT = {
     # At light load a few requests that meet a busy branch make the queue/compute ratio jump

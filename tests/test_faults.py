@@ -25,14 +25,15 @@ from tests.faults import (
     stub_pids,
 )
 from tests.tooling import missing
-from tritonscale import healing
-from tritonscale.actuator import Actuator
-from tritonscale.endpoints import Endpoint
-from tritonscale.healing import Healer
-from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
-from tritonscale.local_triton import LocalTriton, LocalTritonError
-from tritonscale.reconcile import FAILED_GET_METRICS, ReconcileState, reconcile
-from tritonscale.sources import PrometheusSource
+from tritonscale.control.reconcile import reconcile
+from tritonscale.control.tick import FAILED_GET_METRICS, ReconcileState
+from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
+from tritonscale.local.triton_server import LocalTriton, LocalTritonError
+from tritonscale.metrics.sources import PrometheusSource
+from tritonscale.triton import healing
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.healing import Healer
 
 
 def private_triton(models: list[str]) -> LocalTriton:

@@ -26,9 +26,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.faults import stub_pids
 from tests.model_clients import PROTOCOLS, connect, infer, make_inputs
-from tritonscale.local_triton import LocalTriton
-from tritonscale.spec import AutoscalerSpec, InvalidSpec
-from tritonscale.tune import TuneConfigError, parse_config
+from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
+from tritonscale.drivers.tune import TuneConfigError, parse_config
+from tritonscale.local.triton_server import LocalTriton
 
 SEED = 20261129
 REQUEST_TIMEOUT_S = 30  # an answer slower than this counts as a hang

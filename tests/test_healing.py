@@ -23,11 +23,11 @@ from tritonclient.utils import InferenceServerException
 
 from tests.faults import PIPELINE_MODELS, add_sub_once, kill_stub, pipeline_once, stub_pids
 from tests.tooling import missing
-from tritonscale import healing
-from tritonscale.actuator import Actuator
-from tritonscale.endpoints import Endpoint
-from tritonscale.healing import Healer
-from tritonscale.local_triton import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
+from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
+from tritonscale.triton import healing
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.healing import Healer
 
 
 def start(repository: Path = DEFAULT_MODEL_REPOSITORY, models: list[str] | None = None):
@@ -287,7 +287,7 @@ def test_backoff_doubles_up_to_its_cap() -> None:
 
 
 def test_an_unreachable_pod_is_not_healing_s_business() -> None:
-    from tritonscale.local_triton import free_port
+    from tritonscale.local.triton_server import free_port
 
     doctor = Healer(repository_key="k")
     result = doctor.check(Endpoint("gone", f"127.0.0.1:{free_port()}"), "add_sub")

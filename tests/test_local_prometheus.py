@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 
 from tests.tooling import missing
-from tritonscale.local_prometheus import LocalPrometheus, LocalPrometheusError, prometheus_binary
-from tritonscale.local_triton import LocalTriton
+from tritonscale.local.prometheus_server import (
+    LocalPrometheus,
+    LocalPrometheusError,
+    prometheus_binary,
+)
+from tritonscale.local.triton_server import LocalTriton
 
 
 @pytest.fixture(scope="module")

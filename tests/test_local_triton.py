@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
-from tritonscale.local_triton import LocalTriton, LocalTritonError, free_port
+from tritonscale.local.triton_server import LocalTriton, LocalTritonError, free_port
 
 ECHO_CONFIG = """
 name: "{name}"

@@ -39,8 +39,8 @@ from tests.operator_harness import (
     triton_pod,
 )
 from tests.tooling import require_local_triton
-from tritonscale import kopf_driver
-from tritonscale.local_triton import LocalTriton
+from tritonscale.drivers import kopf_operator as kopf_driver
+from tritonscale.local.triton_server import LocalTriton
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 

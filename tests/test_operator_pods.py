@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tritonscale.pods import TritonPod, ready_endpoints
+from tritonscale.drivers.pods import TritonPod, ready_endpoints
 
 SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
 

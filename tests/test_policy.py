@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tritonscale.policy import Decision, PolicyState, decide, max_snapshot_age_s
-from tritonscale.signals import GpuSignals, MetricSnapshot, ModelSignals
-from tritonscale.spec import AutoscalerSpec
+from tritonscale.core.policy import Decision, PolicyState, decide, max_snapshot_age_s
+from tritonscale.core.signals import GpuSignals, MetricSnapshot, ModelSignals
+from tritonscale.core.spec import AutoscalerSpec
 
 MODEL = "pipeline_async"
 CHILDREN = ("branch_embed", "branch_classify", "branch_rank")

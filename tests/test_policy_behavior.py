@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 
 from tests.test_policy import MODEL, signals, snapshot
-from tritonscale.behavior import (
+from tritonscale.core.behavior import (
     PolicyState,
     Recommendation,
     ScaleEvent,
     scale_down_limit,
     scale_up_limit,
 )
-from tritonscale.policy import Decision, decide
-from tritonscale.spec import AutoscalerSpec, ScalingPolicy, ScalingRules
+from tritonscale.core.policy import Decision, decide
+from tritonscale.core.spec import AutoscalerSpec, ScalingPolicy, ScalingRules
 
 START = 1_000_000.0
 

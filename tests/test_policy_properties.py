@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.test_policy import MODEL, signals, snapshot
-from tritonscale.policy import PolicyState, decide, max_snapshot_age_s
-from tritonscale.signals import GpuSignals, MetricSnapshot, ModelSignals
-from tritonscale.spec import AutoscalerSpec
+from tritonscale.core.policy import PolicyState, decide, max_snapshot_age_s
+from tritonscale.core.signals import GpuSignals, MetricSnapshot, ModelSignals
+from tritonscale.core.spec import AutoscalerSpec
 
 START = 1_000_000.0
 # database=None: no .hypothesis/ folder in the tree; a failure prints its reproducing example.

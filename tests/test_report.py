@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from tests.tooling import missing
 from tritonscale.cli import main
-from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
-from tritonscale.local_triton import LocalTriton, free_port
-from tritonscale.report import PLOTS, ReportError, write_report
+from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
+from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.reports.report import PLOTS, ReportError, write_report
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

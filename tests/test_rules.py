@@ -14,8 +14,8 @@ import requests
 import yaml
 
 from tests.tooling import require_tool
-from tritonscale.local_triton import LocalTriton
-from tritonscale.operator_metrics import OperatorMetrics
+from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.local.triton_server import LocalTriton
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "dashboards" / "rules"
 RULES = RULES_DIR / "tritonscale.rules.yaml"

@@ -28,13 +28,14 @@ from tests.chart.helm import CI_VALUES, REPO_ROOT, load_tool, run_helm, template
 from tests.faults import kill_stub
 from tests.tooling import missing
 from tritonscale import GRPC_REPOSITORY_KEY_HEADER, REPOSITORY_KEY_HEADER
-from tritonscale.actuator import ActuationError, Actuator
-from tritonscale.endpoints import Endpoint
-from tritonscale.healing import Healer
-from tritonscale.local_triton import LocalTriton, LocalTritonError
-from tritonscale.reconcile import ReconcileState, reconcile
-from tritonscale.sources import ScrapeSource
-from tritonscale.tune import Tuner, parse_config
+from tritonscale.control.reconcile import reconcile
+from tritonscale.control.tick import ReconcileState
+from tritonscale.drivers.tune import Tuner, parse_config
+from tritonscale.local.triton_server import LocalTriton, LocalTritonError
+from tritonscale.metrics.sources import ScrapeSource
+from tritonscale.triton.actuator import ActuationError, Actuator
+from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.healing import Healer
 
 INTRUDER_CONFIG = (
     'name: "intruder" backend: "python" '

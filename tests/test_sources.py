@@ -11,18 +11,18 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from tests.tooling import missing, require_local_triton
-from tritonscale.endpoints import Endpoint
-from tritonscale.loadgen import ClosedLoopLoad, make_inputs
-from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
-from tritonscale.local_triton import LocalTriton, free_port
-from tritonscale.signals import MetricsUnavailable
-from tritonscale.sources import (
+from tritonscale.core.signals import MetricsUnavailable
+from tritonscale.local.loadgen import ClosedLoopLoad, make_inputs
+from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
+from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.metrics.sources import (
     DEFAULT_QUERIES,
     PrometheusSource,
     ScrapeSource,
     counter_increase,
     pod_matcher,
 )
+from tritonscale.triton.endpoints import Endpoint
 
 PIPELINE = ["pipeline_async", "branch_embed", "branch_classify", "branch_rank"]
 WINDOW_S = 8

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tritonscale.selectors import selector_matches, selector_to_string
-from tritonscale.spec import AutoscalerSpec, InvalidSpec, ScalingPolicy
+from tritonscale.core.selectors import selector_matches, selector_to_string
+from tritonscale.core.spec import AutoscalerSpec, InvalidSpec, ScalingPolicy
 
 SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
 

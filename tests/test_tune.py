@@ -17,11 +17,11 @@ import yaml
 from click.testing import CliRunner
 
 from tests.tooling import require_local_triton
-from tritonscale.actuator import Actuator
 from tritonscale.cli import main
-from tritonscale.endpoints import Endpoint
-from tritonscale.local_triton import LocalTriton, free_port
-from tritonscale.tune import load_config
+from tritonscale.drivers.tune import load_config
+from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.endpoints import Endpoint
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "operator" / "examples" / "local" / "policies.yaml"
 TRITONSCALE = Path(sys.executable).parent / "tritonscale"

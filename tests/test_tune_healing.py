@@ -17,10 +17,10 @@ from tritonclient.utils import InferenceServerException
 
 from tests.faults import add_sub_once, kill_stub, stub_pids
 from tests.tooling import require_local_triton
-from tritonscale.actuator import Actuator
-from tritonscale.healing import HEALED, HEALTHY, RELOADED
-from tritonscale.local_triton import LocalTriton
-from tritonscale.tune import Tuner, parse_config
+from tritonscale.drivers.tune import Tuner, parse_config
+from tritonscale.local.triton_server import LocalTriton
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.healing import HEALED, HEALTHY, RELOADED
 
 
 def test_the_local_driver_reloads_a_model_whose_stub_died_and_reports_it() -> None:

@@ -1,4 +1,4 @@
-"""One control tick (tritonscale.reconcile) against a real Triton, with a fake clock for `now`."""
+"""One control tick (tritonscale.control.reconcile) against a real Triton, with a fake clock for `now`."""
 
 from __future__ import annotations
 
@@ -10,19 +10,19 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.tooling import require_local_triton
-from tritonscale.actuator import Actuator
-from tritonscale.endpoints import Endpoint
-from tritonscale.local_triton import LocalTriton, free_port
-from tritonscale.operator_metrics import OperatorMetrics
-from tritonscale.reconcile import (
+from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.control.reconcile import reconcile
+from tritonscale.control.tick import (
     FAILED_GET_METRICS,
     FAILED_RESCALE,
     INVALID_SPEC,
     NO_READY_PODS,
     ReconcileState,
-    reconcile,
 )
-from tritonscale.sources import ScrapeSource
+from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.metrics.sources import ScrapeSource
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.endpoints import Endpoint
 
 SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
 

@@ -29,7 +29,7 @@ def require_tool(name: str) -> str:
 
 def require_local_triton() -> None:
     """The tritonserver of the `server` extra, with a Python backend stub for this Python."""
-    from tritonscale.local_triton import LocalTritonError, TritonInstall
+    from tritonscale.local.triton_server import LocalTritonError, TritonInstall
 
     try:
         TritonInstall()

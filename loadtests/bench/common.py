@@ -25,9 +25,9 @@ import numpy as np
 import tritonclient.grpc.aio as grpc_aio
 from tritonclient.utils import np_to_triton_dtype
 
-from tritonscale.actuator import Actuator
-from tritonscale.endpoints import Endpoint
-from tritonscale.local_triton import LocalTriton
+from tritonscale.local.triton_server import LocalTriton
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.endpoints import Endpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "reports" / "bench"

@@ -16,8 +16,8 @@ import click
 import requests
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
-from tritonscale.local_triton import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
-from tritonscale.tune import TuneConfigError
+from tritonscale.drivers.tune import TuneConfigError
+from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
 
 # Errors that are the user's to fix (bad input, a busy port, a missing binary): one line.
 USER_ERRORS: tuple[type[Exception], ...] = (LocalTritonError, TuneConfigError)
@@ -194,7 +194,7 @@ def operator(
     # Imported here: kopf registers the handlers on import, which no other command wants.
     import kopf
 
-    from tritonscale import kopf_driver
+    from tritonscale.drivers import kopf_operator as kopf_driver
 
     if liveness and (problem := kopf_driver.liveness_problem(liveness)):
         raise click.UsageError(problem)
@@ -276,7 +276,7 @@ def preview(
 ) -> None:
     """Draw each dashboard's panels from a live Prometheus into one PNG per dashboard."""
     # Imported here: the module pulls in matplotlib, which no other command needs.
-    from tritonscale import dashboards as dashboard_files
+    from tritonscale.reports import dashboards as dashboard_files
 
     overrides = {}
     for item in variables:
@@ -334,7 +334,7 @@ def report(
     out: Path,
 ) -> None:
     """One HTML page with plots of a run: throughput, latency, queue time, instances."""
-    from tritonscale.report import ReportError, write_report
+    from tritonscale.reports.report import ReportError, write_report
 
     if (start is None) != (end is None):
         raise click.ClickException("give both --start and --end, or neither")
@@ -380,8 +380,8 @@ def tune(
     config_path: Path, metrics_port: int, decision_log: Path | None, duration: float | None
 ) -> None:
     """The local driver: run the policies of a YAML file against static Triton URLs."""
-    from tritonscale import tune as tuning
-    from tritonscale.operator_metrics import OperatorMetrics
+    from tritonscale.control.operator_metrics import OperatorMetrics
+    from tritonscale.drivers import tune as tuning
 
     config = tuning.load_config(config_path)
     _stop_on_signals()
@@ -425,7 +425,7 @@ def tune(
 )
 def demo(load: str, out: Path) -> None:
     """The control loop on one machine in under five minutes: Triton, metrics, tune, a step load."""
-    from tritonscale import demo as demonstration
+    from tritonscale.local import demo as demonstration
 
     _stop_on_signals()
     try:

@@ -26,13 +26,14 @@ from urllib.parse import urlsplit
 
 import kopf
 
-from tritonscale import pods
-from tritonscale.actuator import Actuator
-from tritonscale.healing import Healer
-from tritonscale.operator_metrics import OperatorMetrics
-from tritonscale.reconcile import FAILED_RESCALE, ReconcileState, TickResult, reconcile
-from tritonscale.sources import MetricsSource, PrometheusSource, ScrapeSource
-from tritonscale.spec import AutoscalerSpec, InvalidSpec
+from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.control.reconcile import reconcile
+from tritonscale.control.tick import FAILED_RESCALE, ReconcileState, TickResult
+from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
+from tritonscale.drivers import pods
+from tritonscale.metrics.sources import MetricsSource, PrometheusSource, ScrapeSource
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.healing import Healer
 
 GROUP, VERSION, PLURAL = "tritonscale.io", "v1alpha1", "instancegroupautoscalers"
 # How often each object's timer wakes to see whether its interval has passed. The spec's

@@ -36,7 +36,7 @@ matplotlib.use("Agg")  # files only: no display on servers and in CI
 import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tritonscale.prometheus_api import PrometheusApiError, prometheus_get  # noqa: E402
+from tritonscale.metrics.prometheus_api import PrometheusApiError, prometheus_get  # noqa: E402
 
 HISTORY_SUFFIX = "_stats_history.csv"
 HISTORY_COLUMNS = (

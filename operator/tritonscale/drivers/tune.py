@@ -37,13 +37,14 @@ from typing import IO, Any
 
 import yaml
 
-from tritonscale.actuator import Actuator
-from tritonscale.endpoints import Endpoint, local_endpoints
-from tritonscale.healing import Healer
-from tritonscale.operator_metrics import OperatorMetrics
-from tritonscale.reconcile import ReconcileState, TickResult, reconcile
-from tritonscale.sources import MetricsSource, PrometheusSource, ScrapeSource
-from tritonscale.spec import AutoscalerSpec, InvalidSpec
+from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.control.reconcile import reconcile
+from tritonscale.control.tick import ReconcileState, TickResult
+from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
+from tritonscale.metrics.sources import MetricsSource, PrometheusSource, ScrapeSource
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.endpoints import Endpoint, local_endpoints
+from tritonscale.triton.healing import Healer
 
 # Locally the URLs name the pods; a spec without a selector gets this placeholder.
 LOCAL_SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}

@@ -28,18 +28,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tritonscale.actuator import Actuator
-from tritonscale.endpoints import local_endpoints
-from tritonscale.loadgen import ClosedLoopLoad
-from tritonscale.local_prometheus import LocalPrometheus, prometheus_binary
-from tritonscale.local_triton import DEFAULT_MODEL_REPOSITORY, LocalTriton, free_port
-from tritonscale.operator_metrics import OperatorMetrics
-from tritonscale.reconcile import TickResult
-from tritonscale.tune import TuneConfig, Tuner, load_config
+from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.control.tick import TickResult
+from tritonscale.drivers.tune import TuneConfig, Tuner, load_config
+from tritonscale.local.loadgen import ClosedLoopLoad
+from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
+from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.endpoints import local_endpoints
 
-ROOT = DEFAULT_MODEL_REPOSITORY.parent
-POLICIES = ROOT / "operator" / "examples" / "local" / "policies.yaml"
-LOCUSTFILE = ROOT / "loadtests" / "bls.py"
+# The demo runs from a checkout: its files, relative to the current directory.
+POLICIES = Path("operator/examples/local/policies.yaml")
+LOCUSTFILE = Path("loadtests/bls.py")
 TARGET = "pipeline_async"
 MODELS = ("pipeline_async", "branch_embed", "branch_classify", "branch_rank")
 
@@ -480,7 +480,7 @@ def _report(
     echo: Callable[[str], None],
 ) -> Path | None:
     try:
-        from tritonscale import report
+        from tritonscale.reports import report
     except ImportError:
         return None
     locust_csv = None

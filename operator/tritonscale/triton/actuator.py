@@ -28,7 +28,7 @@ from typing import Any
 import requests
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
-from tritonscale.endpoints import Endpoint
+from tritonscale.triton.endpoints import Endpoint
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from tritonscale import GRPC_REPOSITORY_KEY_HEADER, REPOSITORY_KEY_ENV, REPOSITO
 # stay open.
 RESTRICTED_APIS = "model-repository,shared-memory,logging,trace"
 
-# The source checkout's model repository (operator/tritonscale/ -> repo root / models).
-DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parents[2] / "models"
+# The model repository when none is named: models/ in the current directory (a checkout).
+DEFAULT_MODEL_REPOSITORY = Path("models")
 
 
 class LocalTritonError(RuntimeError):

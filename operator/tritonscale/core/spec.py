@@ -107,7 +107,7 @@ class AutoscalerSpec:
 
     model: str
     # A metav1.LabelSelector as a plain dict (matchLabels / matchExpressions); read-only.
-    # See tritonscale.selectors for its string form and a matcher.
+    # See tritonscale.core.selectors for its string form and a matcher.
     selector: Mapping[str, Any] = field(hash=False)
     calls: tuple[str, ...] = ()
     min_instances: int = 1

@@ -38,9 +38,9 @@ from typing import Protocol
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tritonscale.endpoints import Endpoint
-from tritonscale.prometheus_api import PrometheusApiError, prometheus_get
-from tritonscale.signals import GpuSignals, MetricSnapshot, MetricsUnavailable, ModelSignals
+from tritonscale.core.signals import GpuSignals, MetricSnapshot, MetricsUnavailable, ModelSignals
+from tritonscale.metrics.prometheus_api import PrometheusApiError, prometheus_get
+from tritonscale.triton.endpoints import Endpoint
 
 
 class MetricsSource(Protocol):

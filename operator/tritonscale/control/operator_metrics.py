@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 if TYPE_CHECKING:
-    from tritonscale.reconcile import TickResult
+    from tritonscale.control.tick import TickResult
 
 LABELS = ("namespace", "autoscaler", "model")
 

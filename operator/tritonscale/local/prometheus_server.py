@@ -20,8 +20,8 @@ from typing import Any
 import requests
 import yaml
 
-from tritonscale.local_triton import free_port
-from tritonscale.prometheus_api import PrometheusApiError, prometheus_get
+from tritonscale.local.triton_server import free_port
+from tritonscale.metrics.prometheus_api import PrometheusApiError, prometheus_get
 
 PROMETHEUS_BINARY = "prometheus"
 

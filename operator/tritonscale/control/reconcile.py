@@ -21,212 +21,34 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from dataclasses import dataclass, replace
 from typing import Any
 
-from tritonscale import policy
-from tritonscale.actuator import Actuator, PodResult
-from tritonscale.behavior import PolicyState
-from tritonscale.endpoints import Endpoint
-from tritonscale.healing import CONDITION_TYPE as HEALTH_CONDITION
-from tritonscale.healing import NONE as NO_HEALING_ACTION
-from tritonscale.healing import Healer, HealingResult
-from tritonscale.operator_metrics import OperatorMetrics
-from tritonscale.signals import MetricSnapshot, MetricsUnavailable
-from tritonscale.sources import MetricsSource
-from tritonscale.spec import AutoscalerSpec, InvalidSpec
-
-FAILED_GET_METRICS = "FailedGetMetrics"
-FAILED_RESCALE = "FailedRescale"
-NO_READY_PODS = "NoReadyPods"
-INVALID_SPEC = "InvalidSpec"
-DRY_RUN = "DryRun"
-SUCCEEDED_RESCALE = "SucceededRescale"
-
-BACKOFF_BASE_S = 10.0
-BACKOFF_CAP_S = 300.0
-
-
-@dataclass(frozen=True)
-class TickError:
-    reason: str  # FailedGetMetrics, FailedRescale, NoReadyPods, InvalidSpec
-    message: str  # one line
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Failed loads in a row, and when the next load may be tried (unix seconds)."""
-
-    failures: int = 0
-    retry_at: float | None = None
-
-    def failed(self, now: float, base_s: float, cap_s: float) -> Backoff:
-        failures = self.failures + 1
-        return Backoff(failures, now + min(cap_s, base_s * 2 ** (failures - 1)))
-
-    def holds(self, now: float) -> bool:
-        return self.retry_at is not None and now < self.retry_at
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"failures": self.failures, "retryAt": self.retry_at}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> Backoff:
-        if not d:
-            return cls()
-        try:
-            retry_at = d.get("retryAt")
-            return cls(int(d.get("failures", 0)), None if retry_at is None else float(retry_at))
-        except (TypeError, ValueError, AttributeError):
-            return cls()
-
-
-@dataclass(frozen=True)
-class ReconcileState:
-    """What one autoscaler carries from tick to tick (the kopf driver keeps it in status)."""
-
-    policy: PolicyState = field(default_factory=PolicyState)
-    backoff: Backoff = field(default_factory=Backoff)
-    last_scale_time: float | None = None  # unix seconds of the last successful load
-    conditions: tuple[Mapping[str, Any], ...] = ()  # the last conditions, for transition times
-
-    @classmethod
-    def from_status(cls, status: Mapping[str, Any] | None) -> ReconcileState:
-        """Read back what `TickResult.status()` wrote; anything malformed starts afresh."""
-        status = status or {}
-        try:
-            policy_state = PolicyState.from_dict(status.get("policyState"))
-        except ValueError:
-            policy_state = PolicyState()
-        last = status.get("lastScaleTime")
-        return cls(
-            policy=policy_state,
-            backoff=Backoff.from_dict(status.get("backoff")),
-            last_scale_time=_parse_time(last) if isinstance(last, str) else None,
-            conditions=tuple(c for c in status.get("conditions") or () if isinstance(c, Mapping)),
-        )
-
-
-@dataclass(frozen=True)
-class TickResult:
-    model: str
-    at: float  # the tick's `now`
-    decision: policy.Decision | None  # None when no decision could be made (errors say why)
-    current_instances: int | None  # the highest live count; None without a ready pod
-    live_counts: dict[str, int]  # pod -> live count
-    child_instances: dict[str, int]  # child model -> lowest live count
-    applied: list[PodResult]  # loads sent this tick (empty when none were needed or allowed)
-    errors: list[TickError]
-    # type, status ("True"/"False"), reason, message, lastTransitionTime
-    conditions: list[dict[str, Any]]
-    state: ReconcileState  # pass to the next tick
-    snapshot: MetricSnapshot | None
-    notes: list[str]  # warnings that are not errors (pods disagreeing on the count)
-    dry_run: bool
-    duration_s: float
-    finished_at: float  # unix seconds (wall clock) when the tick ended
-    # One healing check per pod (when the driver passed a Healer), the quiet ones included.
-    healing: list[HealingResult] = field(default_factory=list)
-
-    @property
-    def healing_actions(self) -> list[HealingResult]:
-        """The checks worth an event: a reload, a failed or held-back one, a sick model."""
-        return [result for result in self.healing if result.event_type is not None]
-
-    @property
-    def desired_instances(self) -> int | None:
-        return self.decision.desired_instances if self.decision else None
-
-    @property
-    def reason(self) -> str:
-        """The tick's reason: its first error's, else DryRun for an unapplied change, else the decision's."""
-        if self.errors:
-            return self.errors[0].reason
-        if self.decision is None:
-            return NO_READY_PODS
-        if self.dry_run and self.decision.changes:
-            return DRY_RUN
-        return self.decision.reason
-
-    @property
-    def message(self) -> str:
-        parts = []
-        if self.decision is not None:
-            parts.append(self.decision.message)
-        parts += [error.message for error in self.errors]
-        parts += [result.message for result in self.healing_actions]
-        parts += self.notes
-        return "; ".join(parts)
-
-    @property
-    def applied_ok(self) -> bool:
-        return bool(self.applied) and all(pod.ok for pod in self.applied)
-
-    def line(self) -> str:
-        """One line for a person: time, model, current -> desired, reason, message."""
-        stamp = datetime.fromtimestamp(self.at, timezone.utc).strftime("%H:%M:%S")
-        current = "?" if self.current_instances is None else str(self.current_instances)
-        desired = "?" if self.desired_instances is None else str(self.desired_instances)
-        return f"{stamp} {self.model} {current} -> {desired} {self.reason}: {self.message}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The decision-log record (JSON-ready)."""
-        decision = self.decision
-        model_signals = self.snapshot.model(self.model) if self.snapshot else None
-        return {
-            "time": _iso(self.at),
-            "t": self.at,
-            "model": self.model,
-            "current": self.current_instances,
-            "desired": self.desired_instances,
-            "recommended": decision.recommended_instances if decision else None,
-            "direction": decision.direction if decision else "none",
-            "reason": self.reason,
-            "decisionReason": decision.reason if decision else None,
-            "message": self.message,
-            "observed": dict(decision.observed) if decision else {},
-            "requestRate": model_signals.request_rate if model_signals else None,
-            "live": dict(self.live_counts),
-            "children": dict(self.child_instances),
-            "applied": [
-                {
-                    "pod": p.pod,
-                    "before": p.before,
-                    "after": p.after,
-                    "ok": p.ok,
-                    "reason": p.reason,
-                    "seconds": round(p.seconds, 3),
-                }
-                for p in self.applied
-            ],
-            "errors": [{"reason": e.reason, "message": e.message} for e in self.errors],
-            "healing": [result.to_dict() for result in self.healing_actions],
-            "dryRun": self.dry_run,
-            "durationSeconds": round(self.duration_s, 4),
-        }
-
-    def status(self) -> dict[str, Any]:
-        """The CR's status fields this tick sets (the driver adds observedGeneration)."""
-        decision = self.decision
-        status: dict[str, Any] = {
-            "currentInstances": self.current_instances,
-            "desiredInstances": self.desired_instances,
-            "pods": len(self.live_counts),
-            "conditions": self.conditions,
-            "policyState": self.state.policy.to_dict(),
-            "backoff": self.state.backoff.to_dict(),
-        }
-        if self.state.last_scale_time is not None:
-            status["lastScaleTime"] = _iso(self.state.last_scale_time)
-        if decision is not None:
-            status["lastDecision"] = {
-                "direction": decision.direction,
-                "reason": self.reason,
-                "message": self.message,
-            }
-            status["observedMetrics"] = dict(decision.observed)
-        return status
+from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.control.tick import (
+    BACKOFF_BASE_S,
+    BACKOFF_CAP_S,
+    DRY_RUN,
+    FAILED_GET_METRICS,
+    FAILED_RESCALE,
+    INVALID_SPEC,
+    NO_READY_PODS,
+    SUCCEEDED_RESCALE,
+    Backoff,
+    ReconcileState,
+    TickError,
+    TickResult,
+    iso_time,
+)
+from tritonscale.core import policy
+from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
+from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
+from tritonscale.metrics.sources import MetricsSource
+from tritonscale.triton.actuator import Actuator, PodResult
+from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.healing import CONDITION_TYPE as HEALTH_CONDITION
+from tritonscale.triton.healing import NONE as NO_HEALING_ACTION
+from tritonscale.triton.healing import Healer, HealingResult
 
 
 def reconcile(
@@ -251,7 +73,7 @@ def reconcile(
     `endpoints` are the ready pods. `child_instances=None` reads the children's live counts
     from the pods. `metrics` (optional) records the tick under (namespace, autoscaler, model);
     `autoscaler` defaults to the model's name. With a `healer`, the model is first checked on
-    every pod and reloaded where its stub died or hangs (tritonscale.healing); the results
+    every pod and reloaded where its stub died or hangs (tritonscale.triton.healing); the results
     and a ModelHealthy condition are part of the tick.
     """
     started = time.monotonic()
@@ -311,7 +133,7 @@ class _Tick:
                 if before is not None
                 and before.get("status") == status
                 and before.get("lastTransitionTime")
-                else _iso(self.now)
+                else iso_time(self.now)
             )
             result.append(
                 {
@@ -488,16 +310,3 @@ def _health(healing: Sequence[HealingResult]) -> policy.Condition | None:
         return policy.Condition(False, sick.reason, sick.message)
     healed = next((r for r in healing if r.action != NO_HEALING_ACTION), healing[0])
     return policy.Condition(True, healed.reason, healed.message)
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(text: str) -> float | None:
-    try:
-        return (
-            datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
-        )
-    except ValueError:
-        return None

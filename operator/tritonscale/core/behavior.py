@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tritonscale.spec import AutoscalerSpec, ScalingRules
+from tritonscale.core.spec import AutoscalerSpec, ScalingRules
 
 SCALE_UP_LIMIT = "ScaleUpLimit"
 SCALE_DOWN_LIMIT = "ScaleDownLimit"

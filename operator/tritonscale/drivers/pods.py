@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tritonscale.endpoints import Endpoint
-from tritonscale.selectors import selector_matches
+from tritonscale.core.selectors import selector_matches
+from tritonscale.triton.endpoints import Endpoint
 
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_METRICS_PORT = 8002

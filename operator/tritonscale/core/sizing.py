@@ -33,8 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tritonscale.signals import ModelSignals
-from tritonscale.spec import Targets
+from tritonscale.core.signals import ModelSignals
+from tritonscale.core.spec import Targets
 
 # The queue signal speaks only when busy per instance is at least this share of its target.
 QUEUE_SIGNAL_MIN_BUSY = 0.5

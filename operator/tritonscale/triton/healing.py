@@ -55,7 +55,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
-from tritonscale.endpoints import Endpoint
+from tritonscale.triton.endpoints import Endpoint
 
 logger = logging.getLogger(__name__)
 

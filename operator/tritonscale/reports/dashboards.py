@@ -23,10 +23,9 @@ from typing import Any
 
 import yaml
 
-from tritonscale.prometheus_api import PrometheusApiError, prometheus_get
+from tritonscale.metrics.prometheus_api import PrometheusApiError, prometheus_get
 
-# The source checkout's dashboards (operator/tritonscale/ -> repo root / dashboards).
-DEFAULT_DASHBOARDS_DIR = Path(__file__).resolve().parents[2] / "dashboards"
+DEFAULT_DASHBOARDS_DIR = Path("dashboards")  # in the current directory (a checkout)
 DEFAULT_SCRAPE_INTERVAL_S = 15.0  # Prometheus' own default, when its config cannot be read
 POINTS_PER_PANEL = 200
 LEGEND_SERIES = 8  # a preview legend shows the series with the highest means

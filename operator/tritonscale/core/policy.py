@@ -7,10 +7,10 @@ kept from the last tick, applies `desired_instances` (unless `spec.dry_run`), an
 1. paused: hold, report what was seen;
 2. the live count outside [min, max]: go to the bound at once (as the HPA does);
 3. no usable metrics (none, model missing, stale, incomplete window): hold;
-4. sizing (tritonscale.sizing): each signal's count, the largest wins;
+4. sizing (tritonscale.core.sizing): each signal's count, the largest wins;
 5. guards that only stop additions: a full GPU (more pods are the answer), then a saturated
    model this one calls (scale the child, not the parent);
-6. min/max, then HPA behavior (tritonscale.behavior): stabilization windows, rate policies.
+6. min/max, then HPA behavior (tritonscale.core.behavior): stabilization windows, rate policies.
 
 The reason of a decision names the last stage that changed the count.
 """
@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from tritonscale import behavior, sizing
-from tritonscale.behavior import PolicyState
-from tritonscale.signals import MetricSnapshot, ModelSignals
-from tritonscale.spec import AutoscalerSpec
+from tritonscale.core import behavior, sizing
+from tritonscale.core.behavior import PolicyState
+from tritonscale.core.signals import MetricSnapshot, ModelSignals
+from tritonscale.core.spec import AutoscalerSpec
 
 __all__ = ["Condition", "Decision", "PolicyState", "decide", "max_snapshot_age_s"]
 

@@ -1,0 +1,1 @@
+"""Drivers: the Kubernetes operator (kopf) and the local driver (`tritonscale tune`)."""

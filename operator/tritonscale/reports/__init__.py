@@ -1,0 +1,1 @@
+"""Presentation: the HTML load-test report and the dashboard preview."""

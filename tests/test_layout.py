@@ -1,0 +1,120 @@
+"""The package's layout is its architecture: the layers import only downwards, and nothing cycles.
+
+    core (the pure policy)  <-  triton, metrics (adapters)  <-  control (the tick)
+        <-  drivers (kopf, tune)  <-  local, reports  <-  cli
+
+Every import counts, also those inside functions and under `if TYPE_CHECKING:`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "operator" / "tritonscale"
+
+# What each subpackage may import from the others (itself always).
+ALLOWED = {
+    "core": set(),
+    "triton": {"core"},
+    "metrics": {"core", "triton"},
+    "control": {"core", "triton", "metrics"},
+    "drivers": {"core", "triton", "metrics", "control"},
+    "local": {"core", "triton", "metrics", "control", "drivers", "reports"},
+    "reports": {"metrics"},
+    "cli": {"core", "triton", "metrics", "control", "drivers", "local", "reports"},
+}
+# Modules of the policy core import no third-party library either: it is pure.
+CORE_MAY_IMPORT = {
+    "__future__",
+    "bisect",
+    "collections",
+    "copy",
+    "dataclasses",
+    "enum",
+    "functools",
+    "itertools",
+    "math",
+    "re",
+    "statistics",
+    "types",
+    "typing",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module name `path` imports, absolute, wherever the import statement sits."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            # `from tritonscale.x import y` may import the module tritonscale.x.y
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+GRAPH = {
+    name: {imported for imported in imports_of(path) if imported in MODULES and imported != name}
+    for name, path in MODULES.items()
+}
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_only_go_down_the_layers(module: str) -> None:
+    own = layer(module)
+    if own is None:
+        return  # tritonscale/__init__.py: constants only
+    wrong = sorted(
+        imported
+        for imported in GRAPH[module]
+        if layer(imported) not in (None, own) and layer(imported) not in ALLOWED[own]
+    )
+    assert wrong == [], f"{module} ({own}) imports {wrong}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == "core"))
+def test_the_policy_core_is_pure(module: str) -> None:
+    outside = sorted(
+        name
+        for name in imports_of(MODULES[module])
+        if not name.startswith("tritonscale") and name.split(".")[0] not in CORE_MAY_IMPORT
+    )
+    assert outside == [], f"{module} imports {outside}: the policy core does no I/O"
+
+
+def test_no_import_cycles() -> None:
+    cycles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        for imported in sorted(GRAPH[module]):
+            if imported in path:
+                cycles.append(" -> ".join([*path[path.index(imported) :], imported]))
+            elif imported not in done:
+                visit(imported, [*path, imported])
+        done.add(module)
+
+    done: set[str] = set()
+    for module in sorted(MODULES):
+        if module not in done:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_every_subpackage_is_known() -> None:
+    subpackages = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
+    assert subpackages == set(ALLOWED) - {"cli"}
