@@ -42,7 +42,7 @@ def _inputs(model: str, index: int) -> list[Any]:
 
 
 def stream_load(
-    triton: LocalTriton, requests_per_model: int = 150, timeout_s: float = 120
+    triton: LocalTriton, requests_per_model: int = 150, timeout_s: float = 60
 ) -> dict[str, dict[str, int]]:
     """Send `requests_per_model` requests to each of MODELS; return answers and errors per model."""
     counts = {model: {"ok": 0, "error": 0} for model in MODELS}
@@ -69,10 +69,12 @@ def stream_load(
         for model in MODELS:
             if not done[model].wait(timeout_s):
                 raise AssertionError(
-                    f"{model}: only {counts[model]} of {requests_per_model} answered"
+                    f"{model}: only {counts[model]} of {requests_per_model} answered "
+                    f"in {timeout_s:.0f} s"
                 )
     finally:
         for client in clients:
-            client.stop_stream()
+            # Cancel what is still pending: a plain stop_stream() waits for every answer.
+            client.stop_stream(cancel_requests=True)
             client.close()
     return counts

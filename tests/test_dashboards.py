@@ -24,7 +24,7 @@ import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
 from tests.dashboard_load import stream_load
-from tests.tooling import missing
+from tests.tooling import missing, require_local_triton
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
 from tritonscale.local.triton_server import LocalTriton, free_port
 from tritonscale.reports import dashboards as boards
@@ -266,6 +266,14 @@ def _branch_timeouts(triton: LocalTriton, count: int) -> None:
             client.load_model(
                 "pipeline_async", headers=triton.repository_headers, config=json.dumps(original)
             )
+
+
+@pytest.fixture(scope="module")
+def triton() -> Iterator[LocalTriton]:
+    """A server of this module's own: its streamed load may not leave the shared one hung."""
+    require_local_triton()
+    with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=3) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
