@@ -204,7 +204,7 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
     to 2 instances and back to 1 (real loads), and a source that cannot be reached."""
     from tritonscale.control.reconcile import reconcile
     from tritonscale.control.tick import ReconcileState
-    from tritonscale.metrics.sources import PrometheusSource
+    from tritonscale.metrics.prometheus import PrometheusSource
     from tritonscale.triton.actuator import Actuator
     from tritonscale.triton.endpoints import local_endpoints
 

@@ -15,13 +15,8 @@ from tritonscale.core.signals import MetricsUnavailable
 from tritonscale.local.loadgen import ClosedLoopLoad, make_inputs
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
 from tritonscale.local.triton_server import LocalTriton, free_port
-from tritonscale.metrics.sources import (
-    DEFAULT_QUERIES,
-    PrometheusSource,
-    ScrapeSource,
-    counter_increase,
-    pod_matcher,
-)
+from tritonscale.metrics.prometheus import DEFAULT_QUERIES, PrometheusSource, pod_matcher
+from tritonscale.metrics.scrape import ScrapeSource, counter_increase
 from tritonscale.triton.endpoints import Endpoint
 
 PIPELINE = ["pipeline_async", "branch_embed", "branch_classify", "branch_rank"]
