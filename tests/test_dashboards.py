@@ -53,7 +53,7 @@ GPU_ONLY = {
     ("autoscaler", "GPU utilization and memory seen by the policy", "B"),
 }
 # Queries on the gauge a decoupled model with an async execute exports itself: no model of
-# the repository the tests serve exports it (tests/test_sources.py serves one that does), so
+# the repository the tests serve exports it (tests/test_decoupled_signals.py serves one that does), so
 # here they must still parse and run.
 MODEL_GAUGE_ONLY = {
     ("bls-pipeline", "Decoupled requests in flight", "B"),
