@@ -912,14 +912,13 @@ _BlockDumper.add_representer(
 
 def adapter_rule_markdown() -> str:
     """The README's prometheus-adapter rule block: a sentence and the values to add."""
-    why = " ".join((queries.adapter_rule.__doc__ or "").split("\n\n", 1)[1].split())
     values = yaml.dump(
         {"rules": {"custom": [queries.adapter_rule()]}},
         Dumper=_BlockDumper,
         sort_keys=False,
         width=100,
     )
-    return f"{textwrap.fill(why, 100)}\n\n```yaml\n{values}```\n"
+    return f"{textwrap.fill(queries.ADAPTER_RULE_NOTE, 100)}\n\n```yaml\n{values}```\n"
 
 
 def outputs() -> dict[Path, str]:

@@ -306,15 +306,17 @@ def recording_rules(scope: Scope = RULES_SCOPE) -> list[RecordingRule]:
 
 # ---- the prometheus-adapter rule (the chart's HPA) ------------------------------------
 ADAPTER_METRIC = "triton_queue_compute_ratio"
+# Why the rule is what it is; the README prints it above the rule.
+ADAPTER_RULE_NOTE = (
+    "Per pod, the queue/compute ratio of the pod's model that queues most, 0 while idle: a "
+    "sum over the pod's models would let idle models dilute a queueing one, and a BLS "
+    "parent's compute time (mostly waiting for its children) dilute everything."
+)
 
 
 def adapter_rule(scope: Scope = ADAPTER_SCOPE) -> dict[str, object]:
-    """The prometheus-adapter rule that serves `triton_queue_compute_ratio` per pod.
-
-    The ratio of the pod's model that queues most, 0 while idle: a sum over the pod's
-    models would let idle models dilute a queueing one, and a BLS parent's compute time
-    (mostly waiting for its children) dilute everything.
-    """
+    """The prometheus-adapter rule that serves `triton_queue_compute_ratio` per pod
+    (ADAPTER_RULE_NOTE says how)."""
     per_model = Scope(scope.selector, scope.window, (*scope.by, "model"))
     overrides = {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
     return {

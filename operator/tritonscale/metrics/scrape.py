@@ -33,13 +33,8 @@ COUNTERS = {
     queries.QUEUE_DURATION: "queue_seconds_per_second",
 }
 _MICROSECONDS = {"compute_seconds_per_second", "queue_seconds_per_second"}
-# Gauges summed over pods as they are: {metric: field}.
-GAUGES = {
-    queries.PENDING_REQUESTS: "pending_requests",
-    queries.STREAMS_IN_FLIGHT: "streams_in_flight",
-}
 GPU_GAUGES = (queries.GPU_UTILIZATION, queries.GPU_MEMORY_USED, queries.GPU_MEMORY_TOTAL)
-_KEPT = {*COUNTERS, *GAUGES, *GPU_GAUGES}
+_KEPT = {*COUNTERS, queries.PENDING_REQUESTS, queries.STREAMS_IN_FLIGHT, *GPU_GAUGES}
 
 # A series: (metric name, its labels as a sorted tuple).
 Series = tuple[str, tuple[tuple[str, str], ...]]
@@ -171,10 +166,10 @@ class ScrapeSource:
                     history = [s.values[series] for s in samples if series in s.values]
                     rate = counter_increase(history) / elapsed if elapsed > 0 else 0.0
                     fields[field] += rate / 1e6 if field in _MICROSECONDS else rate
-                elif GAUGES.get(name) == "pending_requests":
+                elif name == queries.PENDING_REQUESTS:
                     fields = per_model.setdefault(model, dict.fromkeys(RATE_FIELDS, 0.0))
                     fields["pending_requests"] += value
-                elif GAUGES.get(name) == "streams_in_flight":
+                elif name == queries.STREAMS_IN_FLIGHT:
                     streams[model] = streams.get(model, 0.0) + value
             for model, fields in per_model.items():
                 pods[model] = pods.get(model, 0) + 1
