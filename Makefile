@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # metrics path, and libpython3.11 for the Triton Python backend stub.
 DEBIAN_PACKAGES := prometheus libpython3.11
 
-.PHONY: all deps venv debian demo test lint serve bench clean
+.PHONY: all deps venv debian demo test check lint serve bench clean
 .PHONY: tools chart-docs manifests
 
 all: test
@@ -37,6 +37,13 @@ lint: deps
 test: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The fast lane, under a minute: ruff and the tests marked `unit` (pure: no Triton, no
+# Prometheus, no helm, no cluster; tests/conftest.py refuses a process in them).
+check: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pytest -q -m unit $(PYTEST_ARGS)
 
 demo: deps
 	$(VENV)/bin/tritonscale demo

@@ -56,6 +56,7 @@ def _alert_cases() -> dict[str, list[list]]:
     return cases
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("alert", ALERTS, ids=lambda rule: rule["alert"])
 def test_every_alert_is_tested_firing_and_quiet(alert: dict) -> None:
     cases = _alert_cases().get(alert["alert"], [])
@@ -63,6 +64,7 @@ def test_every_alert_is_tested_firing_and_quiet(alert: dict) -> None:
     assert any(not expected for expected in cases), f"{alert['alert']}: no test where it is quiet"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("alert", ALERTS, ids=lambda rule: rule["alert"])
 def test_every_alert_says_what_happened_and_what_to_do(alert: dict) -> None:
     assert alert["labels"]["severity"] in ("critical", "warning")
@@ -73,6 +75,7 @@ def test_every_alert_says_what_happened_and_what_to_do(alert: dict) -> None:
     assert re.search(r"\b(check|open|raise|fix|look)\b", annotations["description"], re.I)
 
 
+@pytest.mark.unit
 def test_recording_rules_follow_the_naming_convention() -> None:
     for rule in RECORDS:
         assert re.fullmatch(r"triton:[a-z_]+:[a-z0-9_]+", rule["record"]), rule["record"]

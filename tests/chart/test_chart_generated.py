@@ -9,11 +9,13 @@ import subprocess
 from pathlib import Path
 
 import jsonschema
+import pytest
 import yaml
 
 from tests.chart.helm import CHART, REPO_ROOT, load_tool
 
 
+@pytest.mark.unit
 def test_readme_table_and_schema_descriptions_follow_the_param_lines() -> None:
     chart_docs = load_tool("chart_docs")
     values_text = (CHART / "values.yaml").read_text()
@@ -33,6 +35,7 @@ def test_readme_table_and_schema_descriptions_follow_the_param_lines() -> None:
     assert regenerated == schema_text, "run `make chart-docs`"
 
 
+@pytest.mark.unit
 def test_docs_check_finds_an_undocumented_value() -> None:
     chart_docs = load_tool("chart_docs")
     values_text = (CHART / "values.yaml").read_text() + "\nundocumented: 1\n"
@@ -42,6 +45,7 @@ def test_docs_check_finds_an_undocumented_value() -> None:
     ]
 
 
+@pytest.mark.unit
 def test_schema_accepts_the_defaults_and_documents_every_value() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
