@@ -34,7 +34,7 @@ from kopf._cogs.structs import credentials
 from prometheus_client.parser import text_string_to_metric_families
 
 from tritonscale.drivers import kopf_operator as kopf_driver
-from tritonscale.local.triton_server import free_port
+from tritonscale.local.ports import free_port
 
 IGA = "tritonscale.io/v1alpha1/instancegroupautoscalers"
 PODS = "v1/pods"

@@ -25,8 +25,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.dashboard_load import stream_load
 from tests.tooling import missing, require_local_triton
+from tritonscale.local.ports import free_port
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.reports import dashboards as boards
 
 REPO = Path(__file__).resolve().parents[1]

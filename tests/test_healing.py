@@ -289,7 +289,7 @@ def test_backoff_doubles_up_to_its_cap() -> None:
 
 @pytest.mark.unit
 def test_an_unreachable_pod_is_not_healing_s_business() -> None:
-    from tritonscale.local.triton_server import free_port
+    from tritonscale.local.ports import free_port
 
     doctor = Healer(repository_key="k")
     result = doctor.check(Endpoint("gone", f"127.0.0.1:{free_port()}"), "add_sub")

@@ -13,8 +13,9 @@ import tritonclient.grpc as grpcclient
 from tests.tooling import missing, require_local_triton
 from tritonscale.core.signals import MetricsUnavailable
 from tritonscale.local.loadgen import ClosedLoopLoad, make_inputs
+from tritonscale.local.ports import free_port
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.metrics.sources import (
     DEFAULT_QUERIES,
     PrometheusSource,

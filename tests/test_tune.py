@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from tests.tooling import require_local_triton
 from tritonscale.cli import main
 from tritonscale.drivers.tune import load_config
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.ports import free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint
 
