@@ -67,7 +67,7 @@ def _listen_address(name: str, address: str) -> str:
 
 def _url_host(address: str) -> str:
     """How a client on this machine reaches a server bound to address."""
-    if address in ("0.0.0.0", ""):
+    if address == "0.0.0.0":
         return LOOPBACK
     if address == "::":
         return "[::1]"
