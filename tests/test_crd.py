@@ -24,6 +24,8 @@ from tests.test_spec import INVALID, minimal
 from tritonscale.core import spec as spec_module
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 CRD_PATH = ROOT / "charts" / "tritonscale" / "crds" / "instancegroupautoscalers.yaml"
 EXAMPLES = sorted((ROOT / "operator" / "examples").glob("*.yaml"))

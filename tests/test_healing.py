@@ -281,13 +281,15 @@ def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
         triton.stop()
 
 
+@pytest.mark.unit
 def test_backoff_doubles_up_to_its_cap() -> None:
     doctor = Healer(repository_key="k", backoff_initial_s=10, backoff_max_s=60)
     assert [doctor.backoff_s(n) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 60, 60]
 
 
+@pytest.mark.unit
 def test_an_unreachable_pod_is_not_healing_s_business() -> None:
-    from tritonscale.local.triton_server import free_port
+    from tritonscale.local.ports import free_port
 
     doctor = Healer(repository_key="k")
     result = doctor.check(Endpoint("gone", f"127.0.0.1:{free_port()}"), "add_sub")
@@ -295,6 +297,7 @@ def test_an_unreachable_pod_is_not_healing_s_business() -> None:
     assert result.event_type == "Warning"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("probe", ["sometimes", ""])
 def test_an_unknown_probe_mode_is_refused(probe: str) -> None:
     with pytest.raises(ValueError, match="probe must be off, on-suspicion or always"):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 PACKAGE = Path(__file__).resolve().parents[1] / "operator" / "tritonscale"
 
 # What each subpackage may import from the others (itself always).

@@ -53,6 +53,7 @@ def api(kmock: Emulator) -> Emulator:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 async def test_an_autoscaler_without_ready_pods_gets_status_conditions_and_one_warning(
     api: Emulator,
 ) -> None:
@@ -101,6 +102,7 @@ async def test_an_autoscaler_without_ready_pods_gets_status_conditions_and_one_w
         )
 
 
+@pytest.mark.unit
 async def test_an_invalid_spec_is_a_condition_and_one_warning_not_a_crash(api: Emulator) -> None:
     spec = {
         "selector": {"matchLabels": TRITON_LABELS},

@@ -8,6 +8,8 @@ import pytest
 
 from tritonscale.drivers.pods import TritonPod, ready_endpoints
 
+pytestmark = pytest.mark.unit
+
 SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
 
 

@@ -22,6 +22,8 @@ from tritonscale.core.behavior import (
 from tritonscale.core.policy import Decision, decide
 from tritonscale.core.spec import AutoscalerSpec, ScalingPolicy, ScalingRules
 
+pytestmark = pytest.mark.unit
+
 START = 1_000_000.0
 
 

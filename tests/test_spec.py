@@ -11,6 +11,8 @@ import pytest
 from tritonscale.core.selectors import selector_matches, selector_to_string
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec, ScalingPolicy
 
+pytestmark = pytest.mark.unit
+
 SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
 
 

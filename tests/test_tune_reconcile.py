@@ -19,7 +19,8 @@ from tritonscale.control.tick import (
     NO_READY_PODS,
     ReconcileState,
 )
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.ports import free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import click
-import requests
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 from tritonscale.drivers.tune import TuneConfigError
+from tritonscale.local.ports import LOOPBACK
 from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
 
 # Errors that are the user's to fix (bad input, a busy port, a missing binary): one line.
@@ -58,6 +58,21 @@ def _stop_on_signals() -> None:
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=8001, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=8002, show_default=True)
 @click.option(
+    "--http-address",
+    default=LOOPBACK,
+    show_default=True,
+    help="Address the HTTP server binds; 0.0.0.0 lets other machines reach it.",
+)
+@click.option(
+    "--grpc-address", default=LOOPBACK, show_default=True, help="Address the gRPC server binds."
+)
+@click.option(
+    "--metrics-address",
+    default=LOOPBACK,
+    show_default=True,
+    help="Address the metrics server binds.",
+)
+@click.option(
     "--model",
     "models",
     multiple=True,
@@ -68,6 +83,9 @@ def serve(
     http_port: int,
     grpc_port: int,
     metrics_port: int,
+    http_address: str,
+    grpc_address: str,
+    metrics_address: str,
     models: tuple[str, ...],
 ) -> None:
     """Run a local tritonserver on a model repository until Ctrl-C or SIGTERM."""
@@ -77,17 +95,21 @@ def serve(
         http_port=http_port,
         grpc_port=grpc_port,
         metrics_port=metrics_port,
+        http_address=http_address,
+        grpc_address=grpc_address,
+        metrics_address=metrics_address,
         models=list(models) or None,
     )
     click.echo(f"starting tritonserver on {server.model_repository} ...")
     try:
         with server:
-            names = models or _loaded_models(server)
+            names = models or server.ready_models()
             click.echo(
                 f"ready in {server.startup_s:.1f} s: {len(names)} models ({', '.join(names)})\n"
                 f"  HTTP    http://{server.http_url}\n"
                 f"  gRPC    {server.grpc_url}\n"
-                f"  metrics {server.metrics_url}"
+                f"  metrics {server.metrics_url}\n"
+                f"  log     {server.log_path}"
             )
             if os.environ.get(REPOSITORY_KEY_ENV):
                 click.echo(f"model-repository API key: from ${REPOSITORY_KEY_ENV}")
@@ -218,17 +240,6 @@ def operator(
         )
     except kopf_driver.OperatorError as error:
         raise click.ClickException(str(error)) from None
-
-
-def _loaded_models(server: LocalTriton) -> list[str]:
-    index = requests.post(
-        f"http://{server.http_url}/v2/repository/index",
-        json={"ready": True},
-        headers=server.repository_headers,
-        timeout=5,
-    )
-    index.raise_for_status()
-    return sorted(row["name"] for row in index.json())
 
 
 @main.group()

@@ -385,15 +385,10 @@ class TestMonitoring:
                 ]["labels"]
             assert monitor["spec"]["selector"]["matchLabels"].items() <= target.items()
 
-    def test_prometheus_rule_carries_the_rules_file_or_is_left_out(
-        self, render, tmp_path: Path
-    ) -> None:
+    def test_prometheus_rule_carries_the_rules_file(self, render, tmp_path: Path) -> None:
         objects = render("monitoring-values.yaml").objects
         rules_file = CHART / "files" / "rules" / "tritonscale.rules.yaml"
         rules = by_kind(objects, "PrometheusRule")
-        if not rules_file.is_file():
-            assert rules == []
-            return
         assert len(rules) == 1
         assert rules[0]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
         assert rules[0]["spec"]["groups"] == yaml.safe_load(rules_file.read_text())["groups"]
@@ -467,10 +462,6 @@ class TestHpaLocustAndHelmTest:
 
     def test_locust_runs_the_load_test_against_the_service(self, helm4: str) -> None:
         result = run_helm(helm4, *template_args("locust-values.yaml"))
-        if not (CHART / "files" / "loadtests" / "bls.py").is_file():
-            assert result.returncode != 0
-            assert "locust.enabled is true but the chart holds no loadtests/bls.py" in result.stderr
-            return
         assert result.returncode == 0, result.stderr
         objects = result.objects
         job = one(objects, "Job", "-locust-master")  # headless: one run, never restarted
@@ -544,8 +535,6 @@ def test_the_longest_release_name_keeps_names_valid_and_distinct(helm4: str) -> 
 
 
 def test_locust_with_its_web_ui_keeps_the_master_running(render) -> None:
-    if not (CHART / "files" / "loadtests" / "bls.py").is_file():
-        pytest.skip("loadtests/bls.py is not in the chart yet")
     objects = render(sets=("locust.enabled=true",)).objects
     master = one(objects, "Deployment", "-locust-master")
     assert master["spec"]["replicas"] == 1

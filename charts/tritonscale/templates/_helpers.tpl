@@ -100,7 +100,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- . | lower | replace "_" "-" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The models of the chart's copy of models/: the folders of files/models that hold a config.pbtxt, sorted. */}}
+{{/* The models of models/ (files/models links to it): the folders of files/models that hold a config.pbtxt, sorted. */}}
 {{- define "tritonscale.modelNames" -}}
 {{- $names := list -}}
 {{- range $path, $_ := .Files.Glob "files/models/*/config.pbtxt" -}}
@@ -170,7 +170,7 @@ tritonscale: triton.modelRepository.source is "image" but triton.modelRepository
 {{- else if and (eq $repo.source "uri") (not (regexMatch "^(s3|gs|as)://." $repo.uri)) -}}
 tritonscale: triton.modelRepository.source is "uri" but triton.modelRepository.uri ({{ $repo.uri | quote }}) does not start with s3://, gs:// or as://.
 {{- else if and (eq $repo.source "configMap") (eq (len (fromJsonArray (include "tritonscale.modelNames" .))) 0) -}}
-tritonscale: triton.modelRepository.source is "configMap" but the chart holds no models (files/models is empty): run `make chart-sync`.
+tritonscale: triton.modelRepository.source is "configMap" but the chart holds no models (files/models, a link to the repository's models/, is empty or missing).
 {{- end -}}
 {{- end -}}
 
@@ -256,7 +256,7 @@ tritonscale: operator.replicaCount is {{ .Values.operator.replicaCount }} but op
 
 {{- define "tritonscale.validateValues.locust" -}}
 {{- if and .Values.locust.enabled (not (.Files.Get (printf "files/loadtests/%s" .Values.locust.locustfile))) -}}
-tritonscale: locust.enabled is true but the chart holds no loadtests/{{ .Values.locust.locustfile }} (files/loadtests is synced from loadtests/ by `make chart-sync`).
+tritonscale: locust.enabled is true but the chart holds no loadtests/{{ .Values.locust.locustfile }} (files/loadtests links to loadtests/).
 {{- end -}}
 {{- end -}}
 
