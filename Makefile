@@ -10,6 +10,7 @@ DEBIAN_PACKAGES := prometheus libpython3.11
 
 .PHONY: all deps venv debian demo test lint serve bench clean
 .PHONY: tools chart-sync chart-docs manifests
+.PHONY: images push images-size docker-engine
 
 all: test
 
@@ -68,3 +69,27 @@ manifests: tools chart-sync
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# The images: the operator (operator/Dockerfile, the base install) and Locust
+# (loadtests/Dockerfile), tagged with the chart's appVersion under REGISTRY. Building needs a
+# Docker engine; `make push REGISTRY=registry.example.com/team` then pushes both.
+REGISTRY ?= ghcr.io/tritonscale
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/tritonscale/Chart.yaml)
+OPERATOR_IMAGE := $(REGISTRY)/tritonscale-operator:$(VERSION)
+LOCUST_IMAGE := $(REGISTRY)/tritonscale-locust:$(VERSION)
+
+docker-engine:
+	@docker info >/dev/null 2>&1 || { echo 'make images needs a Docker engine: `docker info` failed (install and start Docker, or point DOCKER_HOST at one)' >&2; exit 1; }
+
+images: docker-engine
+	docker build -f operator/Dockerfile -t $(OPERATOR_IMAGE) .
+	docker build -f loadtests/Dockerfile -t $(LOCUST_IMAGE) .
+
+push: images
+	docker push $(OPERATOR_IMAGE)
+	docker push $(LOCUST_IMAGE)
+
+# Each image's Python environment built as its Dockerfile builds it (no engine needed):
+# size and distributions.
+images-size: venv
+	$(VENV)/bin/pytest -q -s tests/test_images.py -k budget
