@@ -5,8 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Debian packages the tests and the demo use: Prometheus (and promtool) for the real
-# metrics path, and libpython3.11 for the Triton Python backend stub.
-DEBIAN_PACKAGES := prometheus libpython3.11
+# metrics path, libpython3.11 for the Triton Python backend stub, and shellcheck, with which
+# actionlint checks the workflows' scripts.
+DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck
 
 .PHONY: all deps venv debian demo test lint serve bench clean
 .PHONY: tools chart-sync chart-docs manifests
