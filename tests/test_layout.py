@@ -118,3 +118,17 @@ def test_no_import_cycles() -> None:
 def test_every_subpackage_is_known() -> None:
     subpackages = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
     assert subpackages == set(ALLOWED) - {"cli"}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_the_package_finds_no_file_through_its_own_location(module: str) -> None:
+    """Installed, the package sits in site-packages: a path built from `__file__` would point
+    into it (or, from a checkout, at the checkout). Files come from the user or the current
+    directory."""
+    tree = ast.parse(MODULES[module].read_text())
+    uses = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and node.id == "__file__"
+    ]
+    assert uses == [], f"{module} uses __file__ on lines {uses}"
