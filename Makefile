@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck
 
 .PHONY: all deps venv debian demo test lint serve bench clean
-.PHONY: tools chart-sync chart-docs manifests
+.PHONY: tools chart-sync chart-docs manifests cluster-build cluster-up cluster-down
 .PHONY: images push images-size docker-engine
 
 all: test
@@ -70,6 +70,18 @@ manifests: tools chart-sync
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) built from
+# upstream sources with Go into .tools/kubernetes-vX.Y.Z/bin (10-25 minutes cold on 2 cores,
+# seconds afterwards), on loopback; the admin kubeconfig is .cluster/kubeconfig.
+cluster-build: venv
+	$(PY) -m tritonscale.local.cluster build
+
+cluster-up: venv
+	$(PY) -m tritonscale.local.cluster up
+
+cluster-down: venv
+	$(PY) -m tritonscale.local.cluster down
 
 # The images: the operator (operator/Dockerfile, the base install) and Locust
 # (loadtests/Dockerfile), tagged with the chart's appVersion under REGISTRY. Building needs a

@@ -9,6 +9,7 @@ Every import counts, also those inside functions and under `if TYPE_CHECKING:`.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -121,14 +122,15 @@ def test_every_subpackage_is_known() -> None:
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
-def test_the_package_finds_no_file_through_its_own_location(module: str) -> None:
-    """Installed, the package sits in site-packages: a path built from `__file__` would point
-    into it (or, from a checkout, at the checkout). Files come from the user or the current
+def test_the_package_reads_no_file_outside_itself(module: str) -> None:
+    """Installed, the package sits in site-packages: a path climbing out of it from `__file__`
+    would point into site-packages (or, from a checkout, into the checkout). Files beside a
+    module (package data) are fine; everything else comes from the user or the current
     directory."""
-    tree = ast.parse(MODULES[module].read_text())
-    uses = [
-        node.lineno
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Name) and node.id == "__file__"
+    lines = MODULES[module].read_text().splitlines()
+    climbing = [
+        number
+        for number, line in enumerate(lines, start=1)
+        if "__file__" in line and re.search(r"\.parents\b|\.parent\.parent\b|\.\.", line)
     ]
-    assert uses == [], f"{module} uses __file__ on lines {uses}"
+    assert climbing == [], f"{module} builds a path outside the package on lines {climbing}"
