@@ -5,11 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Debian packages the tests and the demo use: Prometheus (and promtool) for the real
-# metrics path, and libpython3.11 for the Triton Python backend stub.
-DEBIAN_PACKAGES := prometheus libpython3.11
+# metrics path, libpython3.11 for the Triton Python backend stub, and shellcheck, with which
+# actionlint checks the workflows' scripts.
+DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck
 
 .PHONY: all deps venv debian demo test check lint serve bench clean
 .PHONY: tools chart-docs manifests cluster-build cluster-up cluster-down
+.PHONY: images push images-size docker-engine
 
 all: test
 
@@ -17,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[server,test]'
+	$(PY) -m pip install --quiet -e '.[all,test]'
 	touch $(STAMP)
 
 # Debian packages, only where missing (needs root, as on these machines and in CI).
@@ -84,3 +86,27 @@ cluster-up: venv
 
 cluster-down: venv
 	$(PY) -m tritonscale.local.cluster down
+
+# The images: the operator (operator/Dockerfile, the base install) and Locust
+# (loadtests/Dockerfile), tagged with the chart's appVersion under REGISTRY. Building needs a
+# Docker engine; `make push REGISTRY=registry.example.com/team` then pushes both.
+REGISTRY ?= ghcr.io/tritonscale
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/tritonscale/Chart.yaml)
+OPERATOR_IMAGE := $(REGISTRY)/tritonscale-operator:$(VERSION)
+LOCUST_IMAGE := $(REGISTRY)/tritonscale-locust:$(VERSION)
+
+docker-engine:
+	@docker info >/dev/null 2>&1 || { echo 'make images needs a Docker engine: `docker info` failed (install and start Docker, or point DOCKER_HOST at one)' >&2; exit 1; }
+
+images: docker-engine
+	docker build -f operator/Dockerfile -t $(OPERATOR_IMAGE) .
+	docker build -f loadtests/Dockerfile -t $(LOCUST_IMAGE) .
+
+push: images
+	docker push $(OPERATOR_IMAGE)
+	docker push $(LOCUST_IMAGE)
+
+# Each image's Python environment built as its Dockerfile builds it (no engine needed):
+# size and distributions.
+images-size: venv
+	$(VENV)/bin/pytest -q -s tests/test_images.py -k budget

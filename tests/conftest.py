@@ -1,4 +1,5 @@
-"""Shared fixtures: one real tritonserver on models/ for the whole test session; the fast lane.
+"""Shared fixtures: one real tritonserver on models/, and one wheel, for the whole session;
+the fast lane.
 
 Tests marked `unit` are the fast lane (`make check`, `pytest -m unit`): pure and quick, they
 start no process (no tritonserver, Prometheus, promtool, helm or kubectl). The hook below holds
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.tooling import require_local_triton
+from tests.venvs import Environment, build_wheel
 from tritonscale.local.triton_server import LocalTriton
 
 
@@ -44,3 +47,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         subprocess.Popen = popen  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package's wheel, built once per session from the checkout."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def base_install(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Environment:
+    """A fresh environment with the wheel's base install (no extras): the operator's image."""
+    return Environment.create(tmp_path_factory.mktemp("base") / "venv", str(wheel))

@@ -6,6 +6,7 @@ commands raise `click.ClickException` (or an error type listed in `USER_ERRORS`)
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -21,6 +22,28 @@ from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTrito
 
 # Errors that are the user's to fix (bad input, a busy port, a missing binary): one line.
 USER_ERRORS: tuple[type[Exception], ...] = (LocalTritonError, TuneConfigError)
+
+
+# What each optional extra of the package brings that a command imports. The base install
+# (the operator's image) runs `operator` and `tune`; the other commands name the extra they
+# miss in one line rather than failing on an import deep inside.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "server": ("pytriton", "numpy"),
+    "load": ("tritonclient", "grpc", "numpy"),
+    "reports": ("matplotlib",),
+}
+
+
+def require_extras(*extras: str) -> None:
+    """Stop the current command with one line naming the first extra that is not installed."""
+    for extra in extras:
+        absent = [name for name in EXTRA_MODULES[extra] if importlib.util.find_spec(name) is None]
+        if absent:
+            command = click.get_current_context().command_path
+            raise click.ClickException(
+                f"'{command}' needs the {extra} extra ({', '.join(absent)} not installed): "
+                f"pip install 'tritonscale[{extra}]'"
+            )
 
 
 class _Group(click.Group):
@@ -89,6 +112,7 @@ def serve(
     models: tuple[str, ...],
 ) -> None:
     """Run a local tritonserver on a model repository until Ctrl-C or SIGTERM."""
+    require_extras("server")
     _stop_on_signals()
     server = LocalTriton(
         model_repository,
@@ -286,6 +310,7 @@ def preview(
     dashboards_dir: Path | None,
 ) -> None:
     """Draw each dashboard's panels from a live Prometheus into one PNG per dashboard."""
+    require_extras("reports")
     # Imported here: the module pulls in matplotlib, which no other command needs.
     from tritonscale.reports import dashboards as dashboard_files
 
@@ -345,6 +370,7 @@ def report(
     out: Path,
 ) -> None:
     """One HTML page with plots of a run: throughput, latency, queue time, instances."""
+    require_extras("reports")
     from tritonscale.reports.report import ReportError, write_report
 
     if (start is None) != (end is None):
@@ -436,6 +462,7 @@ def tune(
 )
 def demo(load: str, out: Path) -> None:
     """The control loop on one machine in under five minutes: Triton, metrics, tune, a step load."""
+    require_extras("server", "load", "reports")
     from tritonscale.local import demo as demonstration
 
     _stop_on_signals()

@@ -67,12 +67,13 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* An image reference from {registry, repository, tag, digest}: the digest wins over the tag; an empty tag is the chart's appVersion. Call with (dict "image" .Values.x.image "root" .). */}}
+{{/* An image reference from {registry, repository, tag, digest}: global.imageRegistry, when set, replaces every image's registry (as in Bitnami's charts); the digest wins over the tag; an empty tag is the chart's appVersion. Call with (dict "image" .Values.x.image "root" .). */}}
 {{- define "tritonscale.image" -}}
 {{- $image := .image -}}
+{{- $registry := default $image.registry (dig "imageRegistry" "" (default dict .root.Values.global)) -}}
 {{- $ref := $image.repository -}}
-{{- if $image.registry -}}
-{{- $ref = printf "%s/%s" $image.registry $image.repository -}}
+{{- if $registry -}}
+{{- $ref = printf "%s/%s" $registry $image.repository -}}
 {{- end -}}
 {{- if $image.digest -}}
 {{- printf "%s@%s" $ref $image.digest -}}

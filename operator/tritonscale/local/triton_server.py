@@ -89,7 +89,7 @@ class TritonInstall:
         if package is None:
             raise LocalTritonError(
                 "tritonserver not found: install the server extra "
-                "(pip install -e '.[server]', which brings nvidia-pytriton==0.7.0)"
+                "(pip install 'tritonscale[server]', which brings nvidia-pytriton==0.7.0)"
             )
         root = package / "tritonserver"
         self.binary = root / "bin" / "tritonserver"
