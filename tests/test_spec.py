@@ -107,12 +107,12 @@ INVALID = [
     Invalid(
         "min above max names both values",
         minimal(minInstances=5, maxInstances=2),
-        "spec: minInstances (5) must be <= maxInstances (2)",
+        "spec: minInstances must be <= maxInstances (minInstances is 5, maxInstances is 2)",
     ),
     Invalid(
         "min above the default max names the default",
         minimal(minInstances=9),
-        "spec: minInstances (9) must be <= maxInstances (8)",
+        "spec: minInstances must be <= maxInstances (minInstances is 9, maxInstances is 8)",
     ),
     Invalid(
         "an unknown key is named",
@@ -277,7 +277,10 @@ def test_a_key_that_would_break_the_line_is_quoted() -> None:
 
 def test_the_path_prefix_names_where_the_spec_came_from() -> None:
     # The local driver reads a list of policies from a file and names them so.
-    with pytest.raises(InvalidSpec, match=r"^policies\[2\]: minInstances \(3\) must be <= "):
+    with pytest.raises(
+        InvalidSpec,
+        match=r"^policies\[2\]: minInstances must be <= maxInstances \(minInstances is 3, ",
+    ):
         AutoscalerSpec.from_dict(minimal(minInstances=3, maxInstances=2), path="policies[2]")
 
 

@@ -27,12 +27,16 @@ class Rule:
 
     Give either a fixed `message` or a `message_expression` (CEL that returns the message,
     to name the values). `field_path` (".minInstances") points the error at one field.
+    `shows` names fields whose values Python adds to the message: a message expression may
+    not turn a number into a string, since the API server estimates the cost of `string(int)`
+    as unbounded and refuses the CRD (kubernetes/kubernetes#124234).
     """
 
     rule: str
     message: str = ""
     message_expression: str = ""
     field_path: str = ""
+    shows: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if bool(self.message) == bool(self.message_expression):
@@ -57,9 +61,12 @@ def first_broken(rules: Sequence[Rule], value: Any) -> tuple[Rule, str] | None:
     activation = {"self": celpy.json_to_cel(value)}
     for rule in rules:
         if not _evaluate(rule.rule, activation):
+            message = rule.message
             if rule.message_expression:
-                return rule, str(_evaluate(rule.message_expression, activation))
-            return rule, rule.message
+                message = str(_evaluate(rule.message_expression, activation))
+            if rule.shows:
+                message += f" ({', '.join(f'{name} is {value[name]}' for name in rule.shows)})"
+            return rule, message
     return None
 
 

@@ -220,10 +220,8 @@ class AutoscalerSpec(SpecModel):
         ),
         Rule(
             "self.minInstances <= self.maxInstances",
-            message_expression=(
-                "'minInstances (' + string(self.minInstances) + ') must be <= maxInstances ('"
-                " + string(self.maxInstances) + ')'"
-            ),
+            message="minInstances must be <= maxInstances",
+            shows=("minInstances", "maxInstances"),
         ),
     )
 
