@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 DEBIAN_PACKAGES := prometheus libpython3.11
 
 .PHONY: all deps venv debian demo test lint serve bench clean
-.PHONY: tools chart-sync chart-docs crd manifests
+.PHONY: tools chart-sync chart-docs crd manifests cluster-build cluster-up cluster-down
 
 all: test
 
@@ -74,3 +74,15 @@ manifests: tools chart-sync crd
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) built from
+# upstream sources with Go into .tools/kubernetes-vX.Y.Z/bin (10-25 minutes cold on 2 cores,
+# seconds afterwards), on loopback; the admin kubeconfig is .cluster/kubeconfig.
+cluster-build: venv
+	$(PY) -m tritonscale.local.cluster build
+
+cluster-up: venv
+	$(PY) -m tritonscale.local.cluster up
+
+cluster-down: venv
+	$(PY) -m tritonscale.local.cluster down

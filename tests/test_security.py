@@ -32,7 +32,7 @@ from tritonscale.control.reconcile import reconcile
 from tritonscale.control.tick import ReconcileState
 from tritonscale.drivers.tune import Tuner, parse_config
 from tritonscale.local.triton_server import LocalTriton, LocalTritonError
-from tritonscale.metrics.sources import ScrapeSource
+from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.triton.actuator import ActuationError, Actuator
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.healing import Healer

@@ -20,7 +20,7 @@ from tritonscale.control.tick import (
     ReconcileState,
 )
 from tritonscale.local.triton_server import LocalTriton, free_port
-from tritonscale.metrics.sources import ScrapeSource
+from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint
 

@@ -43,8 +43,8 @@ from tritonscale.control.tick import (
 from tritonscale.core import policy
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
-from tritonscale.metrics.sources import MetricsSource
-from tritonscale.triton.actuator import Actuator, PodResult
+from tritonscale.metrics.source import MetricsSource
+from tritonscale.triton.actuator import ActuationError, Actuator, PodResult, is_decoupled
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.healing import CONDITION_TYPE as HEALTH_CONDITION
 from tritonscale.triton.healing import NONE as NO_HEALING_ACTION
@@ -216,9 +216,14 @@ def _run(
 
     errors: list[TickError] = []
     snapshot: MetricSnapshot | None = None
+    models = [spec.model, *spec.calls]
+    answering = next(e for e in endpoints if e.name in live)
     try:
         snapshot = source.snapshot(
-            [spec.model, *spec.calls], endpoints, spec.metrics_window_seconds
+            models,
+            endpoints,
+            spec.metrics_window_seconds,
+            decoupled=_decoupled(actuator, answering, models),
         )
     except MetricsUnavailable as error:
         errors.append(TickError(FAILED_GET_METRICS, str(error)))
@@ -299,6 +304,22 @@ def _run(
         finished_at=time.time(),
         healing=healing,
     )
+
+
+def _decoupled(actuator: Actuator, endpoint: Endpoint, models: Sequence[str]) -> set[str]:
+    """The models whose live config on `endpoint` is decoupled; their signals differ.
+
+    A config that cannot be read counts as not decoupled: Triton's own counters then size
+    the model, as they do for every other.
+    """
+    found = set()
+    for model in models:
+        try:
+            if is_decoupled(actuator.live_config(endpoint, model)):
+                found.add(model)
+        except ActuationError:
+            continue
+    return found
 
 
 def _health(healing: Sequence[HealingResult]) -> policy.Condition | None:

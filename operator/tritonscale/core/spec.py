@@ -112,7 +112,13 @@ class Targets(SpecModel):
         description="Queue time / compute time per request; it only ever asks for more instances.",
     )
     pending_per_instance: StrictFloat = Field(
-        2.0, gt=0, description="Pending requests (nv_inference_pending_request_count) per instance."
+        2.0,
+        gt=0,
+        description=(
+            "Pending requests (nv_inference_pending_request_count) per instance; for a decoupled"
+            " model that reports its streams, the streams in flight (and queued requests) per"
+            " instance."
+        ),
     )
     gpu_utilization_ceiling: PositiveFraction = Field(
         0.9,

@@ -31,7 +31,9 @@ from tritonscale.control.reconcile import reconcile
 from tritonscale.control.tick import FAILED_RESCALE, ReconcileState, TickResult
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.drivers import pods
-from tritonscale.metrics.sources import MetricsSource, PrometheusSource, ScrapeSource
+from tritonscale.metrics.prometheus import PrometheusSource
+from tritonscale.metrics.scrape import ScrapeSource
+from tritonscale.metrics.source import MetricsSource
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.healing import Healer
 

@@ -41,7 +41,9 @@ from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.reconcile import reconcile
 from tritonscale.control.tick import ReconcileState, TickResult
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
-from tritonscale.metrics.sources import MetricsSource, PrometheusSource, ScrapeSource
+from tritonscale.metrics.prometheus import PrometheusSource
+from tritonscale.metrics.scrape import ScrapeSource
+from tritonscale.metrics.source import MetricsSource
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint, local_endpoints
 from tritonscale.triton.healing import Healer

@@ -150,7 +150,11 @@ def _prometheus(
         return
     # Prometheus's usual port when it is free, so that a person finds it; else any.
     port = port if port and _port_free(port) else free_port()
-    with LocalPrometheus({"triton": [metrics_target]}, scrape_interval_s=1.0, port=port) as server:
+    # Triton's series in the local driver's namespace, as the recording rules expect them.
+    labels = {"triton": {"namespace": "local"}}
+    with LocalPrometheus(
+        {"triton": [metrics_target]}, scrape_interval_s=1.0, labels=labels, port=port
+    ) as server:
         server.wait_for(f'nv_inference_request_success{{model="{TARGET}"}}', timeout_s=30)
         echo(f"metrics: Prometheus at {server.url} scraping Triton every 1 s (PrometheusSource)")
         yield server

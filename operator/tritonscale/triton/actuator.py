@@ -64,6 +64,12 @@ def instance_count(config: Mapping[str, Any]) -> int:
     return sum(int(group.get("count", 1)) for group in groups)
 
 
+def is_decoupled(config: Mapping[str, Any]) -> bool:
+    """Whether a config answers through response senders (`model_transaction_policy`)."""
+    policy = config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
+
+
 def with_instances(config: Mapping[str, Any], count: int, kind: str = "") -> dict[str, Any]:
     """The live config with only `instance_group` changed: one group of `count`.
 
