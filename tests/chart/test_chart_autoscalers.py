@@ -91,25 +91,6 @@ def test_the_crd_rejects_what_the_chart_must_never_render(crd_schema: dict) -> N
     ]
 
 
-def test_chart_defaults_are_the_crds_defaults(crd_schema: dict) -> None:
-    spec_schema = crd_schema["properties"]["spec"]["properties"]
-    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["autoscalers"]["defaults"]
-    for key in (
-        "minInstances",
-        "maxInstances",
-        "instanceKind",
-        "tolerance",
-        "metricsWindowSeconds",
-        "intervalSeconds",
-        "paused",
-        "dryRun",
-    ):
-        if "default" in spec_schema[key]:
-            assert defaults[key] == spec_schema[key]["default"], key
-    for key, value in defaults["targets"].items():
-        assert value == spec_schema["targets"]["properties"][key]["default"], key
-
-
 def test_default_autoscalers_tune_the_pipeline_and_its_branches(render) -> None:
     objects = render().objects
     specs = {o["spec"]["model"]: o["spec"] for o in by_kind(objects, "InstanceGroupAutoscaler")}

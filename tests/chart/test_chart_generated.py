@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.chart.helm import CHART, REPO_ROOT, load_tool
+from tritonscale.core.spec import AutoscalerSpec
 
 
 @pytest.mark.unit
@@ -43,6 +44,39 @@ def test_docs_check_finds_an_undocumented_value() -> None:
     assert chart_docs.problems(values_text, schema) == [
         "values.yaml: undocumented has no ## @param line",
     ]
+
+
+@pytest.mark.unit
+def test_what_the_autoscaler_spec_generates_is_current() -> None:
+    # The CRD, values.yaml's autoscalers.defaults, their schema and the contract's table all
+    # come from tritonscale.core.spec; an edit to one of them by hand shows up here.
+    assert load_tool("crd").drift() == [], "run `make crd`"
+
+
+@pytest.mark.unit
+def test_the_spec_generator_notices_a_hand_edit_and_a_missing_marker() -> None:
+    crd = load_tool("crd")
+    spec = crd.spec_schema()
+    values = (CHART / "values.yaml").read_text()
+    edited = values.replace("    maxInstances: 8\n", "    maxInstances: 9\n", 1)
+    assert edited != values
+    assert crd.values_text(spec, edited) == values
+    with pytest.raises(ValueError, match="markers"):
+        crd.values_text(spec, values.replace(crd.VALUES_END, ""))
+
+
+@pytest.mark.unit
+def test_the_generated_defaults_are_what_the_models_fill_in() -> None:
+    # A counterfactual to the generator's own walk: pydantic's defaults, read back from
+    # the chart's values, give the same spec as a spec with no keys at all.
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["autoscalers"]["defaults"]
+    bare = {"selector": {"matchLabels": {"app": "triton"}}, "model": "m"}
+    assert AutoscalerSpec.from_dict({**bare, **defaults}) == AutoscalerSpec.from_dict(bare)
+    assert set(defaults) == set(AutoscalerSpec.from_dict(bare).to_dict()) - {
+        "selector",
+        "model",
+        "calls",
+    }
 
 
 @pytest.mark.unit

@@ -214,9 +214,6 @@ tritonscale: triton.pdb.enabled is true but neither triton.pdb.minAvailable nor 
 {{- if gt (int $spec.minInstances) (int $spec.maxInstances) -}}
 {{- $lines = append $lines (printf "tritonscale: autoscalers.models.%s: minInstances (%v) is above maxInstances (%v)." $model $spec.minInstances $spec.maxInstances) -}}
 {{- end -}}
-{{- if lt (int $spec.minInstances) 1 -}}
-{{- $lines = append $lines (printf "tritonscale: autoscalers.models.%s: minInstances (%v) must be at least 1." $model $spec.minInstances) -}}
-{{- end -}}
 {{- end -}}
 {{- join "\n" $lines -}}
 {{- end -}}
