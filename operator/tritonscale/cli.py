@@ -13,11 +13,20 @@ import time
 from pathlib import Path
 
 import click
-import requests
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 from tritonscale.drivers.tune import TuneConfigError
 from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
+from tritonscale.triton.client import TritonClient
+from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.loads import DEFAULT_LOAD_DEADLINE_S
+
+# `--load-deadline` of the operator and of tune: how long a tick waits for one load.
+LOAD_DEADLINE_HELP = (
+    "Seconds a tick waits for one load of a model on a pod (a normal reload takes about "
+    "0.4-3.5 s); past it the old instances keep serving, the tick reports ReloadTimeout, and "
+    "no other load goes to that pod until Triton has answered the first."
+)
 
 # Errors that are the user's to fix (bad input, a busy port, a missing binary): one line.
 USER_ERRORS: tuple[type[Exception], ...] = (LocalTritonError, TuneConfigError)
@@ -169,6 +178,15 @@ def serve(
     help="Triton's metrics port on a pod that names no container port 'metrics'.",
 )
 @click.option(
+    "--load-deadline",
+    "load_deadline_s",
+    show_envvar=True,
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_LOAD_DEADLINE_S,
+    show_default=True,
+    help=LOAD_DEADLINE_HELP,
+)
+@click.option(
     "--verbose", is_flag=True, show_envvar=True, help="Log at debug level, every tick included."
 )
 def operator(
@@ -181,6 +199,7 @@ def operator(
     prometheus_url: str | None,
     triton_http_port: int,
     triton_metrics_port: int,
+    load_deadline_s: float,
     verbose: bool,
 ) -> None:
     """Run the Kubernetes operator: one control loop per InstanceGroupAutoscaler object.
@@ -205,6 +224,7 @@ def operator(
         prometheus_url=prometheus_url or None,
         triton_http_port=triton_http_port,
         triton_metrics_port=triton_metrics_port,
+        load_deadline_s=load_deadline_s,
     )
     try:
         kopf_driver.run(
@@ -221,14 +241,9 @@ def operator(
 
 
 def _loaded_models(server: LocalTriton) -> list[str]:
-    index = requests.post(
-        f"http://{server.http_url}/v2/repository/index",
-        json={"ready": True},
-        headers=server.repository_headers,
-        timeout=5,
-    )
-    index.raise_for_status()
-    return sorted(row["name"] for row in index.json())
+    with TritonClient(Endpoint("local", server.http_url), server.repository_key) as triton:
+        index = triton.repository_index()
+    return sorted(row["name"] for row in index if row.get("state") == "READY")
 
 
 @main.group()
@@ -376,12 +391,25 @@ def report(
     type=click.FloatRange(min=0, min_open=True),
     help="Stop after this many seconds (default: until Ctrl-C or SIGTERM).",
 )
+@click.option(
+    "--load-deadline",
+    "load_deadline_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_LOAD_DEADLINE_S,
+    show_default=True,
+    help=LOAD_DEADLINE_HELP,
+)
 def tune(
-    config_path: Path, metrics_port: int, decision_log: Path | None, duration: float | None
+    config_path: Path,
+    metrics_port: int,
+    decision_log: Path | None,
+    duration: float | None,
+    load_deadline_s: float,
 ) -> None:
     """The local driver: run the policies of a YAML file against static Triton URLs."""
     from tritonscale.control.operator_metrics import OperatorMetrics
     from tritonscale.drivers import tune as tuning
+    from tritonscale.triton.actuator import Actuator
 
     config = tuning.load_config(config_path)
     _stop_on_signals()
@@ -398,7 +426,11 @@ def tune(
     click.echo(f"tuning {names} on {len(config.endpoints)} Triton(s), metrics from {config.source}")
     log = decision_log.open("a") if decision_log else None
     try:
-        tuning.Tuner(config, metrics=metrics, decision_log=log, echo=click.echo).run(duration)
+        actuator = Actuator(load_deadline_s=load_deadline_s)
+        tuner = tuning.Tuner(
+            config, actuator=actuator, metrics=metrics, decision_log=log, echo=click.echo
+        )
+        tuner.run(duration)
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
     finally:

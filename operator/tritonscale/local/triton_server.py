@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import requests
-
 from tritonscale import GRPC_REPOSITORY_KEY_HEADER, REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+from tritonscale.triton.client import TritonClient, TritonError
+from tritonscale.triton.endpoints import Endpoint
 
 # Triton's APIs locked behind the repository key (as the chart does): loading code, and the
 # ones that change the server's state. Inference, health, metadata, config and statistics
@@ -245,46 +245,38 @@ class LocalTriton:
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
-        base = f"http://{self.http_url}"
+        endpoint = Endpoint("local", self.http_url)
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise LocalTritonError(
                     f"tritonserver exited with code {self.process.returncode}: {self._last_error()}"
                 )
             try:
-                index = requests.post(
-                    f"{base}/v2/repository/index",
-                    json={},
-                    headers=self.repository_headers,
-                    timeout=2,
-                )
-            except requests.RequestException:
+                with TritonClient(endpoint, self.repository_key, timeout_s=2) as triton:
+                    states = triton.repository_index()
+            except TritonError:  # not listening yet, or not answering yet
                 time.sleep(0.25)
                 continue
-            if index.status_code == 200:
-                states = index.json()
-                wanted = self.models
-                rows = [row for row in states if wanted is None or row["name"] in wanted]
-                failed = [row for row in rows if row.get("state") == "UNAVAILABLE"]
-                if failed:
-                    row = failed[0]
-                    # Python backend reasons carry a traceback after the first line.
-                    reason = (row.get("reason") or "no reason given").strip().splitlines()[0]
-                    raise LocalTritonError(
-                        f"model '{row['name']}' failed to load: {reason} (log: {self.log_path})"
-                    )
-                absent = sorted(set(wanted or ()) - {row["name"] for row in states})
-                if absent:
-                    raise LocalTritonError(
-                        f"model '{absent[0]}' not found in {self.model_repository}"
-                    )
-                # A folder Triton could not read is listed without a state.
-                unread = [row["name"] for row in rows if "state" not in row]
-                if unread:
-                    raise LocalTritonError(self._poll_failure(unread[0]))
-                loading = [row for row in rows if row["state"] != "READY"]
-                if rows and not loading:
-                    return
+            wanted = self.models
+            rows = [row for row in states if wanted is None or row["name"] in wanted]
+            failed = [row for row in rows if row.get("state") == "UNAVAILABLE"]
+            if failed:
+                row = failed[0]
+                # Python backend reasons carry a traceback after the first line.
+                reason = (row.get("reason") or "no reason given").strip().splitlines()[0]
+                raise LocalTritonError(
+                    f"model '{row['name']}' failed to load: {reason} (log: {self.log_path})"
+                )
+            absent = sorted(set(wanted or ()) - {row["name"] for row in states})
+            if absent:
+                raise LocalTritonError(f"model '{absent[0]}' not found in {self.model_repository}")
+            # A folder Triton could not read is listed without a state.
+            unread = [row["name"] for row in rows if "state" not in row]
+            if unread:
+                raise LocalTritonError(self._poll_failure(unread[0]))
+            loading = [row for row in rows if row["state"] != "READY"]
+            if rows and not loading:
+                return
             time.sleep(0.25)
         raise LocalTritonError(
             f"tritonserver not ready after {self.startup_timeout_s:.0f} s; log: {self.log_path}"
