@@ -242,7 +242,7 @@ class Actuator:
             reason = still_in_flight(earlier, started - earlier.started)
             return PodResult(endpoint.name, before, before, False, reason, 0.0, pending=True)
         override = with_instances(config, desired, kind)
-        what = f"{desired} instances" + (f" of {kind}" if kind else "")
+        what = f"{desired} instance{'' if desired == 1 else 's'}" + (f" of {kind}" if kind else "")
         try:
             late = self.loads.run(
                 endpoint.name, model, what, lambda: self._load(endpoint, model, override)
