@@ -237,7 +237,7 @@ class Healer:
                 model,
                 NONE,
                 POD_UNREACHABLE,
-                f"{model} on {pod}: Triton unreachable ({error.reason}); left to the pod's probes",
+                f"{model} on {pod}: {error.reason}; left to the pod's probes",
             )
         if problem is None:
             return HealingResult(
