@@ -19,6 +19,14 @@ from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 from tritonscale.drivers.tune import TuneConfigError
 from tritonscale.local.ports import LOOPBACK
 from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
+from tritonscale.triton.loads import DEFAULT_LOAD_DEADLINE_S
+
+# `--load-deadline` of the operator and of tune: how long a tick waits for one load.
+LOAD_DEADLINE_HELP = (
+    "Seconds a tick waits for one load of a model on a pod (a normal reload takes about "
+    "0.4-3.5 s); past it the old instances keep serving, the tick reports ReloadTimeout, and "
+    "no other load goes to that pod until Triton has answered the first."
+)
 
 # Errors that are the user's to fix (bad input, a busy port, a missing binary): one line.
 USER_ERRORS: tuple[type[Exception], ...] = (LocalTritonError, TuneConfigError)
@@ -215,6 +223,15 @@ def serve(
     help="Triton's metrics port on a pod that names no container port 'metrics'.",
 )
 @click.option(
+    "--load-deadline",
+    "load_deadline_s",
+    show_envvar=True,
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_LOAD_DEADLINE_S,
+    show_default=True,
+    help=LOAD_DEADLINE_HELP,
+)
+@click.option(
     "--verbose", is_flag=True, show_envvar=True, help="Log at debug level, every tick included."
 )
 def operator(
@@ -227,6 +244,7 @@ def operator(
     prometheus_url: str | None,
     triton_http_port: int,
     triton_metrics_port: int,
+    load_deadline_s: float,
     verbose: bool,
 ) -> None:
     """Run the Kubernetes operator: one control loop per InstanceGroupAutoscaler object.
@@ -251,6 +269,7 @@ def operator(
         prometheus_url=prometheus_url or None,
         triton_http_port=triton_http_port,
         triton_metrics_port=triton_metrics_port,
+        load_deadline_s=load_deadline_s,
     )
     try:
         kopf_driver.run(
@@ -413,12 +432,25 @@ def report(
     type=click.FloatRange(min=0, min_open=True),
     help="Stop after this many seconds (default: until Ctrl-C or SIGTERM).",
 )
+@click.option(
+    "--load-deadline",
+    "load_deadline_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_LOAD_DEADLINE_S,
+    show_default=True,
+    help=LOAD_DEADLINE_HELP,
+)
 def tune(
-    config_path: Path, metrics_port: int, decision_log: Path | None, duration: float | None
+    config_path: Path,
+    metrics_port: int,
+    decision_log: Path | None,
+    duration: float | None,
+    load_deadline_s: float,
 ) -> None:
     """The local driver: run the policies of a YAML file against static Triton URLs."""
     from tritonscale.control.operator_metrics import OperatorMetrics
     from tritonscale.drivers import tune as tuning
+    from tritonscale.triton.actuator import Actuator
 
     config = tuning.load_config(config_path)
     _stop_on_signals()
@@ -435,7 +467,11 @@ def tune(
     click.echo(f"tuning {names} on {len(config.endpoints)} Triton(s), metrics from {config.source}")
     log = decision_log.open("a") if decision_log else None
     try:
-        tuning.Tuner(config, metrics=metrics, decision_log=log, echo=click.echo).run(duration)
+        actuator = Actuator(load_deadline_s=load_deadline_s)
+        tuner = tuning.Tuner(
+            config, actuator=actuator, metrics=metrics, decision_log=log, echo=click.echo
+        )
+        tuner.run(duration)
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
     finally:

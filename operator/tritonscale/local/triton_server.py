@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import requests
-
 from tritonscale import GRPC_REPOSITORY_KEY_HEADER, REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 from tritonscale.local.ports import LOOPBACK, free_port, port_is_taken
+from tritonscale.triton.client import TritonClient, TritonError
+from tritonscale.triton.endpoints import Endpoint
 
 # Triton's APIs locked behind the repository key (as the chart does): loading code, and the
 # ones that change the server's state. Inference, health, metadata, config and statistics
@@ -278,28 +278,21 @@ class LocalTriton:
         self.startup_s = time.monotonic() - started
         return self
 
-    def _repository_index(self, *, ready: bool = False) -> list[dict]:
-        """Triton's model index (only the ready models if asked), on a connection of its own.
+    def _repository_index(self) -> list[dict]:
+        """Triton's model index, on a connection closed right after the answer.
 
-        `Connection: close` makes Triton close the connection once it has answered. A
-        keep-alive connection left open holds Triton's shutdown until its exit timeout,
-        unloading no model. Closing a requests session is not enough: urllib3 2 closes a
-        pooled connection only when its pool is freed, and the traceback of a failed
-        attempt (Triton not up yet) keeps the pool, or the frame holding the last
-        response, alive until the garbage collector happens to run.
+        A keep-alive connection left open holds Triton's shutdown until its exit timeout,
+        unloading no model: the client is closed as soon as it has answered.
         """
-        with requests.post(
-            f"http://{self.http_url}/v2/repository/index",
-            json={"ready": True} if ready else {},
-            headers={**self.repository_headers, "Connection": "close"},
-            timeout=5,
-        ) as index:
-            index.raise_for_status()
-            return index.json()
+        endpoint = Endpoint("local", self.http_url)
+        with TritonClient(endpoint, self.repository_key, timeout_s=5) as triton:
+            return triton.repository_index()
 
     def ready_models(self) -> list[str]:
         """The names of the models that are ready, sorted."""
-        return sorted(row["name"] for row in self._repository_index(ready=True))
+        return sorted(
+            row["name"] for row in self._repository_index() if row.get("state") == "READY"
+        )
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -310,7 +303,7 @@ class LocalTriton:
                 )
             try:
                 states = self._repository_index()
-            except requests.RequestException:
+            except TritonError:  # not listening yet, or not answering yet
                 time.sleep(0.25)
                 continue
             wanted = self.models
