@@ -237,9 +237,7 @@ class TritonPythonModel:
             results = await asyncio.wait_for(
                 pipeline.fan_out(hidden, self.branch_timeout_us), self.answer_deadline_s
             )
-            parts = pipeline.split(
-                pipeline.merge(*results), [len(item.features) for item in live]
-            )
+            parts = pipeline.split(pipeline.merge(*results), [len(item.features) for item in live])
         except asyncio.TimeoutError:
             failure = pipeline.BranchError(
                 f"the branches did not answer within {self.answer_deadline_s:g} s"
