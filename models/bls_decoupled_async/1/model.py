@@ -10,14 +10,25 @@ Each finished stream is held until python_backend has let go of it (see
 `FinishedStreams`, the same as in bls_decoupled_sync): Triton 2.51 otherwise
 frees it on a thread that does not hold the GIL, and the stub dies of a
 corrupted heap under bursts.
+
+A bounded wait: the streams are read on the event loop's executor, not on the
+loop, and each request waits for its two streams at most `answer_deadline_us`
+(config.pbtxt). A stream that never ends (Triton 2.51 leaves the requests of
+a dead square_int32 stub pending for ever) then costs that request an error
+response, not its client a hang.
 """
 
 import asyncio
+import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 STREAMS = 2
+# Stream reads that may be stuck at once (a stream that never ends keeps its
+# executor thread); beyond this, requests fail at once until the model is
+# reloaded, instead of each waiting out the deadline.
+MAX_UNFINISHED = 4
 
 
 class FinishedStreams:
@@ -49,12 +60,32 @@ class FinishedStreams:
 class TritonPythonModel:
     def initialize(self, args):
         self.model_name = args["model_name"]
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        deadline_us = parameters.get("answer_deadline_us", {}).get("string_value", "30000000")
+        self.deadline_s = int(deadline_us) / 1e6
         self.finished_streams = FinishedStreams()
+        self.unfinished = set()  # stream reads not yet returned (a stuck one stays here)
 
     async def execute(self, requests):
-        responses = await asyncio.gather(*(self.square_twice(request) for request in requests))
+        responses = await asyncio.gather(*(self.bounded(request) for request in requests))
         self.finished_streams.release_after_round_trip(requests[-1])
         return list(responses)
+
+    async def bounded(self, request):
+        if len(self.unfinished) >= MAX_UNFINISHED:
+            message = (
+                f"{self.model_name}: {len(self.unfinished)} reads of square_int32's streams "
+                "never finished; reload this model"
+            )
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+        try:
+            return await asyncio.wait_for(self.square_twice(request), self.deadline_s)
+        except asyncio.TimeoutError:
+            message = (
+                f"{self.model_name}: square_int32 did not finish its streams within "
+                f"{self.deadline_s:g} s"
+            )
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
     async def square_twice(self, request):
         in_tensor = pb_utils.get_input_tensor_by_name(request, "IN")
@@ -66,19 +97,30 @@ class TritonPythonModel:
         ]
         streams = [self.finished_streams.hold(s) for s in await asyncio.gather(*calls)]
 
-        total = np.zeros(1, dtype=np.int32)
-        error = None
-        for stream in streams:
-            for bls_response in stream:
-                if bls_response.has_error():
-                    error = error or bls_response.error().message()
-                    continue
-                # The final response of a stream carries the flag and no outputs.
-                out = pb_utils.get_output_tensor_by_name(bls_response, "OUT")
-                if out is not None:
-                    total += out.as_numpy().reshape(1)
+        # Reading a stream blocks until its next response: off the loop, so that
+        # the deadline above can fire.
+        read = asyncio.get_running_loop().run_in_executor(None, add_up, streams)
+        self.unfinished.add(read)
+        read.add_done_callback(self.unfinished.discard)
+        total, error = await asyncio.shield(read)
 
         if error is not None:
             message = f"{self.model_name}: square_int32 failed: {error}"
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("SUM", total)])
+
+
+def add_up(streams):
+    """(the sum of OUT over every response, the first error message or None)."""
+    total = np.zeros(1, dtype=np.int32)
+    error = None
+    for stream in streams:
+        for bls_response in stream:
+            if bls_response.has_error():
+                error = error or bls_response.error().message()
+                continue
+            # The final response of a stream carries the flag and no outputs.
+            out = pb_utils.get_output_tensor_by_name(bls_response, "OUT")
+            if out is not None:
+                total += out.as_numpy().reshape(1)
+    return total, error
