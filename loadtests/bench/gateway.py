@@ -59,6 +59,13 @@ def ceiling_rps(in_flight: int, branch_instances: int) -> float:
     return rows_at_once / (max(BRANCH_MS.values()) / 1000.0)
 
 
+def live_parameters(triton: Any, model: str) -> dict[str, str]:
+    """The config.pbtxt parameters `model` is loaded with now."""
+    with tritonclient.http.InferenceServerClient(triton.http_url) as client:
+        config = client.get_model_config(model)
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
 class Counters:
     """Model statistics: requests answered and executions, per model, since the server started."""
 
@@ -83,11 +90,7 @@ class Bench:
         self.counters = Counters(triton)
         self.cpu = common.ServerCpu(triton)
         self.gateway_parameters: dict[str, str] | None = None
-        self.shipped = self.live_parameters(GATEWAY)
-
-    def live_parameters(self, model: str) -> dict[str, str]:
-        config = self.counters.client.get_model_config(model)
-        return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.shipped = live_parameters(triton, GATEWAY)
 
     def use_gateway_parameters(self, parameters: dict[str, str] | None) -> None:
         wanted = parameters or {}
@@ -236,7 +239,7 @@ def preprocess_pool(bench: Bench) -> list[dict[str, Any]]:
     """preprocess_threads 0 (inline) against 2 (a pool), for pipeline_async and the gateway."""
     rows = []
     for model in ("pipeline_async", GATEWAY):
-        shipped = bench.live_parameters(model)
+        shipped = live_parameters(bench.triton, model)
         try:
             for in_flight in bench.settings["pool_in_flight"]:
                 runs: dict[str, list[dict]] = {"0": [], "2": []}
