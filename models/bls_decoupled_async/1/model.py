@@ -25,10 +25,6 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 STREAMS = 2
-# Stream reads that may be stuck at once (a stream that never ends keeps its
-# executor thread); beyond this, requests fail at once until the model is
-# reloaded, instead of each waiting out the deadline.
-MAX_UNFINISHED = 4
 
 
 class FinishedStreams:
@@ -64,7 +60,9 @@ class TritonPythonModel:
         deadline_us = parameters.get("answer_deadline_us", {}).get("string_value", "30000000")
         self.deadline_s = int(deadline_us) / 1e6
         self.finished_streams = FinishedStreams()
-        self.unfinished = set()  # stream reads not yet returned (a stuck one stays here)
+        # Stream reads that outlived the deadline and have not returned: while one
+        # does, requests fail at once instead of each waiting out the deadline.
+        self.overdue = set()
 
     async def execute(self, requests):
         responses = await asyncio.gather(*(self.bounded(request) for request in requests))
@@ -72,22 +70,27 @@ class TritonPythonModel:
         return list(responses)
 
     async def bounded(self, request):
-        if len(self.unfinished) >= MAX_UNFINISHED:
+        if self.overdue:
             message = (
-                f"{self.model_name}: {len(self.unfinished)} reads of square_int32's streams "
-                "never finished; reload this model"
+                f"{self.model_name}: square_int32 has not finished a stream "
+                f"{self.deadline_s:g} s after it started; not sending more until it does"
             )
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+        reads = set()
         try:
-            return await asyncio.wait_for(self.square_twice(request), self.deadline_s)
+            return await asyncio.wait_for(self.square_twice(request, reads), self.deadline_s)
         except asyncio.TimeoutError:
+            for read in reads:
+                if not read.done():
+                    self.overdue.add(read)
+                    read.add_done_callback(self.overdue.discard)
             message = (
                 f"{self.model_name}: square_int32 did not finish its streams within "
                 f"{self.deadline_s:g} s"
             )
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
-    async def square_twice(self, request):
+    async def square_twice(self, request, reads):
         in_tensor = pb_utils.get_input_tensor_by_name(request, "IN")
         calls = [
             pb_utils.InferenceRequest(
@@ -100,8 +103,9 @@ class TritonPythonModel:
         # Reading a stream blocks until its next response: off the loop, so that
         # the deadline above can fire.
         read = asyncio.get_running_loop().run_in_executor(None, add_up, streams)
-        self.unfinished.add(read)
-        read.add_done_callback(self.unfinished.discard)
+        reads.add(read)
+        # Shielded: on the deadline the read goes on (its thread cannot be stopped), and
+        # `bounded` keeps it in `overdue` until it returns.
         total, error = await asyncio.shield(read)
 
         if error is not None:

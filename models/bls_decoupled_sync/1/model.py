@@ -23,10 +23,10 @@ from concurrent.futures import TimeoutError as CallTimeout
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# Threads that make the BLS calls. A call that never returns keeps its thread;
-# once all of them are kept, requests fail at once (instead of each waiting out
-# the deadline) until the model is reloaded (the healer does that on
-# persistent failures).
+# Threads that make the BLS calls. A call that outlives the deadline keeps its
+# thread; while one does, requests fail at once instead of each waiting out the
+# deadline behind it (a dead callee would otherwise hold a queue of requests,
+# and any reload of this model, for a deadline each).
 CALLERS = 4
 
 
@@ -62,25 +62,25 @@ class TritonPythonModel:
         self.deadline_s = answer_deadline_s(json.loads(args["model_config"]))
         self.finished_streams = FinishedStreams()
         self.callers = ThreadPoolExecutor(CALLERS, thread_name_prefix=f"{self.model_name}-bls")
-        self.unfinished = set()  # calls not yet returned (a stuck one stays here)
+        self.overdue = set()  # calls that outlived the deadline and have not returned
 
     def execute(self, requests):
         # One call at a time, as before; each waited for at most the deadline.
         responses = []
         for request in requests:
-            if len(self.unfinished) >= CALLERS:
+            if self.overdue:
                 message = (
-                    f"{self.model_name}: {len(self.unfinished)} calls to square_int32 never "
-                    "finished; reload this model"
+                    f"{self.model_name}: a call to square_int32 has not finished its stream "
+                    f"{self.deadline_s:g} s after it started; not sending more until it does"
                 )
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
                 continue
             call = self.callers.submit(self.square, request)
-            self.unfinished.add(call)
-            call.add_done_callback(self.unfinished.discard)
             try:
                 responses.append(call.result(timeout=self.deadline_s))
             except CallTimeout:
+                self.overdue.add(call)
+                call.add_done_callback(self.overdue.discard)
                 message = (
                     f"{self.model_name}: square_int32 did not finish its stream within "
                     f"{self.deadline_s:g} s"
