@@ -307,8 +307,9 @@ class ServerCpu:
         self.group = triton.process.pid
         self.ticks_per_s = os.sysconf("SC_CLK_TCK")
 
-    def seconds(self) -> float:
-        total = 0
+    def per_process(self) -> dict[int, float]:
+        """CPU seconds so far of each process of the group, by PID."""
+        seconds = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -318,8 +319,15 @@ class ServerCpu:
                 continue
             # After the name: state, ppid, pgrp, ..., utime (12th), stime (13th).
             if int(fields[2]) == self.group:
-                total += int(fields[11]) + int(fields[12])
-        return total / self.ticks_per_s
+                seconds[int(entry.name)] = (int(fields[11]) + int(fields[12])) / self.ticks_per_s
+        return seconds
+
+    @staticmethod
+    def spent(before: dict[int, float], after: dict[int, float]) -> float:
+        """CPU seconds spent between two readings. A process that ended in between (a stub
+        replaced by a reload) drops out of `after`, so only the processes alive at the end
+        count: subtracting its whole past would make the total negative."""
+        return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
 # ---- command line, progress, results ----------------------------------------------------

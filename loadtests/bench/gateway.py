@@ -108,7 +108,7 @@ class Bench:
 
     def measure(self, model: str, in_flight: int) -> dict[str, Any]:
         before = {m: self.counters.read(m) for m in (model, "branch_embed")}
-        cpu_before = self.cpu.seconds()
+        cpu_before = self.cpu.per_process()
         result = common.measure_stream(
             self.triton.grpc_url,
             model,
@@ -117,7 +117,7 @@ class Bench:
             seconds=self.settings["seconds"],
             warmup_s=self.settings["warmup_s"],
         )
-        cpu_s = self.cpu.seconds() - cpu_before
+        cpu_s = self.cpu.spent(cpu_before, self.cpu.per_process())
         after = {m: self.counters.read(m) for m in (model, "branch_embed")}
         answered = after[model][0] - before[model][0]
         branch_calls = after["branch_embed"][0] - before["branch_embed"][0]
