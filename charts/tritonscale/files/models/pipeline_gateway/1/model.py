@@ -164,20 +164,20 @@ class TritonPythonModel:
             return value
 
         self.branch_timeout_us = number("branch_timeout_us", "1000000")
-        self.answer_deadline_s = number("answer_deadline_us", "10000000") / 1e6
+        self.answer_deadline_s = max(number("answer_deadline_us", "10000000"), 1) / 1e6
         self.pool = pipeline.preprocess_pool(model_config, self.model_name)
         self.batcher = MicroBatcher(
             self.run_batch,
             window_s=number("batch_window_us", "500") / 1e6,
             max_rows=max(number("max_batch_rows", "32"), 1),
-            max_in_flight=max(number("max_batches_in_flight", "2"), 1),
+            max_in_flight=max(number("max_batches_in_flight", "4"), 1),
         )
         self.logger = pb_utils.Logger
         # async_exec() blocks a thread of the event loop's default executor for
         # each BLS call, and that executor has only min(32, CPUs + 4) threads:
         # size it for the calls this model makes at once.
         self.bls_executor = ThreadPoolExecutor(
-            max_workers=max(number("bls_threads", "8"), 1),
+            max_workers=max(number("bls_threads", "12"), 1),
             thread_name_prefix=f"{self.model_name}-bls",
         )
         self.executor_set = False
