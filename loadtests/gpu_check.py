@@ -135,7 +135,7 @@ def run(seconds: float, nvidia_smi: str) -> int:
 
     from loadtests.bench import common
     from tritonscale.local.triton_server import LocalTriton
-    from tritonscale.metrics.sources import ScrapeSource
+    from tritonscale.metrics.scrape import ScrapeSource
     from tritonscale.triton.actuator import Actuator
     from tritonscale.triton.endpoints import Endpoint
 
