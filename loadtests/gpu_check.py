@@ -3,6 +3,12 @@
     python loadtests/gpu_check.py                 # on a machine with an NVIDIA GPU
     python loadtests/gpu_check.py --seconds 60    # a longer load phase
 
+It runs from a checkout and installs nothing (no network needed): the `tritonscale` package
+is imported from operator/, and tritonserver is the one the nvidia-pytriton wheel (the
+`server` extra) put in the Python that runs the script. That Python needs the packages the
+operator and the benchmarks import (numpy, tritonclient, requests, prometheus-client); a
+missing one is named in one line. Finding no GPU needs the standard library only.
+
 What it does, in order, printing one line per check:
 
 1. Finds the GPUs (`nvidia-smi -L`). Where there is none, it prints one line and exits with
@@ -37,11 +43,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import requests
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))  # run as a script: loadtests.bench is importable
+# Run as a script from a checkout: loadtests.bench and this checkout's tritonscale are
+# importable, installed or not.
+for folder in (REPO_ROOT / "operator", REPO_ROOT):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 GPU_METRICS = ("nv_gpu_utilization", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes")
 PIPELINE_MODELS = ("pipeline_async", "branch_embed", "branch_classify", "branch_rank")
@@ -133,11 +140,22 @@ def run(seconds: float, nvidia_smi: str) -> int:
         print(f"gpu-check: no NVIDIA GPU on this machine ({why_none}); nothing was checked")
         return NO_GPU
 
-    from loadtests.bench import common
-    from tritonscale.local.triton_server import LocalTriton
-    from tritonscale.metrics.scrape import ScrapeSource
-    from tritonscale.triton.actuator import Actuator
-    from tritonscale.triton.endpoints import Endpoint
+    # Imported only now: finding no GPU needs nothing outside the standard library.
+    try:
+        from loadtests.bench import common
+        from tritonscale.local.triton_server import LocalTriton, LocalTritonError, TritonInstall
+        from tritonscale.metrics.scrape import ScrapeSource
+        from tritonscale.triton.actuator import Actuator
+        from tritonscale.triton.client import TritonClient
+        from tritonscale.triton.endpoints import Endpoint
+    except ImportError as error:
+        print(f"gpu-check: FAILED {sys.executable} lacks {error.name or error}; install it")
+        return 1
+    try:
+        TritonInstall()
+    except LocalTritonError as error:
+        print(f"gpu-check: FAILED {error}")
+        return 1
 
     checks = Checks()
     print(f"gpu-check: {len(gpus)} GPU(s): {'; '.join(gpus)}")
@@ -147,13 +165,14 @@ def run(seconds: float, nvidia_smi: str) -> int:
             repository, http_port=0, grpc_port=0, metrics_port=0, models=list(PIPELINE_MODELS)
         ) as triton:
             actuator = Actuator(triton.repository_key)
-            endpoint = Endpoint("local", triton.http_url)
+            endpoint = Endpoint("local", triton.http_url, triton.metrics_url)
             for model in PIPELINE_MODELS:
                 kinds = {g["kind"] for g in actuator.live_config(endpoint, model)["instance_group"]}
                 checks.check(kinds == {"KIND_GPU"}, f"{model} serves on KIND_GPU", str(kinds))
 
             def sample() -> dict[str, dict[str, float]]:
-                return gpu_values(requests.get(triton.metrics_url, timeout=10).text)
+                with TritonClient(endpoint, timeout_s=10) as client:
+                    return gpu_values(client.metrics_text())
 
             before = sample()
             for name in GPU_METRICS:

@@ -6,24 +6,48 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from loadtests import gpu_check
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "loadtests" / "gpu_check.py"
 
 
+def run_script(
+    *args: str, python: tuple[str, ...] = (sys.executable,)
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*python, str(SCRIPT), *args], capture_output=True, text=True, timeout=120, cwd="/"
+    )
+
+
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
     missing = tmp_path / "nvidia-smi"  # no such program: as on a machine without a driver
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--nvidia-smi", str(missing)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_script("--nvidia-smi", str(missing))
     assert done.returncode == 2, done.stderr
     assert done.stderr == ""
     assert done.stdout.splitlines() == [
         f"gpu-check: no NVIDIA GPU on this machine ({missing} not found); nothing was checked"
+    ]
+
+
+def test_finding_no_gpu_needs_the_standard_library_only(tmp_path: Path) -> None:
+    # -S: no site-packages at all, as in a bare Python on a machine with no pip.
+    done = run_script("--nvidia-smi", str(tmp_path / "nvidia-smi"), python=(sys.executable, "-S"))
+    assert done.returncode == 2, done.stderr
+    assert done.stdout.startswith("gpu-check: no NVIDIA GPU on this machine")
+
+
+def test_a_python_without_the_packages_names_the_one_missing(tmp_path: Path) -> None:
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: Test GPU (UUID: GPU-0)'\n")
+    fake.chmod(0o755)
+    done = run_script("--nvidia-smi", str(fake), python=(sys.executable, "-S"))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.splitlines() == [
+        f"gpu-check: FAILED {sys.executable} lacks numpy; install it"
     ]
 
 
@@ -35,6 +59,7 @@ def test_an_nvidia_smi_that_lists_no_gpu_counts_as_none(tmp_path: Path) -> None:
     assert gpus == [] and why == f"{fake} -L: No devices were found"
 
 
+@pytest.mark.unit
 def test_the_gpu_repository_turns_every_instance_group_into_kind_gpu(tmp_path: Path) -> None:
     copy = gpu_check.gpu_repository(REPO_ROOT / "models", tmp_path / "models")
     configs = sorted(copy.glob("*/config.pbtxt"))
@@ -46,6 +71,7 @@ def test_the_gpu_repository_turns_every_instance_group_into_kind_gpu(tmp_path: P
     assert (copy / "pipeline_async" / "1" / "model.py").read_text() == original.read_text()
 
 
+@pytest.mark.unit
 def test_gpu_values_reads_tritons_gpu_gauges_per_gpu() -> None:
     page = "\n".join(
         [

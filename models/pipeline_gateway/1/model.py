@@ -15,8 +15,13 @@ requests meet:
   own three small branch calls, and small BLS calls cost CPU that batching
   saves. So each admitted request joins a pending batch, which is sent to the
   branches as one batch when its first request has waited `batch_window_us`,
-  or as soon as it holds `max_batch_rows` rows. `batch_window_us` 0 turns
+  or as soon as it holds `max_batch_rows` rows. `max_batch_rows` 1 turns
   batching off (the plain decoupled gateway, kept as a benchmark variant).
+- Counted by itself. Triton counts each request done as soon as execute has
+  started, so its counters see this model as idle at any load. The model
+  exports the requests it holds, admitted and not yet answered, as the gauge
+  `tritonscale_model_streams_in_flight{model, version}` (python_backend's
+  custom metrics); the operator sizes it by that gauge.
 
 What happens to one request:
 
@@ -63,6 +68,8 @@ pipeline = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pipeline)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# The gauge the operator sizes decoupled models by (tritonscale.metrics.queries).
+STREAMS_IN_FLIGHT = "tritonscale_model_streams_in_flight"
 
 
 class Pending:
@@ -149,6 +156,15 @@ class TritonPythonModel:
     def initialize(self, args):
         self.model_name = args["model_name"]
         model_config = json.loads(args["model_config"])
+        # The family must outlive its metric: both stay on the model.
+        self.streams_family = pb_utils.MetricFamily(
+            name=STREAMS_IN_FLIGHT,
+            description="Decoupled requests whose final response is not sent yet",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.streams = self.streams_family.Metric(
+            labels={"model": self.model_name, "version": args["model_version"]}
+        )
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException(
                 f"{self.model_name} answers through response senders: set "
@@ -186,6 +202,9 @@ class TritonPythonModel:
         if not self.executor_set:
             asyncio.get_running_loop().set_default_executor(self.bls_executor)
             self.executor_set = True
+        # Counted in as they arrive; each `serve` counts its request out once its
+        # final response is sent (or could not be).
+        self.streams.increment(len(requests))
         # Runs in the background: python_backend does not wait for it before
         # handing this instance more requests.
         await asyncio.gather(*(self.serve(request) for request in requests))
@@ -195,15 +214,19 @@ class TritonPythonModel:
     async def serve(self, request):
         """Answer one request with exactly one final response, whatever happens."""
         try:
-            response = await self.respond(request)
-        except Exception as error:  # a bug here must never leave a client waiting for ever
-            response = pipeline.error_response(f"{self.model_name}: {pipeline.describe(error)}")
-        try:
-            request.get_response_sender().send(response, flags=FINAL)
-        except Exception as error:  # the client is gone; nobody is left to tell
-            self.logger.log_warn(
-                f"{self.model_name}: could not send a response: {pipeline.describe(error)}"
-            )
+            try:
+                response = await self.respond(request)
+            except Exception as error:  # a bug here must never leave a client waiting for ever
+                message = f"{self.model_name}: {pipeline.describe(error)}"
+                response = pipeline.error_response(message)
+            try:
+                request.get_response_sender().send(response, flags=FINAL)
+            except Exception as error:  # the client is gone; nobody is left to tell
+                self.logger.log_warn(
+                    f"{self.model_name}: could not send a response: {pipeline.describe(error)}"
+                )
+        finally:  # also when the coroutine itself is cancelled (the model unloading)
+            self.streams.increment(-1)
 
     async def respond(self, request):
         # Cancellation is checked when the batch goes, a moment later.
