@@ -165,6 +165,9 @@ class TritonPythonModel:
         self.streams = self.streams_family.Metric(
             labels={"model": self.model_name, "version": args["model_version"]}
         )
+        self.held = 0  # requests admitted and not yet answered, counted here
+        self.published = 0  # what this instance has added to the gauge so far
+        self.publish_due = False
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException(
                 f"{self.model_name} answers through response senders: set "
@@ -204,7 +207,7 @@ class TritonPythonModel:
             self.executor_set = True
         # Counted in as they arrive; each `serve` counts its request out once its
         # final response is sent (or could not be).
-        self.streams.increment(len(requests))
+        self.count(len(requests))
         # Runs in the background: python_backend does not wait for it before
         # handing this instance more requests.
         await asyncio.gather(*(self.serve(request) for request in requests))
@@ -226,7 +229,30 @@ class TritonPythonModel:
                     f"{self.model_name}: could not send a response: {pipeline.describe(error)}"
                 )
         finally:  # also when the coroutine itself is cancelled (the model unloading)
-            self.streams.increment(-1)
+            self.count(-1)
+
+    def count(self, change):
+        """Change the number of requests held; the gauge follows once per loop turn.
+
+        Each change of a custom metric is a round trip to the server, so the changes
+        of one turn of the event loop (a batch answered, a burst admitted) go as one.
+        Several instances add to the same gauge (same labels): only increments, never
+        a set, so that none overwrites another's share.
+        """
+        self.held += change
+        if self.publish_due:
+            return
+        try:
+            asyncio.get_running_loop().call_soon(self.publish)
+            self.publish_due = True
+        except RuntimeError:  # no running loop: the model is unloading
+            self.publish()
+
+    def publish(self):
+        self.publish_due = False
+        change, self.published = self.held - self.published, self.held
+        if change:
+            self.streams.increment(change)
 
     async def respond(self, request):
         # Cancellation is checked when the batch goes, a moment later.
