@@ -120,17 +120,17 @@ def endpoint(server: LocalTriton) -> Endpoint:
 def streams_gauge(server: LocalTriton) -> float:
     """The gateway's gauge as /metrics shows it now (summed over its series)."""
     with TritonClient(endpoint(server)) as client:
-        values = parse_metrics(client.metrics_text())
-    series = [
-        value
-        for (name, labels), value in values.items()
-        if name == queries.STREAMS_IN_FLIGHT and dict(labels).get("model") == GATEWAY
+        text = client.metrics_text()
+    # One series, whatever the instance count: the instances add to the same gauge.
+    lines = [line for line in text.splitlines() if line.startswith(queries.STREAMS_IN_FLIGHT)]
+    assert len(lines) == 1, lines or f"{queries.STREAMS_IN_FLIGHT} is not in /metrics"
+    [(labels, value)] = [
+        (dict(labels), value)
+        for (name, labels), value in parse_metrics(text).items()
+        if name == queries.STREAMS_IN_FLIGHT
     ]
-    assert series, f"{queries.STREAMS_IN_FLIGHT} for {GATEWAY} is not in /metrics"
-    assert [dict(labels) for (name, labels) in values if name == queries.STREAMS_IN_FLIGHT] == [
-        {"model": GATEWAY, "version": "1"}
-    ]
-    return sum(series)
+    assert labels == {"model": GATEWAY, "version": "1"}, labels
+    return value
 
 
 def sample_for(source: ScrapeSource, server: LocalTriton, seconds: float) -> None:
@@ -220,5 +220,8 @@ def test_one_tick_raises_the_gateways_count_for_its_streams(triton: LocalTriton)
         (1, decision.desired_instances, True)
     ], result.applied
     assert actuator.live_count(endpoint(triton), GATEWAY) == decision.desired_instances
-    # The new instances export the same gauge, back at rest.
+    # The new instances count into the same gauge: at rest, then under load.
+    assert streams_gauge(triton) == 0
+    with ClosedLoopStream(triton, IN_FLIGHT):
+        assert 0 < highest_gauge_under_load(triton, reads=8) <= IN_FLIGHT
     assert streams_gauge(triton) == 0
