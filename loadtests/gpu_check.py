@@ -32,6 +32,7 @@ Exit code 0: every check passed; 1: a check failed (the lines say which); 2: no 
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import shutil
 import subprocess
@@ -134,31 +135,15 @@ class Checks:
         return ok
 
 
-def run(seconds: float, nvidia_smi: str) -> int:
-    gpus, why_none = find_gpus(nvidia_smi)
-    if not gpus:
-        print(f"gpu-check: no NVIDIA GPU on this machine ({why_none}); nothing was checked")
-        return NO_GPU
+def serve_and_check(checks: Checks, seconds: float) -> None:
+    """Steps 2 to 5 of the module's list, on a tritonserver of its own."""
+    from loadtests.bench import common
+    from tritonscale.local.triton_server import LocalTriton
+    from tritonscale.metrics.scrape import ScrapeSource
+    from tritonscale.triton.actuator import Actuator
+    from tritonscale.triton.client import TritonClient
+    from tritonscale.triton.endpoints import Endpoint
 
-    # Imported only now: finding no GPU needs nothing outside the standard library.
-    try:
-        from loadtests.bench import common
-        from tritonscale.local.triton_server import LocalTriton, LocalTritonError, TritonInstall
-        from tritonscale.metrics.scrape import ScrapeSource
-        from tritonscale.triton.actuator import Actuator
-        from tritonscale.triton.client import TritonClient
-        from tritonscale.triton.endpoints import Endpoint
-    except ImportError as error:
-        print(f"gpu-check: FAILED {sys.executable} lacks {error.name or error}; install it")
-        return 1
-    try:
-        TritonInstall()
-    except LocalTritonError as error:
-        print(f"gpu-check: FAILED {error}")
-        return 1
-
-    checks = Checks()
-    print(f"gpu-check: {len(gpus)} GPU(s): {'; '.join(gpus)}")
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
         repository = gpu_repository(REPO_ROOT / "models", Path(folder) / "models")
         with LocalTriton(
@@ -229,6 +214,34 @@ def run(seconds: float, nvidia_smi: str) -> int:
                     "GPU memory used / total is a fraction",
                     f"{gpu}",
                 )
+
+
+def run(seconds: float, nvidia_smi: str) -> int:
+    gpus, why_none = find_gpus(nvidia_smi)
+    if not gpus:
+        print(f"gpu-check: no NVIDIA GPU on this machine ({why_none}); nothing was checked")
+        return NO_GPU
+
+    # Imported only now: finding no GPU needs nothing outside the standard library.
+    try:
+        importlib.import_module("loadtests.bench.common")  # numpy, tritonclient, tritonscale
+        importlib.import_module("tritonscale.metrics.scrape")  # requests, prometheus-client
+        from tritonscale.local.triton_server import LocalTritonError, TritonInstall
+    except ImportError as error:
+        print(f"gpu-check: FAILED {sys.executable} lacks {error.name or error}; install it")
+        return 1
+    try:
+        TritonInstall()
+    except LocalTritonError as error:
+        print(f"gpu-check: FAILED {error}")
+        return 1
+
+    checks = Checks()
+    print(f"gpu-check: {len(gpus)} GPU(s): {'; '.join(gpus)}")
+    try:
+        serve_and_check(checks, seconds)
+    except LocalTritonError as error:  # Triton would not serve the KIND_GPU repository
+        checks.check(False, "tritonserver serves the repository on KIND_GPU", str(error))
     print(f"gpu-check: {'all checks passed' if not checks.failed else f'{checks.failed} failed'}")
     return 1 if checks.failed else 0
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from loadtests import gpu_check
+from tests.tooling import require_local_triton
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "loadtests" / "gpu_check.py"
@@ -88,3 +89,19 @@ def test_gpu_values_reads_tritons_gpu_gauges_per_gpu() -> None:
         "nv_gpu_memory_used_bytes": {"GPU-a": 1048576.0},
         "nv_gpu_memory_total_bytes": {"GPU-a": 8e9},
     }
+
+
+def test_a_gpu_that_triton_cannot_use_fails_with_one_line(tmp_path: Path) -> None:
+    # nvidia-smi lists a GPU, but Triton finds none: the repository's KIND_GPU groups fail.
+    require_local_triton()
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: Test GPU (UUID: GPU-0)'\n")
+    fake.chmod(0o755)
+    done = run_script("--nvidia-smi", str(fake), "--seconds", "1")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "gpu-check: 1 GPU(s): GPU 0: Test GPU (UUID: GPU-0)"
+    assert lines[1].startswith("gpu-check: FAILED tritonserver serves the repository on KIND_GPU")
+    assert "KIND_GPU but no GPUs are available" in lines[1]
+    assert lines[2:] == ["gpu-check: 1 failed"]
