@@ -240,8 +240,10 @@ def test_a_tick_raises_the_gateways_count_for_its_streams(triton: LocalTriton) -
         (1, decision.desired_instances, True)
     ], result.applied
     assert actuator.live_count(endpoint(triton), GATEWAY) == decision.desired_instances
-    # The new instances count into the same gauge: at rest, then under load.
+    # The new instances count into the same gauge: at rest, then under load. Each instance
+    # publishes its changes once per turn of its event loop, so for a moment a request one
+    # instance has answered and its successor, admitted by another, can both be counted.
     assert streams_gauge(triton) == 0
     with ClosedLoopStream(triton, IN_FLIGHT):
-        assert 0 < highest_gauge_under_load(triton) <= IN_FLIGHT
+        assert 0 < highest_gauge_under_load(triton) <= 2 * IN_FLIGHT
     assert streams_gauge(triton) == 0
