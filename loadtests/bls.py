@@ -138,7 +138,10 @@ WORKLOADS: dict[str, Workload] = {
         "bls_decoupled_async", ("SUM",), _stream_count, _check_square(2)
     ),
     "bls_decoupled_sync": Workload("bls_decoupled_sync", ("SUM",), _stream_count, _check_square(1)),
-    # A decoupled model: answered over a gRPC stream, checked in StreamUser.
+    # Decoupled models: answered over a gRPC stream (see the users below).
+    "pipeline_gateway": Workload(
+        "pipeline_gateway", ("EMBEDDING", "LABEL_PROBS", "SCORE"), _features, _check_pipeline, True
+    ),
     "square_int32": Workload("square_int32", ("OUT",), _stream_count, lambda s, g: None, True),
 }
 PROTOCOLS = ("grpc", "http")
@@ -363,6 +366,64 @@ class BlsDecoupledSyncUser(TritonUser):
     workload_name = "bls_decoupled_sync"
 
 
+class PipelineGatewayUser(TritonUser):
+    """pipeline_gateway over a gRPC stream: one request at a time, exactly one response each.
+
+    The gateway is decoupled, so it answers on a stream; it sends one final response per
+    request (a result or an error). The response must carry this request's id and pass the
+    pipeline's checks; a second response, or none within --request-timeout-s, is a failure.
+    """
+
+    workload_name = "pipeline_gateway"
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.answers.put((result, error)))
+        self.sent = 0
+
+    def on_stop(self) -> None:
+        self.client.stop_stream(cancel_requests=False)
+        super().on_stop()
+
+    def send(self) -> None:
+        arrays = self.workload.make_inputs(self.options.payload, self.rng)
+        self.sent += 1
+        request_id = str(self.sent)
+        timeout = self.options.request_timeout_s
+        with self.environment.events.request.measure("grpc-stream", self.workload_name) as meta:
+            self.client.async_stream_infer(
+                self.workload.model,
+                self.make_inputs(arrays),
+                request_id=request_id,
+                outputs=self.requested,
+            )
+            try:
+                result, error = self.answers.get(timeout=timeout)
+            except queue.Empty:
+                raise ResponseError(f"no response within {timeout:g} s") from None
+            if error is not None:
+                raise ResponseError(error.message() or str(error))
+            response = result.get_response()
+            if response.id != request_id:
+                raise ResponseError(f"response for request {response.id!r}, sent {request_id!r}")
+            if not response.parameters["triton_final_response"].bool_param:
+                raise ResponseError("the response is not flagged final")
+            got = {name: result.as_numpy(name) for name in self.workload.outputs}
+            missing = [name for name, value in got.items() if value is None]
+            if missing:
+                raise ResponseError(f"response lacks {', '.join(missing)}")
+            meta["response_length"] = sum(value.nbytes for value in got.values())
+            problem = self.workload.check(arrays, got)
+            if problem:
+                raise ResponseError(problem)
+        if meta["exception"] is not None:
+            # After a timeout a late answer may still come: drop it, and pause (see send()).
+            while not self.answers.empty():
+                self.answers.get_nowait()
+            time.sleep(FAILURE_PAUSE_S)
+
+
 class SquareStreamUser(TritonUser):
     """square_int32 over a gRPC stream: time to the first response and to the final one.
 
@@ -443,6 +504,7 @@ USER_CLASSES: dict[str, type[TritonUser]] = {
         BlsSyncUser,
         PipelineAsyncUser,
         PipelineSyncUser,
+        PipelineGatewayUser,
         BlsDecoupledAsyncUser,
         BlsDecoupledSyncUser,
         SquareStreamUser,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -94,4 +96,51 @@ def infer_concurrently(
             raise AssertionError(f"{model}: {len(answers)} of {len(requests)} requests answered")
     finally:
         client.close()
+    return [answers[index] for index in range(len(requests))]
+
+
+def stream_concurrently(
+    triton: LocalTriton,
+    model: str,
+    requests: list[dict[str, np.ndarray]],
+    outputs: list[str],
+    timeout_s: float = 60,
+) -> list[dict[str, np.ndarray] | str]:
+    """Send all requests at once on one gRPC stream (the way to a decoupled model); per
+    request, its outputs or its error message. Each request must get exactly one response."""
+    arrived: queue.Queue = queue.Queue()
+    client = tritonclient.grpc.InferenceServerClient(triton.grpc_url)
+    client.start_stream(callback=lambda result, error: arrived.put((result, error)))
+    answers: dict[int, dict[str, np.ndarray] | str] = {}
+    unnamed_errors: list[str] = []
+    try:
+        requested = [tritonclient.grpc.InferRequestedOutput(name) for name in outputs]
+        for index, arrays in enumerate(requests):
+            client.async_stream_infer(
+                model, make_inputs("grpc", arrays), request_id=str(index), outputs=requested
+            )
+        deadline = time.monotonic() + timeout_s
+        while len(answers) + len(unnamed_errors) < len(requests):
+            try:
+                result, error = arrived.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"{model}: {len(answers)} of {len(requests)} requests answered "
+                    f"in {timeout_s:.0f} s"
+                ) from None
+            if error is not None:
+                unnamed_errors.append(error.message())
+                continue
+            index = int(result.get_response().id)
+            assert index not in answers, f"{model}: request {index} answered twice"
+            answers[index] = {name: result.as_numpy(name) for name in outputs}
+    finally:
+        client.stop_stream(cancel_requests=len(answers) + len(unnamed_errors) < len(requests))
+        client.close()
+    # tritonclient hands a stream's error responses over without their request id: give them
+    # to the requests that got no result, in order (a test that needs to know which request
+    # failed sends one failing request at a time, or checks the messages).
+    missing = [index for index in range(len(requests)) if index not in answers]
+    for index, message in zip(missing, unnamed_errors, strict=True):
+        answers[index] = message
     return [answers[index] for index in range(len(requests))]

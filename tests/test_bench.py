@@ -18,6 +18,7 @@ from loadtests.bench import (
     async_vs_sync,
     bls_hop,
     common,
+    gateway,
     loadgen_headroom,
     operator_vs_static,
     summary,
@@ -68,6 +69,33 @@ def test_async_vs_sync_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert doc["decoupled"][0]["async"]["requests"] > 0
     assert {"throughput_ratio", "work_ratio"} <= doc["decoupled"][0].keys()
     assert _counts(triton) == before
+
+
+def test_gateway_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    before = {
+        **_counts(triton),
+        "pipeline_gateway": common.Instances(triton).get("pipeline_gateway"),
+    }
+    # The benchmark reloads the gateway with other parameters: they must come back as shipped.
+    shipped = gateway.live_parameters(triton, "pipeline_gateway")
+    result = gateway.run(triton, gateway.QUICK)
+    doc = _written("gateway", result, tmp_path, lambda p: gateway.plot(result, p))
+    [point] = doc["by_in_flight"]
+    assert set(point["variants"]) == {"gateway", "plain_gateway", "async", "sync"}
+    for variant, run in point["variants"].items():
+        assert run["requests"] > 0 and run["failures"] == 0, (variant, run)
+        assert run["server_cpu_ms_per_request"] > 0 and run["rows_per_branch_call"] >= 1
+        assert run["ratio_to_sync"] > 0 and 0 < run["fraction_of_ceiling"] <= 1.5
+    assert point["ceiling_rps"] == round(2 / 0.015, 1)  # 2 in flight, 15 ms at branch_embed
+    assert [b["branch"] for b in doc["branches_alone"]] == list(gateway.BRANCHES)
+    assert all(b["rows_per_s"] > 0 and b["failures"] == 0 for b in doc["branches_alone"])
+    assert doc["gateway_over_best_other_min"] == point["gateway_over_best_other"]
+    after = {
+        **_counts(triton),
+        "pipeline_gateway": common.Instances(triton).get("pipeline_gateway"),
+    }
+    assert after == before
+    assert gateway.live_parameters(triton, "pipeline_gateway") == shipped
 
 
 def test_bls_hop_quick(triton: LocalTriton, tmp_path: Path) -> None:

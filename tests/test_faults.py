@@ -257,7 +257,7 @@ def test_a_config_whose_model_fails_to_initialize_leaves_the_last_good_one_servi
     assert "invalid literal for int()" in refused.json()["error"]
     assert load.report.failed == 0 and load.report.wrong_answers == []
     live = requests.get(f"{base}/v2/models/pipeline_async/config", timeout=10).json()
-    assert live["parameters"]["preprocess_threads"] == {"string_value": "2"}
+    assert live["parameters"]["preprocess_threads"] == config["parameters"]["preprocess_threads"]
     assert requests.get(f"{base}/v2/models/pipeline_async/ready").status_code == 200
     assert stub_pids(server, "pipeline_async") == stubs
 

@@ -38,6 +38,7 @@ NUMPY = {
     "TYPE_FP64": np.float64,
     "TYPE_INT32": np.int32,
     "TYPE_INT64": np.int64,
+    "TYPE_UINT32": np.uint32,
     "TYPE_STRING": np.object_,
 }
 WRONG_DTYPES = [np.float16, np.float64, np.int8, np.int32, np.int64, np.uint8, np.bool_, np.object_]
@@ -106,8 +107,8 @@ def valid_array(port: Port, shape: ModelShape, rng: np.random.Generator, rows: i
     dims += [4 if d < 0 else d for d in port.dims]
     if port.dtype == "TYPE_STRING":
         return np.array([b"add_sub"] * int(np.prod(dims)), dtype=np.object_).reshape(dims)
-    if port.dtype == "TYPE_INT32":
-        return rng.integers(0, 8, size=dims).astype(np.int32)
+    if port.dtype in ("TYPE_INT32", "TYPE_UINT32"):
+        return rng.integers(0, 8, size=dims).astype(NUMPY[port.dtype])
     return rng.standard_normal(dims).astype(NUMPY[port.dtype])
 
 

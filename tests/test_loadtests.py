@@ -23,12 +23,15 @@ GRPC_WORKLOADS = [
     "bls_sync",
     "pipeline_async",
     "pipeline_sync",
+    "pipeline_gateway",
     "bls_decoupled_async",
     "bls_decoupled_sync",
     "square_int32",
 ]
-# square_int32 is decoupled: it runs over a gRPC stream whatever --protocol says.
-HTTP_WORKLOADS = GRPC_WORKLOADS[:-1]
+# pipeline_gateway and square_int32 are decoupled: they run over a gRPC stream whatever
+# --protocol says.
+STREAM_WORKLOADS = ("pipeline_gateway", "square_int32")
+HTTP_WORKLOADS = [w for w in GRPC_WORKLOADS if w not in STREAM_WORKLOADS]
 
 
 def run_locust(
@@ -83,6 +86,24 @@ def test_every_workload_gets_checked_answers(
         assert int(rows[name]["Failure Count"]) == 0, (name, rows[name])
     expected_type = {"grpc": "grpc", "http": "http"}[protocol]
     assert rows["bls_async"]["Type"] == expected_type
+    if "pipeline_gateway" in workloads:
+        assert rows["pipeline_gateway"]["Type"] == "grpc-stream"
+
+
+def test_the_gateway_user_checks_each_streamed_answer(triton: LocalTriton, tmp_path: Path) -> None:
+    # Several users, several rows each: every response must carry its own request's id and
+    # pass the pipeline's checks, one response per request.
+    prefix = tmp_path / "gateway"
+    done = run_locust(
+        triton,
+        "--workload", "pipeline_gateway", "--payload", "3", "--csv", str(prefix),
+        "--max-failure-ratio", "0",
+        users=6,
+        seconds=3,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = stats_rows(prefix)["pipeline_gateway"]
+    assert int(row["Request Count"]) > 10 and int(row["Failure Count"]) == 0, row
 
 
 def _shape_users(stderr: str) -> list[int]:

@@ -173,3 +173,95 @@ def test_bls_async_answers_200_concurrent_requests(triton):
         # Each answer belongs to its own request, not to a neighbour's.
         assert np.array_equal(answer["OUTPUT0"], request["INPUT0"] + request["INPUT1"])
         assert np.array_equal(answer["OUTPUT1"], request["INPUT0"] - request["INPUT1"])
+
+
+def repeat_stream(triton, requests: dict[str, tuple[list[int], list[int], int]]) -> list[tuple]:
+    """Send (IN, DELAY, WAIT) per request id to repeat_int32 on one gRPC stream.
+
+    Returns every response in arrival order as (request id, OUT, IDX, final); an error
+    response as ("error", message, None, True).
+    """
+    arrived: queue.Queue = queue.Queue()
+    client = tritonclient.grpc.InferenceServerClient(triton.grpc_url)
+    client.start_stream(callback=lambda result, error: arrived.put((result, error)))
+    try:
+        for request_id, (values, delays, wait) in requests.items():
+            arrays = {
+                "IN": np.array(values, dtype=np.int32),
+                "DELAY": np.array(delays, dtype=np.uint32),
+                "WAIT": np.array([wait], dtype=np.uint32),
+            }
+            client.async_stream_infer(
+                "repeat_int32",
+                make_inputs("grpc", arrays),
+                request_id=request_id,
+                enable_empty_final_response=True,
+            )
+        responses: list[tuple] = []
+        finals = 0
+        while finals < len(requests):
+            result, error = arrived.get(timeout=30)
+            if error is not None:
+                responses.append(("error", error.message(), None, True))
+                finals += 1
+                continue
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            out, idx = result.as_numpy("OUT"), result.as_numpy("IDX")
+            responses.append(
+                (
+                    response.id,
+                    None if out is None else out.tolist(),
+                    None if idx is None else idx.tolist(),
+                    final,
+                )
+            )
+            finals += final
+        return responses
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_repeat_int32_passes_upstreams_repeat_client_check(triton):
+    # examples/decoupled/repeat_client.py: IN [4, 2, 0, 1], DELAY [1, 2, 3, 4], WAIT 5, then
+    # len(IN) responses for its request id whose OUT, in arrival order, is IN.
+    responses = repeat_stream(triton, {"0": ([4, 2, 0, 1], [1, 2, 3, 4], 5)})
+    results = [r for r in responses if r[1] is not None]
+    assert [r[0] for r in results] == ["0"] * 4
+    assert [r[1] for r in results] == [[4], [2], [0], [1]]
+    assert [r[2] for r in results] == [[0], [1], [2], [3]]
+    assert responses[-1] == ("0", None, None, True)
+
+
+def test_repeat_int32_interleaves_the_responses_of_two_requests(triton):
+    # WAIT 0: execute returns at once and takes the second request while the first one's
+    # responses are still being sent, 150 ms apart.
+    responses = repeat_stream(
+        triton, {"a": ([10, 11, 12], [0, 150, 150], 0), "b": ([20, 21], [75, 150], 0)}
+    )
+    results = [r for r in responses if r[1] is not None]
+    for request_id, values in (("a", [10, 11, 12]), ("b", [20, 21])):
+        mine = [r for r in results if r[0] == request_id]
+        assert [r[1] for r in mine] == [[v] for v in values]
+        assert [r[2] for r in mine] == [[i] for i in range(len(values))]
+    order = [r[0] for r in results]
+    assert order.index("b") < len(order) - 1 - order[::-1].index("a"), order  # interleaved
+
+
+def test_repeat_int32_with_no_values_sends_only_the_final_flag(triton):
+    assert repeat_stream(triton, {"empty": ([], [], 0)}) == [("empty", None, None, True)]
+
+
+def test_repeat_int32_refuses_in_and_delay_of_different_lengths(triton):
+    responses = repeat_stream(triton, {"bad": ([1, 2], [1], 0), "good": ([7], [0], 0)})
+    assert (
+        "error",
+        "repeat_int32: IN and DELAY must have the same shape, got [2] and [1]",
+        None,
+        True,
+    ) in responses
+    assert [r for r in responses if r[0] == "good"] == [
+        ("good", [7], [0], False),
+        ("good", None, None, True),
+    ]

@@ -114,6 +114,12 @@ def test_pipeline_async_answers_200_concurrent_requests_batching_each_execute(tr
         ]
         before = {model: statistics(client, model) for model in ("pipeline_async", *BRANCHES)}
         answers = infer_concurrently(triton, "pipeline_async", requests, OUTPUTS)
+        # Triton counts a request once it is released, which can be a moment after its
+        # client has the response.
+        deadline = time.monotonic() + 10
+        while statistics(client, "pipeline_async")[0] - before["pipeline_async"][0] < 200:
+            assert time.monotonic() < deadline, "pipeline_async never counted 200 requests"
+            time.sleep(0.05)
         after = {model: statistics(client, model) for model in ("pipeline_async", *BRANCHES)}
 
     assert [answer for answer in answers if isinstance(answer, str)] == []

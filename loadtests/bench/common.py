@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import tritonclient.grpc.aio as grpc_aio
+import tritonclient.http
 from tritonclient.utils import np_to_triton_dtype
 
 from tritonscale.local.triton_server import LocalTriton
@@ -33,6 +34,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "reports" / "bench"
 
 Inputs = dict[str, np.ndarray]
+# How long a streamed run waits for its last answers after the measurement ends.
+STREAM_GRACE_S = 30.0
 
 
 def pipeline_inputs(rows: int = 1) -> Callable[[np.random.Generator], Inputs]:
@@ -145,6 +148,101 @@ def measure(
     return asyncio.run(_closed_loop(url, model, make, concurrency, warmup_s, seconds))
 
 
+async def _closed_loop_stream(
+    url: str,
+    model: str,
+    make: Callable[[np.random.Generator], Inputs],
+    concurrency: int,
+    warmup_s: float,
+    seconds: float,
+) -> Measurement:
+    """`concurrency` requests always in flight on one gRPC stream; each request's (single,
+    final) response sends the next. Decoupled models can only be reached this way."""
+    client = grpc_aio.InferenceServerClient(url)
+    rng = np.random.default_rng(concurrency)
+    latencies: list[float] = []
+    failures = 0
+    first_error: str | None = None
+    started = time.perf_counter()
+    measure_from = started + warmup_s
+    measure_to = measure_from + seconds
+    to_send: asyncio.Queue[int | None] = asyncio.Queue()
+    sent_at: dict[str, float] = {}
+    next_id = 0
+
+    def new_request() -> None:
+        nonlocal next_id
+        to_send.put_nowait(next_id)
+        next_id += 1
+
+    async def requests() -> Any:
+        while (request_id := await to_send.get()) is not None:
+            inputs = []
+            for name, array in make(rng).items():
+                tensor = grpc_aio.InferInput(
+                    name, list(array.shape), np_to_triton_dtype(array.dtype)
+                )
+                tensor.set_data_from_numpy(array)
+                inputs.append(tensor)
+            sent_at[str(request_id)] = time.perf_counter()
+            yield {"model_name": model, "inputs": inputs, "request_id": str(request_id)}
+
+    for _ in range(concurrency):
+        new_request()
+    responses = client.stream_infer(requests())
+    try:
+        async with asyncio.timeout(warmup_s + seconds + STREAM_GRACE_S):
+            async for result, error in responses:
+                done = time.perf_counter()
+                if error is None:
+                    request_id = result.get_response().id
+                else:
+                    first_error = first_error or " ".join(str(error).split())[:200]
+                    # Triton names the request of an error response too; if not, any will do.
+                    request_id = next(iter(sent_at))
+                sent = sent_at.pop(request_id, None)
+                if sent is not None and measure_from <= done < measure_to:
+                    if error is None:
+                        latencies.append(done - sent)
+                    else:
+                        failures += 1
+                if done < measure_to:
+                    new_request()
+                elif not sent_at:
+                    break
+    except TimeoutError:
+        first_error = first_error or f"{len(sent_at)} request(s) unanswered at the end"
+    finally:
+        to_send.put_nowait(None)
+        responses.cancel()
+        await client.close()
+    return Measurement(
+        model=model,
+        concurrency=concurrency,
+        seconds=seconds,
+        requests=len(latencies),
+        failures=failures,
+        throughput_rps=len(latencies) / seconds,
+        p50_ms=_percentile(latencies, 50),
+        p95_ms=_percentile(latencies, 95),
+        p99_ms=_percentile(latencies, 99),
+        first_error=first_error,
+    )
+
+
+def measure_stream(
+    url: str,
+    model: str,
+    make: Callable[[np.random.Generator], Inputs],
+    *,
+    concurrency: int,
+    seconds: float,
+    warmup_s: float = 1.0,
+) -> Measurement:
+    """As `measure`, over one gRPC stream (the only way to a decoupled model)."""
+    return asyncio.run(_closed_loop_stream(url, model, make, concurrency, warmup_s, seconds))
+
+
 # ---- the server and its instance counts ---------------------------------------------
 
 
@@ -185,6 +283,51 @@ class Instances:
         """Every model this object changed back to its count before the first change."""
         for model, count in self.original.items():
             self.actuator.apply_one(self.endpoint, model, count)
+
+
+def set_parameters(triton: LocalTriton, model: str, parameters: Mapping[str, str]) -> None:
+    """Reload `model` with these config.pbtxt parameters changed (the rest of its live config
+    kept), through the repository API with the key header."""
+    client = tritonclient.http.InferenceServerClient(triton.http_url)
+    try:
+        config = client.get_model_config(model)
+        for key, value in parameters.items():
+            config.setdefault("parameters", {})[key] = {"string_value": str(value)}
+        client.load_model(model, headers=triton.repository_headers, config=json.dumps(config))
+    finally:
+        client.close()
+
+
+class ServerCpu:
+    """CPU seconds spent by the server and its Python stubs (its process group), from /proc:
+    on a shared machine, CPU per request is steadier than requests per second."""
+
+    def __init__(self, triton: LocalTriton) -> None:
+        assert triton.process is not None, "the server is not running"
+        self.group = triton.process.pid
+        self.ticks_per_s = os.sysconf("SC_CLK_TCK")
+
+    def per_process(self) -> dict[int, float]:
+        """CPU seconds so far of each process of the group, by PID."""
+        seconds = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the process ended meanwhile
+                continue
+            # After the name: state, ppid, pgrp, ..., utime (12th), stime (13th).
+            if int(fields[2]) == self.group:
+                seconds[int(entry.name)] = (int(fields[11]) + int(fields[12])) / self.ticks_per_s
+        return seconds
+
+    @staticmethod
+    def spent(before: dict[int, float], after: dict[int, float]) -> float:
+        """CPU seconds spent between two readings. A process that ended in between (a stub
+        replaced by a reload) drops out of `after`, so only the processes alive at the end
+        count: subtracting its whole past would make the total negative."""
+        return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
 # ---- command line, progress, results ----------------------------------------------------

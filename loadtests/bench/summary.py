@@ -110,7 +110,76 @@ def loadgen_headroom(doc: dict) -> list[str]:
     return lines
 
 
+def gateway(doc: dict) -> list[str]:
+    s = doc["settings"]
+    variants = list(doc["variants"])
+    lines = [
+        f"One instance of each model, {s['rows']} row per request, {s['seconds']:g} s per run"
+        + (
+            ", each variant run twice (A B C D D C B A) and averaged"
+            if s["balanced_rounds"]
+            else ""
+        )
+        + ". Requests/s (p95 ms); ratio to sync; fraction of the branch-time ceiling; server CPU"
+        " ms per request:",
+        "",
+        "| in flight | ceiling rps | "
+        + " | ".join(variants)
+        + " | gateway / better of async and plain |",
+        "|---|---|" + "---|" * len(variants) + "---|",
+    ]
+    for p in doc["by_in_flight"]:
+        cells = []
+        for v in variants:
+            r = p["variants"][v]
+            cells.append(
+                f"{_f(r['throughput_rps'], 0)} ({_f(r['p95_ms'], 0)}); x{_f(r['ratio_to_sync'], 2)}; "
+                f"{_f(r['fraction_of_ceiling'], 2)}; {_f(r['server_cpu_ms_per_request'], 2)}"
+            )
+        lines.append(
+            f"| {p['in_flight']} | {_f(p['ceiling_rps'], 0)} | "
+            + " | ".join(cells)
+            + f" | {_f(p['gateway_over_best_other'], 2)} |"
+        )
+    if doc["branches_alone"]:
+        lines += ["", "Each branch alone at its count (rows/s it can take):", ""]
+        for b in doc["branches_alone"]:
+            lines.append(
+                f"- {b['branch']} ({b['instances']} instance): {_f(b['rows_per_s'], 0)} rows/s "
+                f"with {b['in_flight']} x {b['rows_per_request']} rows in flight"
+            )
+    if doc["grid"]:
+        lines += [
+            "",
+            f"Grid at {s['grid_in_flight']} in flight, requests/s:",
+            "",
+            "| pipeline instances | instances of each branch | " + " | ".join(variants) + " |",
+            "|---|---|" + "---|" * len(variants),
+        ]
+        for p in doc["grid"]:
+            lines.append(
+                f"| {p['parent_instances']} | {p['branch_instances']} | "
+                + " | ".join(_f(p["variants"][v]["throughput_rps"], 0) for v in variants)
+                + " |"
+            )
+    if doc["preprocess_pool"]:
+        lines += [
+            "",
+            "Pre-processing inline (preprocess_threads 0) vs a pool of 2, requests/s:",
+            "",
+            "| model | in flight | inline | pool | pool / inline |",
+            "|---|---|---|---|---|",
+        ]
+        for row in doc["preprocess_pool"]:
+            lines.append(
+                f"| {row['model']} | {row['in_flight']} | {_f(row['inline']['throughput_rps'], 0)} "
+                f"| {_f(row['pool']['throughput_rps'], 0)} | {_f(row['pool_over_inline'], 2)} |"
+            )
+    return lines
+
+
 RENDERERS = {
+    "gateway": gateway,
     "async_vs_sync": async_vs_sync,
     "operator_vs_static": operator_vs_static,
     "bls_hop": bls_hop,

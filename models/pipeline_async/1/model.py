@@ -16,18 +16,22 @@ One execute call, for all the requests the dynamic batcher gave it:
    cancelled gets a CANCELLED response and is never sent to the branches. The
    other requests go on: one bad request never fails its neighbours.
 2. Stack the rows of all admitted requests into one batch and pre-process it
-   (standardise each row, a two-layer projection 64 -> 128 -> 32) on a thread
-   pool, so the numpy work keeps the event loop free.
+   (standardise each row, a two-layer projection 64 -> 128 -> 32), on the
+   calling thread unless `preprocess_threads` asks for a pool (see
+   models/README.md for why no pool is the default).
 3. Fan out: one BLS request per branch, all three sent with async_exec() and
    awaited together with asyncio.gather, each with a timeout
-   (`branch_timeout_us` in config.pbtxt).
-4. Merge the three answers and split them back into one response per request.
+   (`branch_timeout_us` in config.pbtxt). A branch that answers with an
+   error, raises, or leaves out its output fails the requests of this batch
+   with a message naming the branch; nothing escapes execute.
+4. Merge the three answers and split them back into one response per request;
+   a request whose client cancelled while the branches worked gets a
+   CANCELLED response instead.
 
-pipeline_sync is the sync twin: it imports this file and runs the same steps
-with blocking exec() calls, one branch after the other, so the two give
-bit-identical outputs. Every computation here works row by row (see
-`project`), so a request's outputs never depend on which requests it was
-batched with.
+pipeline_sync (the sync twin) and pipeline_gateway (the decoupled gateway)
+import this file and reuse its steps, so all three give bit-identical outputs.
+Every computation here works row by row (see `project`), so a request's
+outputs never depend on which requests it was batched with.
 """
 
 import asyncio
@@ -59,7 +63,7 @@ CLIP = 5.0
 
 
 class BranchError(Exception):
-    """A branch model answered with an error (or timed out)."""
+    """A branch model failed this batch: an error response, an exception, or a missing output."""
 
 
 class TritonPythonModel:
@@ -67,50 +71,72 @@ class TritonPythonModel:
         self.model_name = args["model_name"]
         model_config = json.loads(args["model_config"])
         self.branch_timeout_us = int(parameter(model_config, "branch_timeout_us", "1000000"))
-        # Threads start on first use, so a model that never submits work
-        # (pipeline_sync inherits this method) costs nothing.
-        self.pool = ThreadPoolExecutor(
-            max_workers=int(parameter(model_config, "preprocess_threads", "2")),
-            thread_name_prefix=f"{self.model_name}-preprocess",
-        )
+        self.pool = preprocess_pool(model_config, self.model_name)
 
     async def execute(self, requests):
         responses, admitted = admit(self.model_name, requests)
         if not admitted:
             return responses
 
-        # Pre-processing is blocking numpy work: run it on the pool.
-        loop = asyncio.get_running_loop()
-        hidden = await loop.run_in_executor(self.pool, preprocess, stack(admitted))
-
-        # The three branches work on this batch at the same time.
-        calls = [
-            branch_request(branch, output, hidden, self.branch_timeout_us).async_exec()
-            for branch, output in BRANCHES
-        ]
-        bls_responses = await asyncio.gather(*calls)
-
+        hidden = await preprocess_on(self.pool, stack(admitted))
         try:
-            results = [
-                branch_result(bls_response, branch, output)
-                for (branch, output), bls_response in zip(BRANCHES, bls_responses, strict=True)
-            ]
+            results = await fan_out(hidden, self.branch_timeout_us)
         except BranchError as error:
             fail(responses, admitted, f"{self.model_name}: {error}")
             return responses
-        answer(responses, admitted, merge(*results))
+        answer(self.model_name, requests, responses, admitted, merge(*results))
         return responses
 
     def finalize(self):
-        self.pool.shutdown(wait=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
-# ---- the steps, shared with pipeline_sync -------------------------------------------
+# ---- the steps, shared with pipeline_sync and pipeline_gateway ----------------------
 
 
 def parameter(model_config, key, default):
     """A string parameter of config.pbtxt (`parameters { key: ... }`)."""
     return model_config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+def preprocess_pool(model_config, model_name):
+    """The pre-processing thread pool `preprocess_threads` asks for; None for 0 (no pool)."""
+    threads = int(parameter(model_config, "preprocess_threads", "0"))
+    if threads < 0:
+        raise pb_utils.TritonModelException(
+            f"{model_name}: preprocess_threads must be 0 or more, got {threads}"
+        )
+    if threads == 0:
+        return None
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{model_name}-preprocess")
+
+
+async def preprocess_on(pool, rows):
+    """preprocess(rows), on `pool` when there is one, else right here on the event loop."""
+    if pool is None:
+        return preprocess(rows)
+    return await asyncio.get_running_loop().run_in_executor(pool, preprocess, rows)
+
+
+def cancelled_response(model_name):
+    return error_response(f"{model_name}: request cancelled", pb_utils.TritonError.CANCELLED)
+
+
+def check(model_name, request):
+    """(error response, None) for a request turned away, else (None, its FEATURES)."""
+    if request.is_cancelled():
+        return cancelled_response(model_name), None
+    return checked_features(model_name, request)
+
+
+def checked_features(model_name, request):
+    """check() without the cancellation check: (INVALID_ARG response, None) or (None, FEATURES)."""
+    features = pb_utils.get_input_tensor_by_name(request, "FEATURES").as_numpy()
+    problem = validate(features)
+    if problem is not None:
+        return error_response(f"{model_name}: {problem}", pb_utils.TritonError.INVALID_ARG), None
+    return None, features
 
 
 def admit(model_name, requests):
@@ -123,19 +149,9 @@ def admit(model_name, requests):
     responses = [None] * len(requests)
     admitted = []
     for index, request in enumerate(requests):
-        if request.is_cancelled():
-            responses[index] = error_response(
-                f"{model_name}: request cancelled", pb_utils.TritonError.CANCELLED
-            )
-            continue
-        features = pb_utils.get_input_tensor_by_name(request, "FEATURES").as_numpy()
-        problem = validate(features)
-        if problem is not None:
-            responses[index] = error_response(
-                f"{model_name}: {problem}", pb_utils.TritonError.INVALID_ARG
-            )
-            continue
-        admitted.append((index, features))
+        responses[index], features = check(model_name, request)
+        if features is not None:
+            admitted.append((index, features))
     return responses, admitted
 
 
@@ -184,11 +200,51 @@ def branch_request(branch, output, hidden, timeout_us):
     )
 
 
-def branch_result(bls_response, branch, output):
-    """The branch's output as numpy, or BranchError with the branch's message."""
+async def call_branch(branch, output, hidden, timeout_us):
+    """One branch's output for the batch, or BranchError, whatever went wrong."""
+    try:
+        bls_response = await branch_request(branch, output, hidden, timeout_us).async_exec()
+    except Exception as error:  # from the BLS machinery itself (shared memory, a closed stub)
+        raise BranchError(f"{branch} failed: {describe(error)}") from error
+    return branch_result(bls_response, branch, output, len(hidden))
+
+
+async def fan_out(hidden, timeout_us):
+    """The three branches' outputs for one batch, computed at the same time.
+
+    Every call is awaited to its end, even after another has failed, so no BLS
+    request outlives the batch; then the first failure, in branch order, is
+    raised as BranchError.
+    """
+    outcomes = await asyncio.gather(
+        *(call_branch(branch, output, hidden, timeout_us) for branch, output in BRANCHES),
+        return_exceptions=True,
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome if isinstance(outcome, BranchError) else BranchError(describe(outcome))
+    return outcomes
+
+
+def branch_result(bls_response, branch, output, rows):
+    """The branch's output as numpy, or BranchError naming the branch and what is wrong."""
     if bls_response.has_error():
         raise BranchError(f"{branch} failed: {bls_response.error().message()}")
-    return pb_utils.get_output_tensor_by_name(bls_response, output).as_numpy()
+    tensor = pb_utils.get_output_tensor_by_name(bls_response, output)
+    if tensor is None:
+        raise BranchError(f"{branch} answered without {output}")
+    value = tensor.as_numpy()
+    if value.ndim < 1 or len(value) != rows:
+        raise BranchError(
+            f"{branch} answered {output} with shape {list(value.shape)} for {rows} row(s)"
+        )
+    return value
+
+
+def describe(error):
+    """An exception as one line: its type and message."""
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def merge(embedding, label_probs, relevance):
@@ -202,15 +258,31 @@ def merge(embedding, label_probs, relevance):
     }
 
 
-def answer(responses, admitted, outputs):
-    """Split the batch's outputs back into one response per admitted request."""
+def split(outputs, sizes):
+    """The batch's outputs cut back into one dict per request, `sizes` rows each."""
+    parts = []
     start = 0
-    for index, features in admitted:
-        rows = slice(start, start + len(features))
-        responses[index] = pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(name, value[rows]) for name, value in outputs.items()]
-        )
-        start += len(features)
+    for size in sizes:
+        parts.append({name: value[start : start + size] for name, value in outputs.items()})
+        start += size
+    return parts
+
+
+def result_response(outputs):
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]
+    )
+
+
+def answer(model_name, requests, responses, admitted, outputs):
+    """One response per admitted request: its rows of the outputs, or CANCELLED if its
+    client gave up while the branches worked."""
+    parts = split(outputs, [len(features) for _, features in admitted])
+    for (index, _), part in zip(admitted, parts, strict=True):
+        if requests[index].is_cancelled():
+            responses[index] = cancelled_response(model_name)
+        else:
+            responses[index] = result_response(part)
 
 
 def fail(responses, admitted, message):

@@ -33,7 +33,7 @@ _spec.loader.exec_module(pipeline)
 
 
 class TritonPythonModel(pipeline.TritonPythonModel):
-    # initialize and finalize are pipeline_async's (parameters, an idle pool).
+    # initialize and finalize are pipeline_async's (parameters; no pool unless asked).
 
     def execute(self, requests):
         responses, admitted = pipeline.admit(self.model_name, requests)
@@ -45,15 +45,20 @@ class TritonPythonModel(pipeline.TritonPythonModel):
         # One branch after the other: each exec() blocks until that branch answers.
         try:
             results = [
-                pipeline.branch_result(
-                    pipeline.branch_request(branch, output, hidden, self.branch_timeout_us).exec(),
-                    branch,
-                    output,
-                )
+                call_branch(branch, output, hidden, self.branch_timeout_us)
                 for branch, output in pipeline.BRANCHES
             ]
         except pipeline.BranchError as error:
             pipeline.fail(responses, admitted, f"{self.model_name}: {error}")
             return responses
-        pipeline.answer(responses, admitted, pipeline.merge(*results))
+        pipeline.answer(self.model_name, requests, responses, admitted, pipeline.merge(*results))
         return responses
+
+
+def call_branch(branch, output, hidden, timeout_us):
+    """pipeline_async's call_branch with the blocking exec(): the output, or BranchError."""
+    try:
+        bls_response = pipeline.branch_request(branch, output, hidden, timeout_us).exec()
+    except Exception as error:  # from the BLS machinery itself (shared memory, a closed stub)
+        raise pipeline.BranchError(f"{branch} failed: {pipeline.describe(error)}") from error
+    return pipeline.branch_result(bls_response, branch, output, len(hidden))
