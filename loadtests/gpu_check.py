@@ -54,6 +54,7 @@ for folder in (REPO_ROOT / "operator", REPO_ROOT):
 GPU_METRICS = ("nv_gpu_utilization", "nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes")
 PIPELINE_MODELS = ("pipeline_async", "branch_embed", "branch_classify", "branch_rank")
 NO_GPU = 2
+TOTAL_MEMORY_WAIT_S = 15.0  # for Triton's first reading of the GPUs
 
 
 def find_gpus(nvidia_smi: str = "nvidia-smi") -> tuple[list[str], str]:
@@ -159,9 +160,23 @@ def serve_and_check(checks: Checks, seconds: float) -> None:
                 with TritonClient(endpoint, timeout_s=10) as client:
                     return gpu_values(client.metrics_text())
 
+            # Triton reads the GPUs every couple of seconds (DCGM): until its first reading the
+            # gauges are there but 0, the total memory too. Wait for that reading, bounded.
             before = sample()
+            first_reading = time.monotonic() + TOTAL_MEMORY_WAIT_S
+            while not all(before["nv_gpu_memory_total_bytes"].values()) and (
+                time.monotonic() < first_reading
+            ):
+                time.sleep(0.5)
+                before = sample()
             for name in GPU_METRICS:
                 checks.check(bool(before[name]), f"{name} is reported", f"{before[name]}")
+            totals = before["nv_gpu_memory_total_bytes"].values()
+            checks.check(
+                bool(totals) and all(total > 0 for total in totals),
+                f"Triton read the GPUs' total memory within {TOTAL_MEMORY_WAIT_S:g} s",
+                f"{before['nv_gpu_memory_total_bytes']}",
+            )
 
             source = ScrapeSource([triton.metrics_url])
             source.snapshot(list(PIPELINE_MODELS))
