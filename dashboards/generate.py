@@ -1,11 +1,19 @@
-"""Write the Grafana dashboards of this folder from one readable description.
+"""Write what is generated from tritonscale.metrics.queries, the one definition of the signals.
 
-    python dashboards/generate.py          # rewrite dashboards/*.json
+    python dashboards/generate.py          # rewrite every output
     python dashboards/generate.py --check  # exit 1 when a committed file differs
 
-The JSON files are what Grafana, the Helm chart (`make chart-sync`) and
-`tritonscale dashboards preview` read; this script is the one place to change them.
-Every query selects with `=~"$var"` and every variable offers "All" as `.*`, so the
+(run it with the project's environment, .venv/bin/python, where tritonscale is installed).
+The outputs:
+
+- the Grafana dashboards, dashboards/*.json, from the readable description below; Grafana,
+  the Helm chart (through links in its files/) and `tritonscale dashboards preview` read them;
+- the recording rules of dashboards/rules/tritonscale.rules.yaml, between its
+  `generated:start` and `generated:end` lines (the alerts around them are written by hand);
+- the prometheus-adapter rule of charts/tritonscale/README.md, between its
+  `adapter-rule:start` and `adapter-rule:end` markers.
+
+Every dashboard query selects with `=~"$var"` and every variable offers "All" as `.*`, so the
 dashboards work on Kubernetes (series labelled namespace and pod) and on a local
 Prometheus (series with job and instance only): in Prometheus `label=~".*"` also matches
 a series that lacks the label.
@@ -16,10 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from tritonscale.metrics import queries
+from tritonscale.metrics.queries import Scope
+
 HERE = Path(__file__).resolve().parent
+RULES = HERE / "rules" / "tritonscale.rules.yaml"
+CHART_README = HERE.parent / "charts" / "tritonscale" / "README.md"
 SCHEMA_VERSION = 41  # Grafana 12's classic dashboard JSON model
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "[$__rate_interval]"
@@ -30,40 +46,22 @@ MODEL_SEL = 'namespace=~"$namespace", pod=~"$pod", model=~"$model"'
 POD_SEL = 'namespace=~"$namespace", pod=~"$pod"'
 OPERATOR_SEL = 'namespace=~"$namespace", model=~"$model"'
 DECOUPLED_SEL = 'namespace=~"$namespace", pod=~"$pod", model=~"$decoupled"'
-COMPUTE_STAGES = ("compute_input", "compute_infer", "compute_output")
 
 
-# ---- PromQL helpers ------------------------------------------------------------------
-def rate(metric: str, selector: str = MODEL_SEL) -> str:
-    return f"rate({metric}{{{selector}}}{RATE})"
+# ---- PromQL: the signals come from tritonscale.metrics.queries ------------------------
+PER_MODEL = Scope(MODEL_SEL, "$__rate_interval", ("model",))
+ALL_MODELS = Scope(MODEL_SEL, "$__rate_interval", ())
+DECOUPLED = Scope(DECOUPLED_SEL, "$__rate_interval", ("model",))
 
 
-def by_model(expr: str) -> str:
-    return f"sum by (model) ({expr})"
+def per_request(metric: str, scope: Scope = PER_MODEL) -> str:
+    """Microseconds of a duration counter per successful request: a stage of the latency."""
+    return f"{scope.sum(scope.rate(metric))}\n  / {queries.request_rate(scope)}"
 
 
-def per_request(metric: str, selector: str = MODEL_SEL) -> str:
-    """Microseconds of `metric` per successful request, by model."""
-    return (
-        f"{by_model(rate(metric, selector))}\n  / "
-        f"{by_model(rate('nv_inference_request_success', selector))}"
-    )
-
-
-def compute_rate(selector: str = MODEL_SEL) -> str:
-    """Compute microseconds per second (input + infer + output), one series per pod and model."""
-    return " + ".join(
-        rate(f"nv_inference_{stage}_duration_us", selector) for stage in COMPUTE_STAGES
-    )
-
-
-def busy_instances(selector: str = MODEL_SEL) -> str:
-    """Instances' worth of compute per model, the batch charge undone (see the contract doc)."""
-    return (
-        f"{by_model(compute_rate(selector))} / 1e6\n"
-        f"  * {by_model(rate('nv_inference_exec_count', selector))}\n"
-        f"  / {by_model(rate('nv_inference_request_success', selector))}"
-    )
+def per_execution(rate_of: str, scope: Scope = PER_MODEL) -> str:
+    """A rate per model execution (batch): how much one execute call handled."""
+    return f"{rate_of}\n  / {queries.execution_rate(scope)}"
 
 
 # ---- Grafana JSON helpers --------------------------------------------------------------
@@ -301,15 +299,13 @@ def triton_variables(model_default: list[str] | None = None) -> list[dict[str, A
 
 # ---- the dashboards -------------------------------------------------------------------
 def triton_overview() -> dict[str, Any]:
-    success = rate("nv_inference_request_success")
-    failure = rate("nv_inference_request_failure")
     panels = [
         row("At a glance"),
         stat(
             "Requests per second",
             "Successful inference requests per second, all selected models and pods.",
             "reqps",
-            f"sum({success})",
+            queries.request_rate(ALL_MODELS),
         ),
         stat(
             "Failed requests",
@@ -317,7 +313,7 @@ def triton_overview() -> dict[str, Any]:
             "'Failed requests by model and reason' below. An error response a Python model "
             "returns for one request counts as a success in Triton 2.51.",
             "percentunit",
-            f"sum({failure})\n  / (sum({success}) + sum({failure}))",
+            queries.failure_ratio(ALL_MODELS),
             thresholds=[("green", None), ("orange", 0.01), ("red", 0.05)],
         ),
         stat(
@@ -332,14 +328,14 @@ def triton_overview() -> dict[str, Any]:
             "Requests waiting in Triton's queues right now, all selected models and pods. "
             "A number that keeps growing means the instances cannot keep up.",
             "short",
-            f"sum(nv_inference_pending_request_count{{{MODEL_SEL}}})",
+            queries.pending_requests(ALL_MODELS),
         ),
         row("Traffic"),
         timeseries(
             "Requests per second by model",
             "Successful inference requests per second, per model, summed over the selected pods.",
             "reqps",
-            [target(by_model(success), "{{model}}")],
+            [target(queries.request_rate(PER_MODEL), "{{model}}")],
         ),
         timeseries(
             "Failed requests by model and reason",
@@ -350,7 +346,7 @@ def triton_overview() -> dict[str, Any]:
             "that a Python model returns for one request (bad input, a branch failure as the "
             "pipeline reports it) as a success: watch the clients' error rate too.",
             "reqps",
-            [target(f"sum by (model, reason) ({failure})", "{{model}} {{reason}}")],
+            [target(queries.failure_rate(PER_MODEL, by_reason=True), "{{model}} {{reason}}")],
         ),
         row("Latency"),
         timeseries(
@@ -358,8 +354,8 @@ def triton_overview() -> dict[str, Any]:
             "Mean end-to-end time of a request inside Triton (queue + compute), from the "
             "cumulative duration counters. A BLS model's time includes waiting for the "
             "models it calls.",
-            "µs",
-            [target(per_request("nv_inference_request_duration_us"), "{{model}}")],
+            "s",
+            [target(queries.mean_request_seconds(PER_MODEL), "{{model}}")],
         ),
         timeseries(
             "Request latency p50 / p95 / p99",
@@ -379,8 +375,8 @@ def triton_overview() -> dict[str, Any]:
             "Queue time per request",
             "Mean time a request waited for a free model instance (and the dynamic batcher's "
             "delay). Growing queue time with flat compute time means too few instances.",
-            "µs",
-            [target(per_request("nv_inference_queue_duration_us"), "{{model}}")],
+            "s",
+            [target(queries.mean_queue_seconds(PER_MODEL), "{{model}}")],
         ),
         timeseries(
             "Queue time / compute time",
@@ -388,25 +384,14 @@ def triton_overview() -> dict[str, Any]:
             "autoscaler compares with its queueComputeRatio target (0.5 by default). Above 1 "
             "requests wait longer than they run.",
             "none",
-            [
-                target(
-                    f"{by_model(rate('nv_inference_queue_duration_us'))}\n  / "
-                    f"{by_model(compute_rate())}",
-                    "{{model}}",
-                )
-            ],
+            [target(queries.queue_compute_ratio(PER_MODEL), "{{model}}")],
         ),
         row("Queue and batching"),
         timeseries(
             "Pending requests by model",
             "Requests waiting for an instance right now (nv_inference_pending_request_count).",
             "short",
-            [
-                target(
-                    f"sum by (model) (nv_inference_pending_request_count{{{MODEL_SEL}}})",
-                    "{{model}}",
-                )
-            ],
+            [target(queries.pending_requests(PER_MODEL), "{{model}}")],
             width=8,
         ),
         timeseries(
@@ -415,15 +400,8 @@ def triton_overview() -> dict[str, Any]:
             "batching; a higher number means the dynamic batcher is combining requests.",
             "short",
             [
-                target(
-                    f"{by_model(rate('nv_inference_count'))}\n  / "
-                    f"{by_model(rate('nv_inference_exec_count'))}",
-                    "{{model}} inferences",
-                ),
-                target(
-                    f"{by_model(success)}\n  / {by_model(rate('nv_inference_exec_count'))}",
-                    "{{model}} requests",
-                ),
+                target(per_execution(queries.inference_rate(PER_MODEL)), "{{model}} inferences"),
+                target(per_execution(queries.request_rate(PER_MODEL)), "{{model}} requests"),
             ],
             width=8,
         ),
@@ -433,7 +411,7 @@ def triton_overview() -> dict[str, Any]:
             "second, corrected for batching), summed over pods. Compare with the instance "
             "count: close to it means every instance is busy.",
             "short",
-            [target(busy_instances(), "{{model}}")],
+            [target(queries.busy_instances(PER_MODEL), "{{model}}")],
             width=8,
         ),
         row("GPU"),
@@ -513,7 +491,6 @@ DECOUPLED_MODELS = ["bls_decoupled_async", "bls_decoupled_sync", "square_int32"]
 
 
 def bls_pipeline() -> dict[str, Any]:
-    success = rate("nv_inference_request_success")
     stage_panels = [
         timeseries(
             f"{name} time per request",
@@ -557,15 +534,15 @@ def bls_pipeline() -> dict[str, Any]:
             "Successful requests per second of the pipeline and of each branch. With batching "
             "a branch sees fewer, larger requests than the pipeline (one per pipeline execution).",
             "reqps",
-            [target(by_model(success), "{{model}}")],
+            [target(queries.request_rate(PER_MODEL), "{{model}}")],
             width=8,
         ),
         timeseries(
             "Average request latency",
             "Mean time a request spends in Triton, per model. The pipeline's latency is its own "
             "work plus the slowest branch (the branches run concurrently).",
-            "µs",
-            [target(per_request("nv_inference_request_duration_us"), "{{model}}")],
+            "s",
+            [target(queries.mean_request_seconds(PER_MODEL), "{{model}}")],
             width=8,
         ),
         timeseries(
@@ -574,12 +551,7 @@ def bls_pipeline() -> dict[str, Any]:
             "on the branch. The pipeline answers those requests with error responses, which "
             "Triton 2.51 counts as pipeline successes: the failure shows on the branch only.",
             "reqps",
-            [
-                target(
-                    f"sum by (model, reason) ({rate('nv_inference_request_failure')})",
-                    "{{model}} {{reason}}",
-                )
-            ],
+            [target(queries.failure_rate(PER_MODEL, by_reason=True), "{{model}} {{reason}}")],
             width=8,
         ),
         row("Where the time goes (per request, per stage)"),
@@ -589,13 +561,7 @@ def bls_pipeline() -> dict[str, Any]:
             "Waiting per unit of computing, per model. The branch with the highest ratio is "
             "the one to give instances first.",
             "none",
-            [
-                target(
-                    f"{by_model(rate('nv_inference_queue_duration_us'))}\n  / "
-                    f"{by_model(compute_rate())}",
-                    "{{model}}",
-                )
-            ],
+            [target(queries.queue_compute_ratio(PER_MODEL), "{{model}}")],
             width=8,
         ),
         timeseries(
@@ -603,19 +569,14 @@ def bls_pipeline() -> dict[str, Any]:
             "Instances' worth of compute per model (compute seconds per second, corrected for "
             "batching). A BLS parent counts as busy while it waits for its branches.",
             "short",
-            [target(busy_instances(), "{{model}}")],
+            [target(queries.busy_instances(PER_MODEL), "{{model}}")],
             width=8,
         ),
         timeseries(
             "Pending requests",
             "Requests waiting for an instance right now, per model.",
             "short",
-            [
-                target(
-                    f"sum by (model) (nv_inference_pending_request_count{{{MODEL_SEL}}})",
-                    "{{model}}",
-                )
-            ],
+            [target(queries.pending_requests(PER_MODEL), "{{model}}")],
             width=8,
         ),
         row("Batching"),
@@ -625,15 +586,8 @@ def bls_pipeline() -> dict[str, Any]:
             "requests of one execute into one batch per branch call.",
             "short",
             [
-                target(
-                    f"{by_model(success)}\n  / {by_model(rate('nv_inference_exec_count'))}",
-                    "{{model}} requests",
-                ),
-                target(
-                    f"{by_model(rate('nv_inference_count'))}\n  / "
-                    f"{by_model(rate('nv_inference_exec_count'))}",
-                    "{{model}} inferences",
-                ),
+                target(per_execution(queries.request_rate(PER_MODEL)), "{{model}} requests"),
+                target(per_execution(queries.inference_rate(PER_MODEL)), "{{model}} inferences"),
             ],
             width=24,
         ),
@@ -644,19 +598,20 @@ def bls_pipeline() -> dict[str, Any]:
             "Triton 2.51 counts requests, not the responses of a stream: square_int32 sends "
             "IN responses per request.",
             "reqps",
-            [target(by_model(rate("nv_inference_request_success", DECOUPLED_SEL)), "{{model}}")],
+            [target(queries.request_rate(DECOUPLED), "{{model}}")],
             width=8,
         ),
         timeseries(
-            "Decoupled stream duration",
-            "Mean time inside execute per request: for a decoupled model, from the first to "
-            "the final response of its stream.",
-            "µs",
+            "Decoupled requests in flight",
+            "Requests a decoupled model holds now. 'in Triton': the mean number inside Triton "
+            "(queued or in execute: request seconds per second), right for a model whose "
+            "execute holds each stream (square_int32). A model whose async execute returns at "
+            "once is counted done when its stream begins: only the gauge it exports itself "
+            f"({queries.STREAMS_IN_FLIGHT}), 'streams', sees its streams.",
+            "short",
             [
-                target(
-                    per_request("nv_inference_compute_infer_duration_us", DECOUPLED_SEL),
-                    "{{model}}",
-                )
+                target(queries.request_seconds_per_second(DECOUPLED), "{{model}} in Triton"),
+                target(queries.streams_in_flight(DECOUPLED), "{{model}} streams"),
             ],
             width=8,
         ),
@@ -664,12 +619,7 @@ def bls_pipeline() -> dict[str, Any]:
             "Decoupled failures by reason",
             "Failed decoupled requests per second (a stream that errors counts once).",
             "reqps",
-            [
-                target(
-                    f"sum by (model, reason) ({rate('nv_inference_request_failure', DECOUPLED_SEL)})",
-                    "{{model}} {{reason}}",
-                )
-            ],
+            [target(queries.failure_rate(DECOUPLED, by_reason=True), "{{model}} {{reason}}")],
             width=8,
         ),
     ]
@@ -745,7 +695,7 @@ def autoscaler() -> dict[str, Any]:
             "for batching, summed over pods), against the live instance count per pod.",
             "short",
             [
-                target(busy_instances(), "busy {{model}}"),
+                target(queries.busy_instances(PER_MODEL), "busy {{model}}"),
                 target(
                     f"max by (model) (tritonscale_current_instances{{{OPERATOR_SEL}}})",
                     "current per pod {{model}}",
@@ -799,9 +749,14 @@ def autoscaler() -> dict[str, Any]:
         timeseries(
             "Pending per instance",
             "Pending requests per instance as the policy saw it (target: "
-            "spec.targets.pendingPerInstance, 2 by default).",
+            "spec.targets.pendingPerInstance, 2 by default). For a decoupled model that "
+            "exports its streams, the streams in flight (and queued requests) per instance: "
+            "the signal that sizes it, against the same target.",
             "short",
-            [target(signal("pending_per_instance"), "{{autoscaler}}")],
+            [
+                target(signal("pending_per_instance"), "pending {{autoscaler}}"),
+                target(signal("streams_in_flight_per_instance"), "streams {{autoscaler}}"),
+            ],
             width=8,
         ),
         timeseries(
@@ -907,21 +862,103 @@ def render(build: Any) -> str:
     return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
 
 
+# ---- the recording rules and the prometheus-adapter rule --------------------------------
+RULES_START = "  # generated:start"
+RULES_END = "  # generated:end"
+ADAPTER_START = "<!-- adapter-rule:start -->"
+ADAPTER_END = "<!-- adapter-rule:end -->"
+
+
+class GenerationError(Exception):
+    """A file lacks the markers of its generated block; one line naming it."""
+
+
+def between(text: str, start: str, end: str, block: str, name: str) -> str:
+    """`text` with the lines between the `start` and `end` marker lines replaced by `block`."""
+    lines = text.splitlines(keepends=True)
+    begins = [i for i, line in enumerate(lines) if line.startswith(start)]
+    ends = [i for i, line in enumerate(lines) if line.startswith(end)]
+    if len(begins) != 1 or len(ends) != 1 or ends[0] < begins[0]:
+        raise GenerationError(f"{name}: needs one {start.strip()!r} line, then one {end.strip()!r}")
+    return "".join(lines[: begins[0] + 1]) + block + "".join(lines[ends[0] :])
+
+
+def recording_rules_yaml() -> str:
+    """The recording-rule group, as it sits in the rules file (under `groups:`)."""
+    out = ["  - name: tritonscale.triton.recording\n", "    rules:\n"]
+    for rule in queries.recording_rules():
+        for line in textwrap.wrap(rule.description, 90):
+            out.append(f"      # {line}\n")
+        out.append(f"      - record: {rule.record}\n")
+        if "\n" in rule.expr:
+            out.append("        expr: |\n")
+            out += [f"          {line}\n" for line in rule.expr.splitlines()]
+        else:
+            out.append(f"        expr: {rule.expr}\n")
+    return "".join(out)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Writes multi-line strings (PromQL) as literal blocks, the way people write them."""
+
+
+_BlockDumper.add_representer(
+    str,
+    lambda dumper, value: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+    ),
+)
+
+
+def adapter_rule_markdown() -> str:
+    """The README's prometheus-adapter rule block: a sentence and the values to add."""
+    values = yaml.dump(
+        {"rules": {"custom": [queries.adapter_rule()]}},
+        Dumper=_BlockDumper,
+        sort_keys=False,
+        width=100,
+    )
+    return f"{textwrap.fill(queries.ADAPTER_RULE_NOTE, 100)}\n\n```yaml\n{values}```\n"
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file and the text it must hold."""
+    files = {HERE / f"{name}.json": render(build) for name, build in DASHBOARDS.items()}
+    files[RULES] = between(
+        RULES.read_text(), RULES_START, RULES_END, recording_rules_yaml(), RULES.name
+    )
+    files[CHART_README] = between(
+        CHART_README.read_text(),
+        ADAPTER_START,
+        ADAPTER_END,
+        adapter_rule_markdown(),
+        "charts/tritonscale/README.md",
+    )
+    return files
+
+
+def _shown(path: Path) -> str:
+    return (
+        path.relative_to(HERE.parent).as_posix() if path.is_relative_to(HERE.parent) else str(path)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a file differs")
-    parser.add_argument("--out", type=Path, default=HERE, help="folder to write (default: here)")
     args = parser.parse_args(argv)
+    try:
+        files = outputs()
+    except GenerationError as error:
+        print(f"generate: {error}", file=sys.stderr)
+        return 1
     stale = []
-    for name, build in DASHBOARDS.items():
-        path = args.out / f"{name}.json"
-        text = render(build)
-        if args.check:
-            if not path.is_file() or path.read_text() != text:
-                stale.append(path.name)
-        else:
-            path.write_text(text)
-    if stale:
+    for path, text in files.items():
+        if not path.is_file() or path.read_text() != text:
+            stale.append(_shown(path))
+            if not args.check:
+                path.write_text(text)
+    if stale and args.check:
         print(f"stale: {', '.join(stale)}; run python dashboards/generate.py", file=sys.stderr)
         return 1
     return 0

@@ -6,6 +6,7 @@ operator metrics (real control ticks of `tritonscale.control.reconcile`), plus t
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import math
 import re
@@ -21,16 +22,20 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.http
+import yaml
 from tritonclient.utils import InferenceServerException
 
 from tests.dashboard_load import stream_load
 from tests.tooling import missing, require_local_triton
+from tritonscale.local.ports import free_port
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.triton_server import LocalTriton
+from tritonscale.metrics import queries
 from tritonscale.reports import dashboards as boards
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "dashboards" / "rules" / "tritonscale.rules.yaml"
+CHART_README = REPO / "charts" / "tritonscale" / "README.md"
 DASHBOARDS = boards.load_dashboards()
 QUERIES = [q for name, board in DASHBOARDS.items() for q in boards.queries(board, name)]
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -47,6 +52,13 @@ GPU_ONLY = {
     ("triton-overview", "GPU power", "B"),
     ("autoscaler", "GPU utilization and memory seen by the policy", "A"),
     ("autoscaler", "GPU utilization and memory seen by the policy", "B"),
+}
+# Queries on the gauge a decoupled model with an async execute exports itself: no model of
+# the repository the tests serve exports it (tests/test_decoupled_signals.py serves one that does), so
+# here they must still parse and run.
+MODEL_GAUGE_ONLY = {
+    ("bls-pipeline", "Decoupled requests in flight", "B"),
+    ("autoscaler", "Pending per instance", "B"),
 }
 # What Triton (2.51, with GPUs) and the DCGM exporter export that a CPU-only Triton does not.
 GPU_METRIC_NAMES = {
@@ -70,15 +82,76 @@ def query_id(query: boards.Query) -> str:
 
 
 # ---- generated and linted ---------------------------------------------------------------
-def test_the_committed_json_is_what_the_generator_writes() -> None:
+def _generator():
+    spec = importlib.util.spec_from_file_location("generate", REPO / "dashboards" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GENERATED = {
+    path.relative_to(REPO).as_posix(): text for path, text in _generator().outputs().items()
+}
+
+
+def test_the_generator_writes_the_dashboards_the_rules_and_the_adapter_rule() -> None:
+    assert set(GENERATED) == {
+        "dashboards/triton-overview.json",
+        "dashboards/bls-pipeline.json",
+        "dashboards/autoscaler.json",
+        "dashboards/rules/tritonscale.rules.yaml",
+        "charts/tritonscale/README.md",
+    }
+
+
+@pytest.mark.parametrize("path", sorted(GENERATED))
+def test_the_committed_file_is_what_the_generator_writes(path: str) -> None:
+    assert (REPO / path).read_text() == GENERATED[path], (
+        f"{path} differs from what dashboards/generate.py writes: run it"
+    )
+
+
+def test_the_generator_check_exits_1_naming_a_stale_file(tmp_path: Path, capsys) -> None:
     run = subprocess.run(
         [sys.executable, str(REPO / "dashboards" / "generate.py"), "--check"],
         capture_output=True,
         text=True,
     )
     assert run.returncode == 0, run.stderr
+    generator = _generator()
+    stale = tmp_path / "README.md"
+    stale.write_text(CHART_README.read_text().replace("clamp_min", "clamp_max"))
+    generator.CHART_README = stale
+    assert generator.main(["--check"]) == 1
+    assert capsys.readouterr().err == (f"stale: {stale}; run python dashboards/generate.py\n")
+    assert "clamp_max" in stale.read_text(), "--check must not write"
 
 
+def test_a_file_without_its_markers_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
+    generator = _generator()
+    generator.RULES = tmp_path / "tritonscale.rules.yaml"
+    generator.RULES.write_text("groups: []\n")
+    assert generator.main([]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "generate: tritonscale.rules.yaml: needs one '# generated:start' line, "
+        "then one '# generated:end'"
+    )
+
+
+def test_the_readme_shows_the_adapter_rule_of_the_signals_module() -> None:
+    text = CHART_README.read_text()
+    block = text.split("<!-- adapter-rule:start -->")[1].split("<!-- adapter-rule:end -->")[0]
+    values = yaml.safe_load(block.split("```yaml")[1].split("```")[0])
+    assert values["rules"]["custom"] == [queries.adapter_rule()]
+    query = values["rules"]["custom"][0]["metricsQuery"]
+    # Every compute stage, per model, not compute_infer alone summed over the pod's models.
+    for metric in queries.COMPUTE_DURATIONS:
+        assert metric in query
+    assert "sum by (<<.GroupBy>>, model)" in query and query.startswith("max by (<<.GroupBy>>)")
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
 def test_each_dashboard_has_its_identity_and_variables(name: str) -> None:
     board = DASHBOARDS[name]
@@ -106,6 +179,7 @@ def _cells(panel: dict) -> set[tuple[int, int]]:
     }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
 def test_panels_fit_the_grid_without_overlapping(name: str) -> None:
     taken: set[tuple[int, int]] = set()
@@ -116,6 +190,7 @@ def test_panels_fit_the_grid_without_overlapping(name: str) -> None:
         taken |= cells
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
 def test_every_panel_has_a_title_description_unit_datasource_and_a_query(name: str) -> None:
     for panel in boards.panels(DASHBOARDS[name]):
@@ -134,6 +209,7 @@ def test_every_panel_has_a_title_description_unit_datasource_and_a_query(name: s
             assert target["refId"], where
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("query", QUERIES, ids=query_id)
 def test_every_query_uses_the_variables_and_rate_interval(query: boards.Query) -> None:
     # Every range is Grafana's $__rate_interval (no fixed window that breaks at another
@@ -151,11 +227,13 @@ def test_every_query_uses_the_variables_and_rate_interval(query: boards.Query) -
             assert 'pod=~"$pod"' in selector and "model=~" in selector, selector
 
 
+@pytest.mark.unit
 def test_the_gpu_only_list_names_exactly_the_queries_on_gpu_metrics() -> None:
     on_gpu = {key(q) for q in QUERIES if re.search(r"nv_gpu_|DCGM_|\"gpu_", q.expr)}
     assert on_gpu == GPU_ONLY
 
 
+@pytest.mark.unit
 def test_substitution_fills_variables_and_builtins_like_grafana() -> None:
     expr = 'rate(x{namespace=~"$namespace", model=~"${model}", pod=~"[[pod]]"}[$__rate_interval])'
     assert (
@@ -173,6 +251,7 @@ def test_substitution_fills_variables_and_builtins_like_grafana() -> None:
         boards.parse_duration("15 minutes")
 
 
+@pytest.mark.unit
 def test_variable_defaults_are_all_or_the_chosen_models() -> None:
     overview = boards.variable_defaults(DASHBOARDS["triton-overview"])
     assert overview == {"namespace": ".*", "pod": ".*", "model": ".*"}
@@ -204,7 +283,7 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
     to 2 instances and back to 1 (real loads), and a source that cannot be reached."""
     from tritonscale.control.reconcile import reconcile
     from tritonscale.control.tick import ReconcileState
-    from tritonscale.metrics.sources import PrometheusSource
+    from tritonscale.metrics.prometheus import PrometheusSource
     from tritonscale.triton.actuator import Actuator
     from tritonscale.triton.endpoints import local_endpoints
 
@@ -290,7 +369,12 @@ def live(triton: LocalTriton, tmp_path_factory) -> Iterator[Live]:
         "tritonscale": [f"127.0.0.1:{operator_port}"],
     }
     try:
-        with LocalPrometheus(targets, scrape_interval_s=0.5, rule_files=[RULES]) as prometheus:
+        # Triton's series in the local driver's namespace, as a Kubernetes scrape would label
+        # them with the pods' (the busy-fraction rule joins them to the operator's).
+        labels = {"triton": {"namespace": "local"}}
+        with LocalPrometheus(
+            targets, scrape_interval_s=0.5, rule_files=[RULES], labels=labels
+        ) as prometheus:
             prometheus.wait_for('up{job="triton"} == 1', timeout_s=30)
             prometheus.wait_for('up{job="tritonscale"} == 1', timeout_s=30)
             time.sleep(1.0)  # a first sample of every counter before the load
@@ -327,6 +411,9 @@ def test_every_query_runs_and_returns_data(live: Live, query: boards.Query) -> N
     # 30 s covers the whole load (Grafana would pick 2 s at this scrape interval).
     expr = boards.substitute(query.expr, boards.variable_defaults(board), rate_interval="30s")
     result = live.prometheus.query(expr)  # a parse error raises with Prometheus' message
+    if key(query) in MODEL_GAUGE_ONLY:
+        assert not _finite(result), "a model of the repository exports the gauge: test its data"
+        return
     if key(query) in GPU_ONLY and ("DCGM_" in query.expr or not live.has_gpu):
         # No DCGM exporter runs in tests; without a GPU Triton exports no nv_gpu_*.
         assert live.has_gpu or not _finite(result), "GPU data on a machine without a GPU?"
@@ -354,7 +441,7 @@ def test_a_branch_timeout_shows_as_rejected_on_the_branch_not_the_pipeline(live:
 def test_metric_names_are_ones_triton_and_the_operator_really_export(live: Live) -> None:
     used = {name for q in QUERIES for name in METRIC_NAME.findall(q.expr)}
     exported = live.triton_names | live.operator_names
-    unknown = sorted(used - exported - GPU_METRIC_NAMES)
+    unknown = sorted(used - exported - GPU_METRIC_NAMES - {queries.STREAMS_IN_FLIGHT})
     assert not unknown, f"not exported by Triton or the operator: {unknown}"
     # The contract's operator metrics are all served, under their contract names.
     contract = {
@@ -393,6 +480,19 @@ def test_the_recording_rules_produce_the_shared_signals(live: Live) -> None:
     ):
         result = live.prometheus.query(f'{record}{{model="pipeline_async"}}')
         assert _finite(result), f"{record} has no data"
+
+
+def test_the_adapter_rule_answers_per_pod_from_real_series(live: Live) -> None:
+    # As prometheus-adapter fills it in for a Pods metric: the pods' matchers, grouped by pod.
+    # The local Triton has no pod label; its scrape target (instance) stands in for the pod.
+    query = queries.adapter_rule()["metricsQuery"]
+    expr = query.replace("<<.LabelMatchers>>", 'namespace="local"').replace(
+        "<<.GroupBy>>", "instance"
+    )
+    result = live.prometheus.query(expr)
+    assert len(result) == 1 and set(result[0]["metric"]) == {"instance"}
+    ratio = float(result[0]["value"][1])
+    assert math.isfinite(ratio) and ratio >= 0
 
 
 def test_the_rules_load_and_evaluate_without_errors(live: Live) -> None:

@@ -29,7 +29,7 @@ from tritonscale.control.reconcile import reconcile
 from tritonscale.control.tick import FAILED_GET_METRICS, ReconcileState
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
 from tritonscale.local.triton_server import LocalTriton, LocalTritonError
-from tritonscale.metrics.sources import PrometheusSource
+from tritonscale.metrics.prometheus import PrometheusSource
 from tritonscale.triton import healing
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint

@@ -18,6 +18,8 @@ from tritonscale.core.policy import Decision, PolicyState, decide, max_snapshot_
 from tritonscale.core.signals import GpuSignals, MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec
 
+pytestmark = pytest.mark.unit
+
 MODEL = "pipeline_async"
 CHILDREN = ("branch_embed", "branch_classify", "branch_rank")
 NOW = 1_000_000.0
@@ -56,6 +58,8 @@ def signals(
     pods: int = 1,
     requests: float = 100.0,
     executions: float | None = None,
+    decoupled: bool = False,
+    streams: float | None = None,
 ) -> ModelSignals:
     return ModelSignals(
         model=model,
@@ -66,7 +70,17 @@ def signals(
         queue_seconds_per_second=queue,
         pending_requests=pending,
         pods_reporting=pods,
+        decoupled=decoupled,
+        streams_in_flight=streams,
     )
+
+
+def streaming(
+    model: str = MODEL, *, compute: float = 0.02, streams: float = 4.0, **kwargs: Any
+) -> ModelSignals:
+    """A decoupled model with an async execute: Triton times only the hand-off (0.2 ms per
+    request at 100 requests/s here), the model's own gauge counts its open streams."""
+    return signals(model, compute=compute, decoupled=True, streams=streams, **kwargs)
 
 
 def snapshot(
@@ -192,6 +206,86 @@ SIZING = [
         model=signals(compute=70.0),
         recommended=100,
         in_message=("maxInstances is 16",),
+    ),
+]
+
+
+# Decoupled models. Streams in flight (+ queued requests) per instance against the
+# pendingPerInstance target (2) size one that reports its streams; Triton's timings of it
+# (the hand-off) have no say.
+DECOUPLED = [
+    # 4 streams over 2 instances: 2 each, on target.
+    Case("a streaming model on target keeps the count", 2, "WithinTolerance", model=streaming()),
+    # 12 streams / 2 instances = 6 per instance, 3 x the target: 2 x 3 = 6. Busy per
+    # instance reads 0.01 and would have asked for 1.
+    Case(
+        "a streaming model sizes by its streams, not its idle-looking compute",
+        6,
+        "HighStreamsInFlight",
+        model=streaming(streams=12.0),
+        in_message=("streams in flight per instance 6.00", "target 2.00"),
+    ),
+    # Requests still queued for the model count as held too: (4 + 4) / 2 = 4 per instance.
+    Case(
+        "queued requests count with the streams",
+        4,
+        "HighStreamsInFlight",
+        model=streaming(streams=4.0, pending=4.0),
+    ),
+    # 1 stream over 4 instances: 0.25 per instance -> ceil(4 x 0.125) = 1.
+    Case(
+        "few streams give instances back",
+        1,
+        "LowUtilization",
+        current=4,
+        model=streaming(streams=1.0),
+    ),
+    # Streams are shared by the pods reporting: 8 / (2 pods x 2 instances) = 2.
+    Case(
+        "streams are shared by the pods reporting",
+        2,
+        "WithinTolerance",
+        model=streaming(streams=8.0, pods=2),
+    ),
+    # Its queue ratio (queue time over a tiny hand-off) is meaningless, and has no say.
+    Case(
+        "a streaming model's queue ratio has no say",
+        2,
+        "WithinTolerance",
+        model=streaming(compute=0.02, queue=0.2),
+    ),
+    # square_int32's kind: execute holds the stream, Triton times it as compute, no gauge:
+    # the usual signals (busy 0.95 asks for 3).
+    Case(
+        "a decoupled model without a streams gauge keeps Triton's signals",
+        3,
+        "HighUtilization",
+        model=signals(compute=1.9, decoupled=True),
+    ),
+    # A gauge on a model whose config is not decoupled is not the operator's business.
+    Case(
+        "a gauge on a model that is not decoupled is ignored",
+        2,
+        "WithinTolerance",
+        model=signals(streams=40.0),
+    ),
+    Case(
+        "a streaming child saturated by its streams holds its parent",
+        2,
+        "ChildSaturated",
+        model=signals(compute=1.9),
+        children=(streaming("branch_embed", streams=12.0),),
+        child_instances={"branch_embed": 2},
+        in_message=("branch_embed is saturated", "streams in flight per instance 6.00"),
+    ),
+    # Its queue ratio would say saturated (0.5 / 0.02), its streams say it has room.
+    Case(
+        "a streaming child with room lets its parent grow",
+        3,
+        "HighUtilization",
+        model=signals(compute=1.9),
+        children=(streaming("branch_embed", streams=2.0, queue=0.5),),
+        child_instances={"branch_embed": 2},
     ),
 ]
 
@@ -361,7 +455,7 @@ def run(case: Case) -> Decision:
     return decide(spec, case.current, snap, PolicyState(), NOW, case.child_instances)
 
 
-ALL = SIZING + _tolerance_cases() + GUARDS + BOUNDS
+ALL = SIZING + DECOUPLED + _tolerance_cases() + GUARDS + BOUNDS
 
 
 @pytest.mark.parametrize("case", ALL, ids=[case.name for case in ALL])
@@ -459,6 +553,13 @@ class TestTheDecision:
             "gpuUtilization": 0.41,
             "gpuMemoryFraction": 0.22,
         }
+
+    def test_a_streaming_model_reports_its_streams_per_instance(self) -> None:
+        decision = decide(make_spec(), 2, snapshot(streaming(streams=5.0)), PolicyState(), NOW)
+        assert decision.observed["streamsInFlightPerInstance"] == 2.5
+        assert decision.observed["busyPerInstance"] == 0.01
+        plain = decide(make_spec(), 2, snapshot(signals(streams=5.0)), PolicyState(), NOW)
+        assert "streamsInFlightPerInstance" not in plain.observed
 
     def test_the_message_is_one_readable_sentence_with_the_numbers(self) -> None:
         decision = run(Case("", 3, "HighUtilization", model=signals(compute=1.9)))

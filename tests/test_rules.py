@@ -16,6 +16,7 @@ import yaml
 from tests.tooling import require_tool
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.local.triton_server import LocalTriton
+from tritonscale.metrics import queries
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "dashboards" / "rules"
 RULES = RULES_DIR / "tritonscale.rules.yaml"
@@ -25,6 +26,8 @@ ALERTS = [rule for group in GROUPS for rule in group["rules"] if "alert" in rule
 RECORDS = [rule for group in GROUPS for rule in group["rules"] if "record" in rule]
 # Exported only where there are GPUs (Triton) or the DCGM exporter runs.
 GPU_METRIC_NAMES = {"nv_gpu_utilization", "DCGM_FI_DEV_GPU_UTIL"}
+# Exported by a decoupled model itself (python_backend custom metrics), not by Triton.
+MODEL_METRIC_NAMES = {queries.STREAMS_IN_FLIGHT}
 
 
 def test_promtool_checks_the_rules() -> None:
@@ -56,6 +59,7 @@ def _alert_cases() -> dict[str, list[list]]:
     return cases
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("alert", ALERTS, ids=lambda rule: rule["alert"])
 def test_every_alert_is_tested_firing_and_quiet(alert: dict) -> None:
     cases = _alert_cases().get(alert["alert"], [])
@@ -63,6 +67,7 @@ def test_every_alert_is_tested_firing_and_quiet(alert: dict) -> None:
     assert any(not expected for expected in cases), f"{alert['alert']}: no test where it is quiet"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("alert", ALERTS, ids=lambda rule: rule["alert"])
 def test_every_alert_says_what_happened_and_what_to_do(alert: dict) -> None:
     assert alert["labels"]["severity"] in ("critical", "warning")
@@ -73,6 +78,23 @@ def test_every_alert_says_what_happened_and_what_to_do(alert: dict) -> None:
     assert re.search(r"\b(check|open|raise|fix|look)\b", annotations["description"], re.I)
 
 
+@pytest.mark.unit
+def test_the_recording_rules_are_the_ones_the_signals_define() -> None:
+    # The generated group holds exactly queries.recording_rules(), expression for expression
+    # (tests/test_dashboards.py checks the file byte for byte against the generator).
+    assert [(rule["record"], rule["expr"].strip()) for rule in RECORDS] == [
+        (rule.record, rule.expr) for rule in queries.recording_rules()
+    ]
+
+
+@pytest.mark.unit
+def test_no_rule_relabels_series_for_a_development_setup() -> None:
+    # Labels a local setup needs come from its scrape config, not from production rules.
+    for rule in ALERTS + RECORDS:
+        assert "label_replace" not in rule["expr"], rule.get("alert") or rule.get("record")
+
+
+@pytest.mark.unit
 def test_recording_rules_follow_the_naming_convention() -> None:
     for rule in RECORDS:
         assert re.fullmatch(r"triton:[a-z_]+:[a-z0-9_]+", rule["record"]), rule["record"]
@@ -97,7 +119,7 @@ def test_rules_read_only_metrics_that_really_exist(triton: LocalTriton) -> None:
         for line in text.splitlines()
         if line.strip() and not line.startswith("#")
     }
-    known = triton_names | _operator_sample_names() | GPU_METRIC_NAMES | {"up"}
+    known = triton_names | _operator_sample_names() | GPU_METRIC_NAMES | MODEL_METRIC_NAMES | {"up"}
     recorded = {rule["record"] for rule in RECORDS}
     for rule in ALERTS + RECORDS:
         names = set(

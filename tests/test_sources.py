@@ -13,15 +13,12 @@ import tritonclient.grpc as grpcclient
 from tests.tooling import missing, require_local_triton
 from tritonscale.core.signals import MetricsUnavailable
 from tritonscale.local.loadgen import ClosedLoopLoad, make_inputs
+from tritonscale.local.ports import free_port
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
-from tritonscale.local.triton_server import LocalTriton, free_port
-from tritonscale.metrics.sources import (
-    DEFAULT_QUERIES,
-    PrometheusSource,
-    ScrapeSource,
-    counter_increase,
-    pod_matcher,
-)
+from tritonscale.local.triton_server import LocalTriton
+from tritonscale.metrics import queries
+from tritonscale.metrics.prometheus import DEFAULT_QUERIES, PrometheusSource, pod_matcher
+from tritonscale.metrics.scrape import ScrapeSource, counter_increase
 from tritonscale.triton.endpoints import Endpoint
 
 PIPELINE = ["pipeline_async", "branch_embed", "branch_classify", "branch_rank"]
@@ -68,8 +65,11 @@ def test_both_sources_measure_the_same_load(pipeline: LocalTriton, prometheus) -
             scrape.scrape([pipeline.metrics_url])
             time.sleep(0.5)
         by_scrape = scrape.snapshot(PIPELINE, endpoints, WINDOW_S)
-        # Let Prometheus take the scrape that covers the same moment.
-        time.sleep(0.6)
+        # Until Prometheus has taken a scrape after that moment (a bounded wait).
+        prometheus.wait_for(
+            f'timestamp(nv_inference_request_success{{model="pipeline_async"}}) > {by_scrape.taken_at}',
+            timeout_s=10,
+        )
         by_prometheus = prom.snapshot(PIPELINE, endpoints, WINDOW_S)
         sent = load.stats(time.time() - WINDOW_S, time.time())
     assert by_scrape.complete and by_prometheus.complete
@@ -133,14 +133,65 @@ def test_a_bad_query_is_one_line_naming_it(pipeline: LocalTriton, prometheus) ->
         source.snapshot(PIPELINE, [_endpoint(pipeline)], 5)
 
 
+@pytest.mark.unit
 def test_unknown_query_keys_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown query keys: request_rat"):
         PrometheusSource("http://127.0.0.1:9", queries={"request_rat": "x"})
 
 
+@pytest.mark.unit
 def test_the_default_queries_name_every_signal() -> None:
     assert "nv_inference_request_success" in DEFAULT_QUERIES["request_rate"]
     assert "DCGM_FI_DEV_GPU_UTIL" in DEFAULT_QUERIES["gpu_utilization_dcgm"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("key", "signal"),
+    [
+        ("request_rate", queries.request_rate),
+        ("failure_rate", queries.failure_rate),
+        ("execution_rate", queries.execution_rate),
+        ("compute_seconds_per_second", queries.compute_seconds_per_second),
+        ("queue_seconds_per_second", queries.queue_seconds_per_second),
+        ("pending_requests", queries.pending_requests),
+        ("streams_in_flight", queries.streams_in_flight),
+        ("pods_reporting", queries.pods_reporting),
+    ],
+)
+def test_the_source_asks_the_signals_module(key: str, signal) -> None:
+    # The operator's queries are the rules' and the dashboards' in the source's scope.
+    assert DEFAULT_QUERIES[key] == signal(queries.SOURCE_SCOPE)
+    assert "$selector" in DEFAULT_QUERIES[key]
+
+
+@pytest.mark.parametrize(
+    ("scope", "expected"),
+    [
+        pytest.param(
+            queries.SOURCE_SCOPE,
+            "sum by (model) (rate(nv_inference_request_success{$selector}[$window]))",
+            id="the operator: a template over the pod set and window",
+        ),
+        pytest.param(
+            queries.RULES_SCOPE,
+            "sum by (namespace, model) (rate(nv_inference_request_success[1m]))",
+            id="the recording rules: every series, 1m, per namespace and model",
+        ),
+        pytest.param(
+            queries.Scope('model=~"$model"', "$__rate_interval", ()),
+            'sum(rate(nv_inference_request_success{model=~"$model"}[$__rate_interval]))',
+            id="a dashboard stat: one number over the selected models",
+        ),
+        pytest.param(
+            queries.ADAPTER_SCOPE,
+            "sum by (<<.GroupBy>>) (rate(nv_inference_request_success{<<.LabelMatchers>>}[2m]))",
+            id="prometheus-adapter: its template's matchers and grouping",
+        ),
+    ],
+)
+def test_one_signal_is_written_for_each_scope(scope: queries.Scope, expected: str) -> None:
+    assert queries.request_rate(scope) == expected
 
 
 @pytest.mark.parametrize(
@@ -165,6 +216,7 @@ def test_the_pod_set_becomes_a_label_matcher(endpoints: list[Endpoint], expected
     assert pod_matcher(endpoints) == expected
 
 
+@pytest.mark.unit
 def test_a_pod_set_without_addresses_needs_a_configured_matcher() -> None:
     assert pod_matcher([Endpoint("a", "a:8000")], default='job="triton"') == 'job="triton"'
     with pytest.raises(MetricsUnavailable, match="which pods"):
@@ -174,6 +226,7 @@ def test_a_pod_set_without_addresses_needs_a_configured_matcher() -> None:
 # ---- ScrapeSource -----------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_counter_increase_counts_a_reset_from_zero() -> None:
     assert counter_increase([5, 7, 10]) == 5
     # A restart: 10 -> 2 counts the 2 done since.
@@ -182,14 +235,17 @@ def test_counter_increase_counts_a_reset_from_zero() -> None:
 
 
 def test_a_fresh_scraper_is_incomplete_until_a_window_has_passed(pipeline: LocalTriton) -> None:
-    source = ScrapeSource(min_scrape_interval_s=0.1)
+    now = [1000.0]
+    source = ScrapeSource(min_scrape_interval_s=0.1, clock=lambda: now[0])
     endpoints = [_endpoint(pipeline)]
     first = source.snapshot(PIPELINE, endpoints, 2)
     assert not first.complete and first.window_s == 0
-    time.sleep(2.1)
+    now[0] += 1.7  # under 0.9 of the window: still warming up
+    assert not source.snapshot(PIPELINE, endpoints, 2).complete
+    now[0] += 0.3
     second = source.snapshot(PIPELINE, endpoints, 2)
     assert second.complete
-    assert second.window_s == pytest.approx(2, abs=0.5)
+    assert second.window_s == 2.0
     assert second.models["pipeline_async"].pods_reporting == 1
 
 
@@ -208,32 +264,38 @@ def _send(server: LocalTriton, requests: int) -> None:
     client.close()
 
 
-def _wait_for_series(server: LocalTriton, model: str) -> None:
-    """Until Triton exports the model's counters (so that a first sample holds them at 0)."""
+def _wait_for_count(server: LocalTriton, model: str, count: int) -> None:
+    """Until Triton's /metrics shows `count` successes of `model`. Triton reports a request's
+    statistics after its response has gone out, so a scrape right after the last answer
+    may still miss it."""
+    expected = f'nv_inference_request_success{{model="{model}",version="1"}} {count}\n'
     deadline = time.monotonic() + 30
-    while (
-        f'nv_inference_request_success{{model="{model}"'
-        not in requests.get(server.metrics_url, timeout=5).text
-    ):
-        assert time.monotonic() < deadline, f"Triton exports no counters for {model}"
-        time.sleep(0.1)
+    while expected not in requests.get(server.metrics_url, timeout=5).text:
+        assert time.monotonic() < deadline, f"Triton's metrics never showed {expected.strip()}"
+        time.sleep(0.05)
 
 
 def test_a_restarted_triton_counts_on_from_zero() -> None:
     server = _triton(["add_sub"])
-    source = ScrapeSource(min_scrape_interval_s=0)
+    now = [1000.0]
+    source = ScrapeSource(min_scrape_interval_s=0, clock=lambda: now[0])
     endpoints = [_endpoint(server)]
     with server:
-        _wait_for_series(server, "add_sub")
+        _wait_for_count(server, "add_sub", 0)
         source.scrape([server.metrics_url])  # add_sub at 0 requests
         _send(server, 20)
+        _wait_for_count(server, "add_sub", 20)
+        now[0] += 10
         source.scrape([server.metrics_url])
     with server:  # the same ports, counters back at zero
         # Fewer than before: a counter that went down is a reset. (One that climbed past its
         # old value between two samples cannot be told from growth, as in Prometheus.)
         _send(server, 5)
+        _wait_for_count(server, "add_sub", 5)
+        now[0] += 10
         after = source.snapshot(["add_sub"], endpoints, 600)
-    assert after.models["add_sub"].request_rate * after.window_s == pytest.approx(20 + 5)
+    assert after.window_s == 20
+    assert after.models["add_sub"].request_rate == (20 + 5) / 20
     assert not after.complete  # 600 s of history do not exist yet
 
 

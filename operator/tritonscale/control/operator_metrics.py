@@ -25,6 +25,7 @@ SIGNALS = {
     "busyPerInstance": "busy_per_instance",
     "queueComputeRatio": "queue_compute_ratio",
     "pendingPerInstance": "pending_per_instance",
+    "streamsInFlightPerInstance": "streams_in_flight_per_instance",
     "requestRate": "request_rate",
     "gpuUtilization": "gpu_utilization",
     "gpuMemoryFraction": "gpu_memory_fraction",

@@ -319,6 +319,8 @@ def _observed(
         if signals.queue_compute_ratio is not None:
             observed["queueComputeRatio"] = signals.queue_compute_ratio
         observed["pendingPerInstance"] = sizing.pending_per_instance(signals, current)
+        if sizing.sized_by_streams(signals):
+            observed["streamsInFlightPerInstance"] = sizing.streams_per_instance(signals, current)
     gpu = snapshot.gpu if snapshot is not None else None
     if gpu is not None and _finite(gpu.utilization):
         observed["gpuUtilization"] = gpu.utilization

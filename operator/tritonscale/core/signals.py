@@ -24,6 +24,13 @@ class ModelSignals:
     queue_seconds_per_second: float
     pending_requests: float  # nv_inference_pending_request_count, summed over pods
     pods_reporting: int  # pods that exported this model's counters in the window
+    # From the model's config: `model_transaction_policy { decoupled: True }`.
+    decoupled: bool = False
+    # A decoupled model's requests whose final response is not sent yet, summed over pods,
+    # from the gauge the model exports itself (tritonscale.metrics.queries.STREAMS_IN_FLIGHT);
+    # None when it exports none. Triton's own counters cannot see these: a decoupled model
+    # whose `async def execute` returns at once is counted done when its stream begins.
+    streams_in_flight: float | None = None
 
     @property
     def queue_compute_ratio(self) -> float | None:

@@ -22,6 +22,16 @@ The signals, per instance of one pod (rates are summed over the pods, so each di
   instance, low utilization took it back 30 s later, again and again);
 - pending requests per instance.
 
+Decoupled models (docs/instancegroupautoscaler.md, "Signals", has the measurements). One whose
+`execute` holds each stream until its final response (square_int32) is timed by Triton like
+any model: its compute time is the stream's life, and the signals above hold. One whose
+`async def execute` returns at once is not: Triton counts its request done, and its compute
+time over, when the stream begins, so busy per instance reads near zero whatever the load.
+Such a model exports the streams it holds open (`ModelSignals.streams_in_flight`), and for
+it one signal sizes both ways: streams in flight (plus requests still queued) per instance,
+against the pending-per-instance target; busy per instance and the queue ratio are shown
+but have no say.
+
 Batching: Triton adds a batch's whole compute time to each request in it, so with batches of
 four the compute counters run four times faster than the instance is busy. Multiplying by
 executions per request (1 / the mean batch) gives the instance's busy fraction back. Where
@@ -42,6 +52,7 @@ QUEUE_SIGNAL_MIN_BUSY = 0.5
 HIGH_UTILIZATION = "HighUtilization"
 HIGH_QUEUE_TIME = "HighQueueTime"
 HIGH_PENDING = "HighPending"
+HIGH_STREAMS_IN_FLIGHT = "HighStreamsInFlight"
 LOW_UTILIZATION = "LowUtilization"
 WITHIN_TOLERANCE = "WithinTolerance"
 
@@ -76,9 +87,19 @@ def unusable_field(signals: ModelSignals) -> str | None:
         value = getattr(signals, name)
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             return f"{name} is {value!r}"
+    streams = signals.streams_in_flight
+    if streams is not None and (
+        not isinstance(streams, (int, float)) or not math.isfinite(streams) or streams < 0
+    ):
+        return f"streams_in_flight is {streams!r}"
     if signals.pods_reporting < 1:
         return f"pods_reporting is {signals.pods_reporting}"
     return None
+
+
+def sized_by_streams(signals: ModelSignals) -> bool:
+    """True for a decoupled model that reports its own streams: Triton's timings miss them."""
+    return signals.decoupled and signals.streams_in_flight is not None
 
 
 def busy_per_instance(signals: ModelSignals, instances: int) -> float:
@@ -93,10 +114,17 @@ def pending_per_instance(signals: ModelSignals, instances: int) -> float:
     return signals.pending_requests / (signals.pods_reporting * instances)
 
 
+def streams_per_instance(signals: ModelSignals, instances: int) -> float:
+    """Requests a decoupled model holds (streaming, or queued for it) per instance."""
+    streams = signals.streams_in_flight or 0.0
+    return (streams + signals.pending_requests) / (signals.pods_reporting * instances)
+
+
 def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: float) -> list[Need]:
     """One need per signal that has a value (the queue ratio has none when nothing ran)."""
     if instances < 1:
         raise ValueError(f"instances must be >= 1 to size a model, got {instances}")
+    by_streams = sized_by_streams(signals)
     busy = busy_per_instance(signals, instances)
     result = [
         _need(
@@ -107,6 +135,7 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
             busy / targets.utilization,
             instances,
             tolerance,
+            has_say=not by_streams,
         ),
     ]
     queue_ratio = signals.queue_compute_ratio
@@ -122,9 +151,23 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
                 instances,
                 tolerance,
                 only_up=True,
-                has_say=busy >= QUEUE_SIGNAL_MIN_BUSY * targets.utilization,
+                has_say=not by_streams and busy >= QUEUE_SIGNAL_MIN_BUSY * targets.utilization,
             )
         )
+    if by_streams:
+        streams = streams_per_instance(signals, instances)
+        result.append(
+            _need(
+                "streams in flight per instance",
+                HIGH_STREAMS_IN_FLIGHT,
+                streams,
+                targets.pending_per_instance,
+                streams / targets.pending_per_instance,
+                instances,
+                tolerance,
+            )
+        )
+        return result
     pending = pending_per_instance(signals, instances)
     result.append(
         _need(
@@ -180,11 +223,14 @@ def recommend(all_needs: list[Need], current_instances: int) -> tuple[int, str, 
 def saturation(
     signals: ModelSignals, instances: int, targets: Targets, tolerance: float
 ) -> Need | None:
-    """The need that shows a (called) model saturated: busy or queueing beyond its tolerance."""
+    """The need that shows a (called) model saturated: busy, queueing or (a decoupled model
+    that reports its streams) streaming beyond its tolerance."""
     worst = None
     for need in needs(signals, instances, targets, tolerance):
         if need.reason == HIGH_PENDING or need.ratio <= 1 + tolerance:
             continue
+        if sized_by_streams(signals) and need.reason != HIGH_STREAMS_IN_FLIGHT:
+            continue  # Triton's timings of such a model measure the hand-off, not the load
         if worst is None or need.ratio > worst.ratio:
             worst = need
     return worst

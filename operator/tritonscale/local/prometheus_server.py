@@ -20,7 +20,7 @@ from typing import Any
 import requests
 import yaml
 
-from tritonscale.local.triton_server import free_port
+from tritonscale.local.ports import free_port
 from tritonscale.metrics.prometheus_api import PrometheusApiError, prometheus_get
 
 PROMETHEUS_BINARY = "prometheus"
@@ -41,6 +41,9 @@ class LocalPrometheus:
     """Prometheus scraping `scrape_targets` ({job: ["host:port", ...]}) every `scrape_interval_s`.
 
     Targets whose port serves metrics under another path take "host:port/path".
+    `labels` ({job: {label: value}}) are added to every series of a job's targets, as
+    Kubernetes service discovery adds `namespace` and `pod`: the recording rules join
+    Triton's series to the operator's on `namespace` (the local driver's is "local").
     Stop and start it again (same port, same data) to simulate an outage.
     """
 
@@ -50,12 +53,14 @@ class LocalPrometheus:
         *,
         scrape_interval_s: float = 1.0,
         rule_files: list[str | os.PathLike[str]] | None = None,
+        labels: dict[str, dict[str, str]] | None = None,
         port: int = 0,
         startup_timeout_s: float = 30.0,
     ) -> None:
         self.scrape_targets = scrape_targets
         self.scrape_interval_s = scrape_interval_s
         self.rule_files = [str(Path(f).resolve()) for f in rule_files or []]
+        self.labels = labels or {}
         self.port = port or free_port()
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
@@ -84,7 +89,9 @@ class LocalPrometheus:
                         "metrics_path": path,
                         "scrape_interval": interval,
                         "scrape_timeout": interval,
-                        "static_configs": [{"targets": addresses}],
+                        "static_configs": [
+                            {"targets": addresses, "labels": dict(self.labels.get(job, {}))}
+                        ],
                     }
                 )
         return {

@@ -1,0 +1,196 @@
+"""PrometheusSource: the signals from PromQL over Prometheus's HTTP API (the production path).
+
+The pod set is a label matcher: `namespace="ns",pod=~"a|b"` when the endpoints carry a
+namespace (Kubernetes), else `instance=~"host:8002|..."` from their metrics URLs, else the
+`matcher` given to the constructor (e.g. `job="triton"`). The queries are written from
+tritonscale.metrics.queries (`DEFAULT_QUERIES`, overridable per key): `string.Template`s over
+`$selector` (pod set and models), `$pods` (pod set only), `$window` and `$step`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from string import Template
+
+import requests
+
+from tritonscale.core.signals import GpuSignals, MetricSnapshot, MetricsUnavailable, ModelSignals
+from tritonscale.metrics import queries
+from tritonscale.metrics.prometheus_api import PrometheusApiError, prometheus_get
+from tritonscale.metrics.source import RATE_FIELDS
+from tritonscale.triton.endpoints import Endpoint
+
+_SCOPE, _PODS = queries.SOURCE_SCOPE, queries.SOURCE_POD_SCOPE
+
+# Keys are ModelSignals fields (plus the pod count, the first sample time and the GPU).
+# Per-model queries must return one series per model, labelled `model`.
+DEFAULT_QUERIES: dict[str, str] = {
+    "request_rate": queries.request_rate(_SCOPE),
+    "failure_rate": queries.failure_rate(_SCOPE),
+    "execution_rate": queries.execution_rate(_SCOPE),
+    "compute_seconds_per_second": queries.compute_seconds_per_second(_SCOPE),
+    "queue_seconds_per_second": queries.queue_seconds_per_second(_SCOPE),
+    "pending_requests": queries.pending_requests(_SCOPE),
+    "streams_in_flight": queries.streams_in_flight(_SCOPE),
+    "pods_reporting": queries.pods_reporting(_SCOPE),
+    # The earliest sample of the window, per model: the window is complete when it is
+    # about `window` old.
+    "first_sample": (
+        f"min by (model) (min_over_time(timestamp({_SCOPE.series(queries.REQUEST_SUCCESS)})"
+        "[$window:$step]))"
+    ),
+    # The busiest GPU; Triton's own metrics first, DCGM exporter's names as a fallback.
+    "gpu_utilization": queries.gpu_utilization(_PODS),
+    "gpu_memory_fraction": queries.gpu_memory_fraction(_PODS),
+    "gpu_utilization_dcgm": queries.gpu_utilization_dcgm(_PODS),
+    "gpu_memory_fraction_dcgm": queries.gpu_memory_fraction_dcgm(_PODS),
+}
+
+
+def _regex_alternatives(values: Iterable[str]) -> str:
+    # re.escape escapes more than RE2 needs, but RE2 accepts every escape it emits for
+    # names, IPs and ports; backslashes are doubled for the PromQL string literal.
+    return "|".join(re.escape(v).replace("\\", "\\\\") for v in sorted(set(values)))
+
+
+def pod_matcher(endpoints: Sequence[Endpoint], default: str | None = None) -> str:
+    """The PromQL label matcher for a pod set (without braces)."""
+    namespaces = {e.namespace for e in endpoints}
+    if endpoints and None not in namespaces and len(namespaces) == 1:
+        namespace = next(iter(namespaces))
+        return f'namespace="{namespace}",pod=~"{_regex_alternatives(e.name for e in endpoints)}"'
+    instances = [e.metrics_instance for e in endpoints]
+    if endpoints and all(instances):
+        return f'instance=~"{_regex_alternatives(i for i in instances if i)}"'
+    if default is not None:
+        return default
+    raise MetricsUnavailable(
+        "cannot tell Prometheus which pods to read: the endpoints carry neither a namespace "
+        "nor a metrics URL, and no matcher was configured"
+    )
+
+
+class PrometheusSource:
+    """Signals from Prometheus's HTTP API (`/api/v1/query`)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        queries: Mapping[str, str] | None = None,
+        matcher: str | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
+        unknown = set(queries or {}) - set(DEFAULT_QUERIES)
+        if unknown:
+            raise ValueError(
+                f"unknown query keys: {', '.join(sorted(unknown))} (known: {', '.join(DEFAULT_QUERIES)})"
+            )
+        self.url = url.rstrip("/")
+        self.queries = {**DEFAULT_QUERIES, **(queries or {})}
+        self.matcher = matcher
+        self.timeout_s = timeout_s
+        self._session = requests.Session()
+
+    def query(self, promql: str) -> list[dict]:
+        """One instant query; MetricsUnavailable with one line on any failure."""
+        try:
+            data = prometheus_get(
+                self.url,
+                "query",
+                {"query": promql},
+                timeout_s=self.timeout_s,
+                session=self._session,
+            )
+        except PrometheusApiError as error:
+            if "failed:" in str(error):
+                raise MetricsUnavailable(f"{error} (query: {promql})") from None
+            raise MetricsUnavailable(str(error)) from None
+        return data["result"]
+
+    def snapshot(
+        self,
+        models: Sequence[str],
+        endpoints: Sequence[Endpoint],
+        window_s: float,
+        decoupled: Collection[str] = (),
+    ) -> MetricSnapshot:
+        pods = pod_matcher(endpoints, self.matcher)
+        selector = f'{pods},model=~"{_regex_alternatives(models)}"'
+        window = max(1, round(window_s))
+        # The resolution of the first-sample subquery: at most 300 points per series.
+        step = max(1, window // 300)
+        fill = {"selector": selector, "pods": pods, "window": f"{window}s", "step": f"{step}s"}
+
+        def run(key: str) -> list[dict]:
+            return self.query(Template(self.queries[key]).substitute(fill))
+
+        values: dict[str, dict[str, float]] = {}
+        taken_at = time.time()
+        keys = (*RATE_FIELDS, "pods_reporting", "first_sample")
+        if decoupled:
+            keys += ("streams_in_flight",)
+        for key in keys:
+            values[key] = {}
+            for row in run(key):
+                model = row["metric"].get("model")
+                if model is not None:
+                    values[key][model] = float(row["value"][1])
+                    taken_at = float(row["value"][0])
+
+        complete = True
+        covered = float(window)
+        signals = {}
+        for model, pods_reporting in values["pods_reporting"].items():
+            fields = {}
+            for name in RATE_FIELDS:
+                if model in values[name]:
+                    fields[name] = values[name][model]
+                else:
+                    # No rate yet (fewer than two samples in the window): a young series.
+                    fields[name] = 0.0
+                    complete = False
+            first = values["first_sample"].get(model)
+            model_covered = taken_at - first if first is not None else 0.0
+            covered = min(covered, model_covered)
+            if model_covered < window - max(2 * step, 0.1 * window):
+                complete = False
+            is_decoupled = model in decoupled
+            signals[model] = ModelSignals(
+                model=model,
+                pods_reporting=int(pods_reporting),
+                decoupled=is_decoupled,
+                streams_in_flight=(
+                    values["streams_in_flight"].get(model) if is_decoupled else None
+                ),
+                **fields,
+            )
+
+        return MetricSnapshot(
+            taken_at=taken_at,
+            window_s=max(0.0, covered),
+            models=signals,
+            gpu=self._gpu(run),
+            complete=complete and bool(signals),
+        )
+
+    def _gpu(self, run: Callable[[str], list[dict]]) -> GpuSignals | None:
+        def scalar(key: str) -> float | None:
+            rows = run(key)
+            if not rows:
+                return None
+            value = float(rows[0]["value"][1])
+            return value if math.isfinite(value) else None
+
+        utilization = scalar("gpu_utilization")
+        memory = scalar("gpu_memory_fraction")
+        if utilization is None:
+            utilization = scalar("gpu_utilization_dcgm")
+            if memory is None:
+                memory = scalar("gpu_memory_fraction_dcgm")
+        if utilization is None:
+            return None
+        return GpuSignals(utilization=utilization, memory_fraction=memory)

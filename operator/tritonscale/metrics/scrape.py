@@ -1,0 +1,218 @@
+"""ScrapeSource: the signals computed from each Triton's /metrics, read directly.
+
+Used where no Prometheus runs. It parses the text with prometheus_client's parser, keeps a
+short history of samples per target, and computes the rates itself, counting a counter that
+went down (a restarted Triton) from zero, as Prometheus's `rate()` does. Samples are taken
+when a snapshot is asked for (once per control tick; at most once per
+`min_scrape_interval_s`, so several autoscalers share one scrape) or by calling `scrape()`
+more often. The metric names come from tritonscale.metrics.queries, as the PromQL does.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tritonscale.core.signals import GpuSignals, MetricSnapshot, MetricsUnavailable, ModelSignals
+from tritonscale.metrics import queries
+from tritonscale.metrics.source import RATE_FIELDS
+from tritonscale.triton.endpoints import Endpoint
+
+COUNTERS = {
+    queries.REQUEST_SUCCESS: "request_rate",
+    queries.REQUEST_FAILURE: "failure_rate",
+    queries.EXECUTION_COUNT: "execution_rate",
+    **dict.fromkeys(queries.COMPUTE_DURATIONS, "compute_seconds_per_second"),
+    queries.QUEUE_DURATION: "queue_seconds_per_second",
+}
+_MICROSECONDS = {"compute_seconds_per_second", "queue_seconds_per_second"}
+GPU_GAUGES = (queries.GPU_UTILIZATION, queries.GPU_MEMORY_USED, queries.GPU_MEMORY_TOTAL)
+_KEPT = {*COUNTERS, queries.PENDING_REQUESTS, queries.STREAMS_IN_FLIGHT, *GPU_GAUGES}
+
+# A series: (metric name, its labels as a sorted tuple).
+Series = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float  # unix seconds
+    values: dict[Series, float]
+
+
+def parse_metrics(text: str) -> dict[Series, float]:
+    """The series of Triton's /metrics text the sources use."""
+    values: dict[Series, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            # The parser names a counter's samples `<family>_total`; Triton's have no suffix.
+            if family.type == "counter" and name == f"{family.name}_total":
+                name = family.name
+            if name in _KEPT:
+                values[(name, tuple(sorted(sample.labels.items())))] = float(sample.value)
+    return values
+
+
+def counter_increase(samples: Sequence[float]) -> float:
+    """The increase of a counter over consecutive samples; a drop is a reset to zero."""
+    increase = 0.0
+    for before, after in zip(samples, samples[1:], strict=False):
+        increase += after - before if after >= before else after
+    return increase
+
+
+class ScrapeSource:
+    """Signals computed from each Triton's /metrics, read directly.
+
+    `metrics_urls` are used when the endpoints of a snapshot carry no metrics URL.
+    `max_window_s` bounds the history kept per target. `clock` is injectable.
+    """
+
+    def __init__(
+        self,
+        metrics_urls: Sequence[str] = (),
+        *,
+        max_window_s: float = 600.0,
+        min_scrape_interval_s: float = 0.5,
+        timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.metrics_urls = list(metrics_urls)
+        self.max_window_s = max_window_s
+        self.min_scrape_interval_s = min_scrape_interval_s
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._history: dict[str, deque[Sample]] = {}
+        self._lock = threading.Lock()
+        self._session = requests.Session()
+
+    def targets(self, endpoints: Sequence[Endpoint] = ()) -> list[str]:
+        urls = [e.metrics_url for e in endpoints if e.metrics_url]
+        return urls or list(self.metrics_urls)
+
+    def scrape(self, targets: Sequence[str] | None = None) -> None:
+        """Take one sample of each target (skipped when the last is fresher than the minimum)."""
+        targets = self.targets() if targets is None else targets
+        if not targets:
+            raise MetricsUnavailable("no Triton metrics URL to scrape")
+        for url in targets:
+            now = self._clock()
+            with self._lock:
+                history = self._history.setdefault(url, deque())
+                if history and now - history[-1].at < self.min_scrape_interval_s:
+                    continue
+            try:
+                response = self._session.get(url, timeout=self.timeout_s)
+                response.raise_for_status()
+                values = parse_metrics(response.text)
+            except requests.RequestException as error:
+                raise MetricsUnavailable(
+                    f"cannot read Triton metrics at {url} ({type(error).__name__})"
+                ) from None
+            except ValueError as error:
+                raise MetricsUnavailable(f"unreadable Triton metrics at {url}: {error}") from None
+            with self._lock:
+                history.append(Sample(self._clock(), values))
+                while history and history[0].at < history[-1].at - self.max_window_s - 60:
+                    history.popleft()
+                # Forget targets gone for longer than any window (pods replaced in Kubernetes).
+                for gone in [
+                    url
+                    for url, samples in self._history.items()
+                    if samples and samples[-1].at < now - self.max_window_s - 60
+                ]:
+                    del self._history[gone]
+
+    def snapshot(
+        self,
+        models: Sequence[str],
+        endpoints: Sequence[Endpoint] = (),
+        window_s: float = 60.0,
+        decoupled: Collection[str] = (),
+    ) -> MetricSnapshot:
+        targets = self.targets(endpoints)
+        self.scrape(targets)
+        wanted = set(models)
+        totals: dict[str, dict[str, float]] = {}
+        streams: dict[str, float] = {}
+        pods: dict[str, int] = {}
+        gpu_utilization: list[float] = []
+        gpu_memory: list[float] = []
+        covered = math.inf
+        taken_at = 0.0
+        with self._lock:
+            windows = [self._window(list(self._history[url]), window_s) for url in targets]
+        for samples in windows:
+            latest = samples[-1]
+            taken_at = max(taken_at, latest.at)
+            elapsed = latest.at - samples[0].at
+            covered = min(covered, elapsed)
+            per_model: dict[str, dict[str, float]] = {}
+            for series, value in latest.values.items():
+                name, labels = series
+                model = dict(labels).get("model")
+                if model not in wanted:
+                    continue
+                if name in COUNTERS:
+                    fields = per_model.setdefault(model, dict.fromkeys(RATE_FIELDS, 0.0))
+                    field = COUNTERS[name]
+                    history = [s.values[series] for s in samples if series in s.values]
+                    rate = counter_increase(history) / elapsed if elapsed > 0 else 0.0
+                    fields[field] += rate / 1e6 if field in _MICROSECONDS else rate
+                elif name == queries.PENDING_REQUESTS:
+                    fields = per_model.setdefault(model, dict.fromkeys(RATE_FIELDS, 0.0))
+                    fields["pending_requests"] += value
+                elif name == queries.STREAMS_IN_FLIGHT:
+                    streams[model] = streams.get(model, 0.0) + value
+            for model, fields in per_model.items():
+                pods[model] = pods.get(model, 0) + 1
+                total = totals.setdefault(model, dict.fromkeys(RATE_FIELDS, 0.0))
+                for key, value in fields.items():
+                    total[key] += value
+            utilization, memory = _gpu_from(latest.values)
+            gpu_utilization += utilization
+            gpu_memory += memory
+        signals = {
+            model: ModelSignals(
+                model=model,
+                pods_reporting=pods[model],
+                decoupled=model in decoupled,
+                streams_in_flight=streams.get(model) if model in decoupled else None,
+                **fields,
+            )
+            for model, fields in totals.items()
+        }
+        gpu = None
+        if gpu_utilization:
+            gpu = GpuSignals(max(gpu_utilization), max(gpu_memory) if gpu_memory else None)
+        covered = 0.0 if covered is math.inf else covered
+        return MetricSnapshot(
+            taken_at=taken_at,
+            window_s=covered,
+            models=signals,
+            gpu=gpu,
+            # Allow a tenth of the window of jitter: samples come at tick times.
+            complete=covered >= 0.9 * window_s,
+        )
+
+    @staticmethod
+    def _window(samples: list[Sample], window_s: float) -> list[Sample]:
+        """The samples from the one nearest to `window_s` ago up to the latest."""
+        start_at = samples[-1].at - window_s
+        first = min(range(len(samples)), key=lambda i: abs(samples[i].at - start_at))
+        return samples[first:]
+
+
+def _gpu_from(values: Mapping[Series, float]) -> tuple[list[float], list[float]]:
+    utilization = [v for (name, _), v in values.items() if name == queries.GPU_UTILIZATION]
+    used = {labels: v for (name, labels), v in values.items() if name == queries.GPU_MEMORY_USED}
+    total = {labels: v for (name, labels), v in values.items() if name == queries.GPU_MEMORY_TOTAL}
+    memory = [used[labels] / total[labels] for labels in used if total.get(labels)]
+    return utilization, memory
