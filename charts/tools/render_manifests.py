@@ -44,7 +44,7 @@ HEADER = f"""\
 # To remove it, delete the autoscalers first, while the operator still runs to release them
 # (its finalizer is on each; `kubectl delete -f` deletes the operator and its Role at once):
 #   kubectl -n {NAMESPACE} delete instancegroupautoscalers --all --wait
-#   kubectl delete -f charts/manifests/tritonscale.yaml
+#   kubectl delete -f charts/manifests/tritonscale.yaml --ignore-not-found
 """
 
 
