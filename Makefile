@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Debian packages the tests and the demo use: Prometheus (and promtool) for the real
 # metrics path, libpython3.11 for the Triton Python backend stub, and shellcheck, with which
-# actionlint checks the workflows' scripts.
-DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck
+# actionlint checks the workflows' scripts; iproute2 for the node stand-in's pod network.
+DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2
 
 .PHONY: all deps venv debian demo test check lint serve bench clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down
