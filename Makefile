@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2
 
 .PHONY: all deps venv debian demo test check lint serve bench clean
-.PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down
+.PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s
 .PHONY: images push images-size docker-engine
 
 all: test
@@ -92,6 +92,11 @@ cluster-up: venv
 
 cluster-down: venv
 	$(PY) -m tritonscale.local.cluster down
+
+# The chart on that control plane with the node stand-in (root): helm install, a step load
+# from the chart's Locust, the operator scaling, a table per phase, helm uninstall.
+demo-k8s: deps tools
+	$(PY) -m tritonscale.local.demo_k8s
 
 # The images: the operator (operator/Dockerfile, the base install) and Locust
 # (loadtests/Dockerfile), tagged with the chart's appVersion under REGISTRY. Building needs a
