@@ -194,25 +194,22 @@ def pod_counts(ip: str) -> dict[str, int | None]:
     return counts
 
 
-def pod_metrics(ip: str) -> tuple[float, float | None]:
-    """(successful requests of TARGET so far, its p95 in ms) from the pod's /metrics."""
-    text = _get(f"http://{ip}:8002/metrics") or ""
+def target_metrics(text: str) -> tuple[float, float | None]:
+    """(successful requests of TARGET so far, its p95 in ms) from a Triton /metrics page."""
     requests, p95 = 0.0, None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.labels.get("model") != TARGET:
                 continue
             # The parser names a counter's samples NAME_total, whatever Triton wrote.
-            if sample.name in (
-                "nv_inference_request_success",
-                "nv_inference_request_success_total",
-            ):
+            if sample.name == "nv_inference_request_success_total":
                 requests += sample.value
-            elif sample.name == "nv_inference_request_summary_us" and sample.labels.get(
-                "quantile"
-            ) in ("0.95", "0.950000"):
-                if sample.value == sample.value:  # NaN when no request in the window
-                    p95 = sample.value / 1000
+            elif (
+                sample.name == "nv_inference_request_summary_us"
+                and float(sample.labels.get("quantile", "nan")) == 0.95
+                and sample.value == sample.value  # NaN while the window holds no request
+            ):
+                p95 = sample.value / 1000
     return requests, p95
 
 
@@ -254,7 +251,7 @@ class Demo:
         worst, counts = None, {}
         for pod in self.triton_pods():
             ip, name = pod["status"]["podIP"], pod["metadata"]["name"]
-            counter, p95 = pod_metrics(ip)
+            counter, p95 = target_metrics(_get(f"http://{ip}:8002/metrics") or "")
             last = self.last_counter.get(name, 0.0)
             # Reloading a model with a new count starts its counter again.
             self.served[name] = self.served.get(name, 0.0) + (
@@ -327,7 +324,8 @@ def table(rows: list[PhaseRow]) -> list[str]:
     lines = [header, "-" * len(header)]
     for row in rows:
         p95 = f"{row.p95_ms:.0f}" if row.p95_ms is not None else "-"
-        cells = "  ".join(f"{_short(row.counts.get(pod, {})):>12}" for pod in pods)
+        shown = [_short(row.counts[pod]) if pod in row.counts else "-" for pod in pods]
+        cells = "  ".join(f"{cell:>12}" for cell in shown)
         lines.append(f"{row.name:<16}{row.requests / row.seconds:>8.1f}{p95:>8}  {cells}")
     lines.append(f"(counts per pod: {'/'.join(MINIMUM)})")
     return lines
