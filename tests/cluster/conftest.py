@@ -51,7 +51,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{name:>48}: {seconds}")
 
 
-@pytest.fixture(scope="session")
+# Package scope: the node and the control plane stop after the last test of this folder, not
+# at the end of the whole run, where the last test may be a `unit` one that starts no process.
+@pytest.fixture(scope="package")
 def cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
