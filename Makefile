@@ -6,11 +6,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Debian packages the tests and the demo use: Prometheus (and promtool) for the real
 # metrics path, libpython3.11 for the Triton Python backend stub, and shellcheck, with which
-# actionlint checks the workflows' scripts.
-DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck
+# actionlint checks the workflows' scripts; iproute2 for the node stand-in's pod network.
+DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
-.PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down
+.PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s
 .PHONY: images push images-size docker-engine
 
 all: test
@@ -99,6 +99,11 @@ cluster-up: venv
 
 cluster-down: venv
 	$(PY) -m tritonscale.local.cluster down
+
+# The chart on that control plane with the node stand-in (root): helm install, a step load
+# from the chart's Locust, the operator scaling, a table per phase, helm uninstall.
+demo-k8s: deps tools
+	$(PY) -m tritonscale.local.demo_k8s
 
 # The images: the operator (operator/Dockerfile, the base install) and Locust
 # (loadtests/Dockerfile), tagged with the chart's appVersion under REGISTRY. Building needs a

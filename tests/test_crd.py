@@ -12,6 +12,7 @@ tests/chart/test_chart_generated.py.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,8 +107,17 @@ def rules_at(schema: dict[str, Any], value: Any, path: str = "") -> Iterator[tup
             yield from rules_at(schema["items"], item, f"{path}[{index}]")
 
 
+def cel_format(template: Any, arguments: Any) -> Any:
+    """Kubernetes' CEL strings extension `'...%d...'.format([...])` (%d and %s), which
+    cel-python lacks; the CRD's messages use it (a concatenated string(int) is too costly)."""
+    values = iter(arguments)
+    text = re.sub(r"%[ds]", lambda _match: str(next(values)), str(template))
+    return celpy.celtypes.StringType(text)
+
+
 def evaluate(expression: str, self_value: Any) -> Any:
-    result = CEL.program(CEL.compile(expression)).evaluate({"self": celpy.json_to_cel(self_value)})
+    program = CEL.program(CEL.compile(expression), functions={"format": cel_format})
+    result = program.evaluate({"self": celpy.json_to_cel(self_value)})
     if isinstance(result, celpy.CELEvalError):
         raise result
     return result

@@ -325,8 +325,9 @@ def test_every_rendering_gives_the_least_privilege(helm: str, values: str) -> No
         spec = pod_spec(workload)
         name = workload["metadata"]["name"]
         assert not (spec.get("hostNetwork") or spec.get("hostPID") or spec.get("hostIPC")), name
-        # Only the operator talks to the Kubernetes API.
-        if component(workload) != "operator":
+        # Only the operator talks to the Kubernetes API (and the uninstall hook that lets it
+        # release the autoscalers first).
+        if component(workload) not in ("operator", "uninstall"):
             assert spec.get("automountServiceAccountToken") is False, name
         pod_context = spec.get("securityContext") or {}
         for container in [*spec["containers"], *spec.get("initContainers", [])]:
@@ -337,6 +338,9 @@ def test_every_rendering_gives_the_least_privilege(helm: str, values: str) -> No
             assert "ALL" in context.get("capabilities", {}).get("drop", []), where
             assert not context.get("capabilities", {}).get("add"), where
             assert (context.get("runAsNonRoot") or pod_context.get("runAsNonRoot")) is True, where
+            # The restricted PodSecurity level rejects a pod without a seccomp profile.
+            seccomp = context.get("seccompProfile") or pod_context.get("seccompProfile") or {}
+            assert seccomp.get("type") in ("RuntimeDefault", "Localhost"), where
             if component(workload) == "operator":
                 assert context.get("readOnlyRootFilesystem") is True, where
 
@@ -385,3 +389,38 @@ def test_an_optional_network_policy_limits_who_reaches_tritons_ports(helm: str) 
     assert ingress and all(rule.get("from") for rule in ingress)  # never open to all
     ports = {p["port"] for rule in ingress for p in rule.get("ports", [])}
     assert {8000, 8001} <= ports or {"http", "grpc"} <= ports
+
+
+def metrics_peers(objects: list[dict]) -> list[dict]:
+    """Who the Triton NetworkPolicy lets reach the metrics port."""
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    return [
+        peer
+        for rule in policy["spec"]["ingress"]
+        if {p["port"] for p in rule["ports"]} == {"metrics"}
+        for peer in rule["from"]
+    ]
+
+
+OPERATOR_PODS = {
+    "podSelector": {
+        "matchLabels": {
+            "app.kubernetes.io/name": "tritonscale",
+            "app.kubernetes.io/instance": "demo",
+            "app.kubernetes.io/component": "operator",
+        }
+    }
+}
+
+
+def test_named_scrapers_never_cut_the_operator_off_the_metrics_it_reads(helm: str) -> None:
+    # Without a Prometheus URL the operator reads every pod's :8002/metrics itself: a policy
+    # that admits only the named scrapers there leaves it unable to size anything.
+    peers = metrics_peers(rendered(helm, "networkpolicy-values.yaml"))
+    assert OPERATOR_PODS in peers
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    } in peers
+    # With Prometheus in between, the operator never calls the port: the scrapers alone.
+    sets = ("operator.prometheusUrl=http://prometheus.monitoring:9090",)
+    assert OPERATOR_PODS not in metrics_peers(rendered(helm, "networkpolicy-values.yaml", sets))

@@ -29,6 +29,8 @@ HELM_ARGS = [
     NAMESPACE,
     "--include-crds",
     "--skip-tests",
+    # The uninstall hook is helm's; kubectl apply would run its Job at once.
+    "--no-hooks",
     "--set",
     f"repositoryKey.existingSecret={SECRET}",
 ]
@@ -39,6 +41,10 @@ HEADER = f"""\
 #   kubectl -n {NAMESPACE} create secret generic {SECRET} \\
 #     --from-literal=repository-key="$(openssl rand -hex 32)"
 #   kubectl apply --server-side -f charts/manifests/tritonscale.yaml
+# To remove it, delete the autoscalers first, while the operator still runs to release them
+# (its finalizer is on each; `kubectl delete -f` deletes the operator and its Role at once):
+#   kubectl -n {NAMESPACE} delete instancegroupautoscalers --all --wait
+#   kubectl delete -f charts/manifests/tritonscale.yaml --ignore-not-found
 """
 
 

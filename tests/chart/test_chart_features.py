@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import pytest
 import yaml
+from kubernetes.utils.quantity import parse_quantity
 
 from tests.chart.helm import CHART, NAMESPACE, by_kind, container, one, run_helm, template_args
 from tests.tooling import require_tool
@@ -46,6 +47,26 @@ class TestTritonPod:
         assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "3Gi"}
         mounts = {m["mountPath"]: m["name"] for m in triton_container(objects)["volumeMounts"]}
         assert mounts["/dev/shm"] == "shm"
+
+    def test_memory_limit_holds_the_request_and_the_whole_of_dev_shm(self, render) -> None:
+        # /dev/shm is memory-backed and counts against the container's limit.
+        objects = render().objects
+        resources = triton_container(objects)["resources"]
+        limit = parse_quantity(resources["limits"]["memory"])
+        volumes = {v["name"]: v for v in triton_pod(objects)["volumes"]}
+        shm = parse_quantity(volumes["shm"]["emptyDir"]["sizeLimit"])
+        assert limit >= parse_quantity(resources["requests"]["memory"]) + shm
+
+    def test_start_clears_stale_python_backend_regions_then_becomes_tritonserver(
+        self, render
+    ) -> None:
+        # An unclean exit leaves the Python backend's regions in /dev/shm, an emptyDir that
+        # outlives the container: each restart would add its own (tests/cluster shows it).
+        tritonserver = triton_container(render().objects)
+        shell, flag, line, name = tritonserver["command"]
+        assert (shell, flag, name) == ("/bin/sh", "-c", "tritonserver")
+        assert line == 'rm -f /dev/shm/triton_python_backend_shm_region_* && exec tritonserver "$@"'
+        assert tritonserver["args"][0] == "--model-repository=/models"
 
     def test_gpu_mode_requests_gpus_tolerates_the_taint_and_pins_the_product(self, render) -> None:
         objects = render("gpu-node-values.yaml").objects
@@ -270,16 +291,16 @@ class TestOperator:
         assert (
             by_kind(objects, "ClusterRole") == [] and by_kind(objects, "ClusterRoleBinding") == []
         )
-        role = one(objects, "Role")
+        role = one(objects, "Role", "-operator")
         assert role["metadata"]["namespace"] == NAMESPACE
         assert role["rules"] == self.RULES
-        binding = one(objects, "RoleBinding")
+        binding = one(objects, "RoleBinding", "-operator")
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": "Role",
             "name": role["metadata"]["name"],
         }
-        account = one(objects, "ServiceAccount")
+        account = one(objects, "ServiceAccount", "-operator")
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
         ]
@@ -287,7 +308,7 @@ class TestOperator:
     def test_peering_adds_its_rule_a_peering_object_and_a_role_per_namespace(self, render) -> None:
         objects = render("peering-values.yaml").objects
         namespaces = [NAMESPACE, "inference-canary"]
-        roles = by_kind(objects, "Role")
+        roles = [r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith("-operator")]
         assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)
         for role in roles:
             assert role["rules"] == [*self.RULES, self.PEERING_RULE]
@@ -326,7 +347,8 @@ class TestOperator:
         assert operator["securityContext"]["readOnlyRootFilesystem"] is True
         assert operator["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsNonRoot"] is True
-        assert pod["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"]
+        account = one(objects, "ServiceAccount", "-operator")
+        assert pod["serviceAccountName"] == account["metadata"]["name"]
         key = next(e for e in operator["env"] if e["name"] == "TRITONSCALE_REPOSITORY_KEY")
         assert key["valueFrom"]["secretKeyRef"]["key"] == "repository-key"
         service = one(objects, "Service", "-operator")
@@ -459,6 +481,44 @@ class TestHpaLocustAndHelmTest:
             scripts["data"]["check_inference.py"]
             == (CHART / "files" / "scripts" / "check_inference.py").read_text()
         )
+        # A namespace with a ResourceQuota on CPU or memory admits no pod without them.
+        resources = pod["spec"]["containers"][0]["resources"]
+        assert {"cpu", "memory"} <= set(resources["requests"])
+        assert "memory" in resources["limits"]
+
+    def test_uninstall_hook_deletes_the_autoscalers_before_the_operator_goes(self, render) -> None:
+        # kopf's finalizer on each autoscaler needs the operator and its Role to be removed;
+        # `helm uninstall` deletes all three together unless the hook goes first.
+        objects = [
+            o for o in render().objects if o["metadata"].get("name", "").endswith("-uninstall")
+        ]
+        assert sorted(o["kind"] for o in objects) == [
+            "Job",
+            "Role",
+            "RoleBinding",
+            "ServiceAccount",
+        ]
+        for obj in objects:
+            assert obj["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+        assert one(objects, "Role")["rules"] == [
+            {
+                "apiGroups": ["tritonscale.io"],
+                "resources": ["instancegroupautoscalers"],
+                "verbs": ["list", "delete", "patch"],
+            }
+        ]
+        job = one(objects, "Job")
+        command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[:2] == ["python3", "/opt/tritonscale/scripts/delete_autoscalers.py"]
+        selector = "app.kubernetes.io/name=tritonscale,app.kubernetes.io/instance=demo"
+        assert f"--selector={selector},app.kubernetes.io/component=autoscaler" in command
+        autoscaler = by_kind(render().objects, "InstanceGroupAutoscaler")[0]
+        labels = autoscaler["metadata"]["labels"]
+        for pair in f"{selector},app.kubernetes.io/component=autoscaler".split(","):
+            key, value = pair.split("=")
+            assert labels[key] == value
+        off = render(sets=("operator.uninstall.deleteAutoscalers=false",)).objects
+        assert not [o for o in off if o["metadata"].get("name", "").endswith("-uninstall")]
 
     def test_locust_runs_the_load_test_against_the_service(self, helm4: str) -> None:
         result = run_helm(helm4, *template_args("locust-values.yaml"))

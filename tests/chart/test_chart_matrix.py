@@ -97,4 +97,5 @@ def test_every_object_carries_the_chart_labels(helm4: str, values_file: str) -> 
                 "triton",
                 "operator",
                 "locust",
+                "uninstall",
             }, where

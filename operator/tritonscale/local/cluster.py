@@ -55,12 +55,15 @@ PACKAGES = {
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
 }
-# The controllers a Deployment + Service + HPA + PDB workload needs, and the ones that
-# make RBAC and service accounts behave as in a real cluster: clusterrole-aggregation
-# fills admin/edit/view, root-ca-certificate-publisher writes kube-root-ca.crt.
+# The controllers a Deployment + Service + HPA + PDB + Job workload needs, and the ones that
+# make RBAC, service accounts and quotas behave as in a real cluster: clusterrole-aggregation
+# fills admin/edit/view, root-ca-certificate-publisher writes kube-root-ca.crt, and a
+# ResourceQuota admits nothing until resourcequota-controller has computed its usage.
 CONTROLLERS = (
     "deployment-controller",
     "replicaset-controller",
+    "job-controller",
+    "resourcequota-controller",
     "endpoints-controller",
     "endpointslice-controller",
     "garbage-collector-controller",

@@ -1,0 +1,219 @@
+"""The cluster tests' tools: kubectl and helm against the local control plane, bounded waits.
+
+Every wait has a deadline and, when it passes, fails with what it waited for and what it
+saw last, plus the namespace's pods and recent events: a hang names itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+
+from tritonscale.local.cluster import ControlPlane
+from tritonscale.local.node import Node
+from tritonscale.triton.actuator import instance_count
+
+T = TypeVar("T")
+COMMAND_TIMEOUT_S = 180
+
+
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return (self.stdout + self.stderr).strip()
+
+
+@dataclass
+class Cluster:
+    """A running control plane, a node stand-in, and the tools to drive them."""
+
+    plane: ControlPlane
+    node: Node
+    tools: dict[str, str]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.plane.kubeconfig
+
+    def run(
+        self, tool: str, *args: str, timeout: float = COMMAND_TIMEOUT_S, stdin: str | None = None
+    ) -> Done:
+        command = [self.tools[tool], "--kubeconfig", str(self.kubeconfig), *args]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, input=stdin
+            )
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"`{tool} {' '.join(args)}` did not finish within {timeout:.0f} s"
+            ) from None
+        return Done(done.returncode, done.stdout, done.stderr)
+
+    def kubectl(
+        self, *args: str, timeout: float = COMMAND_TIMEOUT_S, stdin: str | None = None
+    ) -> str:
+        """kubectl ARGS, which must succeed; its stdout."""
+        done = self.run("kubectl", *args, timeout=timeout, stdin=stdin)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.output}"
+        return done.stdout
+
+    def helm(self, *args: str, major: int = 4, timeout: float = COMMAND_TIMEOUT_S) -> str:
+        done = self.run("helm" if major == 4 else "helm3", *args, timeout=timeout)
+        assert done.returncode == 0, f"helm{major} {' '.join(args)}: {done.output}"
+        return done.stdout
+
+    def get(self, *args: str) -> dict[str, Any]:
+        """`kubectl get ARGS -o json`, parsed."""
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def items(self, *args: str) -> list[dict[str, Any]]:
+        return self.get(*args)["items"]
+
+    def diagnosis(self, namespace: str | None) -> str:
+        """What a person needs to see when a wait in `namespace` fails."""
+        if namespace is None:
+            return ""
+        parts = []
+        for args in (
+            ("get", "pods", "-o", "wide"),
+            ("get", "events", "--sort-by=.lastTimestamp"),
+            ("get", "instancegroupautoscalers", "-o", "wide"),
+        ):
+            done = self.run("kubectl", "-n", namespace, *args, timeout=30)
+            parts.append(f"$ kubectl -n {namespace} {' '.join(args)}\n{done.output[-3000:]}")
+        # There is no `kubectl logs` (no kubelet API): the node keeps each container's output.
+        for worker in list(self.node.workers.values()):
+            if worker.namespace != namespace:
+                continue
+            for container in worker.init_containers + worker.containers:
+                status = container.status
+                if status.restart_count or "terminated" in status.state or not status.ready:
+                    tail = worker.logs(container.container_name).splitlines()[-15:]
+                    parts.append(f"--- output of {worker.pod_name}/{container.container_name}:")
+                    parts += tail
+        return "\n".join(parts)
+
+    def wait(
+        self,
+        what: str,
+        check: Callable[[], T | None],
+        timeout_s: float,
+        namespace: str | None = None,
+        every_s: float = 1.0,
+    ) -> T:
+        """Call `check` until it returns something truthy; fail naming `what` at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        last: Any = None
+        while True:
+            try:
+                last = check()
+            except AssertionError as error:  # a kubectl that failed this once
+                last = error
+            else:
+                if last:
+                    return last
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out after {timeout_s:.0f} s waiting for {what}; last seen: {last!r}\n"
+                    f"{self.diagnosis(namespace)}"
+                )
+            time.sleep(every_s)
+
+    # ---- pods ------------------------------------------------------------------------------
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self.items("pods", "-n", namespace, "-l", selector)
+
+    def ready_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return [pod for pod in self.pods(namespace, selector) if is_ready(pod)]
+
+
+def restricted_namespace(cluster: Cluster, name: str) -> None:
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
+
+
+def release_objects(cluster: Cluster, namespace: str, selector: str) -> list[str]:
+    """Every namespaced object of the release's kinds that the selector finds."""
+    kinds = (
+        "all,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets,"
+        "networkpolicies,jobs"
+    )
+    out = cluster.kubectl("get", kinds, "-n", namespace, "-l", selector, "-o", "name")
+    # Asked apart: once the CRD is deleted too (kubectl delete -f), the kind is unknown.
+    autoscalers = cluster.run(
+        "kubectl", "get", "instancegroupautoscalers", "-n", namespace, "-l", selector, "-o", "name"
+    )
+    crd_gone = any(
+        words in autoscalers.output
+        for words in ("doesn't have a resource type", "could not find the requested resource")
+    )
+    assert autoscalers.returncode == 0 or crd_gone, autoscalers.output
+    return out.split() + autoscalers.stdout.split()
+
+
+def wait_release_gone(cluster: Cluster, namespace: str, selector: str) -> None:
+    """Wait until no object of the release is left (pods go after their grace period)."""
+    cluster.wait(
+        f"every object labelled {selector} in {namespace} to be deleted",
+        lambda: release_objects(cluster, namespace, selector) == [],
+        timeout_s=120,
+        namespace=namespace,
+    )
+
+
+def wait_namespace_gone(cluster: Cluster, namespace: str, timeout_s: float = 180) -> None:
+    def gone() -> bool:
+        done = cluster.run("kubectl", "get", "namespace", namespace)
+        return done.returncode != 0 and "NotFound" in done.output
+
+    cluster.wait(f"namespace {namespace} to be deleted", gone, timeout_s, namespace)
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def live_count(pod: dict[str, Any], model: str) -> int | None:
+    """The model's instance count on the pod, from Triton itself (None when unreachable)."""
+    try:
+        response = requests.get(
+            f"http://{pod['status']['podIP']}:8000/v2/models/{model}/config", timeout=5
+        )
+    except requests.RequestException:
+        return None
+    return instance_count(response.json()) if response.ok else None
+
+
+def live_counts(pods: Sequence[dict[str, Any]], model: str) -> dict[str, int | None]:
+    return {pod["metadata"]["name"]: live_count(pod, model) for pod in pods}
+
+
+class Stopwatch:
+    """`with Stopwatch(cluster.timings, "name"):` records the block's seconds."""
+
+    def __init__(self, timings: dict[str, float], name: str) -> None:
+        self.timings, self.name = timings, name
+
+    def __enter__(self) -> Stopwatch:
+        self.started = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.timings[self.name] = round(time.monotonic() - self.started, 1)

@@ -1,0 +1,409 @@
+"""The chart on a real API server, with helm 4: one release, from install to uninstall.
+
+The release lives in a namespace that enforces the restricted PodSecurity level and holds a
+ResourceQuota on CPU and memory; the node stand-in runs its pods (real tritonserver, real
+`tritonscale operator` with its own service account). The tests run in this file's order,
+each leaving the release as the next one expects: installed, rejecting bad autoscalers,
+reconciling, passing `helm test`, scaled to two pods, under load and after, restarted
+after a crash, upgraded, and finally uninstalled with nothing left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart.helm import CHART, REPO_ROOT
+from tests.cluster.harness import (
+    Cluster,
+    Stopwatch,
+    is_ready,
+    live_counts,
+    restricted_namespace,
+    wait_namespace_gone,
+    wait_release_gone,
+)
+
+NAMESPACE = "e2e-helm4"
+RELEASE = "demo"
+VALUES = Path(__file__).parent / "e2e-values.yaml"
+INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
+TRITON = f"{INSTANCE},app.kubernetes.io/component=triton"
+TRITON_DEPLOYMENT = f"{RELEASE}-tritonscale-triton"
+OPERATOR_ACCOUNT = f"{RELEASE}-tritonscale-operator"
+# model -> minInstances, as e2e-values.yaml sets them
+MINIMUM = {"pipeline_async": 1, "branch_embed": 2, "branch_classify": 1, "branch_rank": 1}
+CRD = yaml.safe_load((CHART / "crds" / "instancegroupautoscalers.yaml").read_text())
+SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+QUOTA = {
+    "apiVersion": "v1",
+    "kind": "ResourceQuota",
+    "metadata": {"name": "compute"},
+    # Every pod must then state CPU and memory requests and a memory limit.
+    "spec": {
+        "hard": {
+            "requests.cpu": "8",
+            "requests.memory": "24Gi",
+            "limits.memory": "64Gi",
+            "pods": "30",
+        }
+    },
+}
+SHM_REGION = "triton_python_backend_shm_region_"
+
+
+def autoscalers(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """The release's autoscalers by model."""
+    items = cluster.items("instancegroupautoscalers", "-n", NAMESPACE, "-l", INSTANCE)
+    return {item["spec"]["model"]: item for item in items}
+
+
+def counts_on_every_pod(cluster: Cluster, pods: int) -> dict[str, dict[str, int | None]] | None:
+    """model -> pod -> live count, once exactly `pods` Triton pods are ready."""
+    ready = cluster.ready_pods(NAMESPACE, TRITON)
+    if len(ready) != pods:
+        return None
+    return {model: live_counts(ready, model) for model in MINIMUM}
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster) -> Iterator[Cluster]:
+    restricted_namespace(cluster, NAMESPACE)
+    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=json.dumps(QUOTA))
+    with Stopwatch(cluster.timings, "helm install to every pod Ready"):
+        cluster.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(VALUES))
+        cluster.wait(
+            "the release's pods (Triton and the operator) to be Ready",
+            lambda: (
+                (pods := cluster.pods(NAMESPACE, INSTANCE))
+                and len(pods) == 2
+                and all(is_ready(pod) for pod in pods)
+            ),
+            timeout_s=420,
+            namespace=NAMESPACE,
+        )
+    yield cluster
+    # Whatever a failed test left: go, without waiting on an operator's finalizer.
+    if cluster.run("kubectl", "get", "namespace", NAMESPACE).returncode == 0:
+        cluster.run("helm", "uninstall", RELEASE, "-n", NAMESPACE, "--timeout", "2m")
+        for name in cluster.run(
+            "kubectl", "get", "iga", "-n", NAMESPACE, "-o", "name"
+        ).stdout.split():
+            cluster.run("kubectl", "patch", name, "-n", NAMESPACE, "--type=merge",
+                        "-p", '{"metadata":{"finalizers":null}}')  # fmt: skip
+        cluster.run("kubectl", "delete", "namespace", NAMESPACE, "--wait=false")
+
+
+def test_install_admits_every_pod_into_a_restricted_namespace(release: Cluster) -> None:
+    crd = release.get("crd", "instancegroupautoscalers.tritonscale.io")
+    conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+    assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
+    assert sorted(autoscalers(release)) == sorted(MINIMUM)
+    pods = release.pods(NAMESPACE, INSTANCE)
+    components = sorted(p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods)
+    assert components == ["operator", "triton"] and all(is_ready(p) for p in pods)
+    # PodSecurity and the quota refuse pods at creation: their controller records it.
+    refused = release.items("events", "-n", NAMESPACE, "--field-selector", "reason=FailedCreate")
+    assert refused == []
+    header = release.kubectl("get", "iga", "-n", NAMESPACE).splitlines()[0].split()
+    assert header == ["NAME", "MODEL", "MIN", "MAX", "CURRENT", "DESIRED", "AGE"]
+    wide = release.kubectl("get", "iga", "-n", NAMESPACE, "-o", "wide").splitlines()[0].split()
+    assert wide == ["NAME", "MODEL", "MIN", "MAX", "CURRENT", "DESIRED", "REASON", "AGE"]
+
+
+def _rule_message(rule_part: str) -> str:
+    """The message of the spec's CEL rule whose expression holds `rule_part`."""
+    (rule,) = [r for r in SPEC_SCHEMA["x-kubernetes-validations"] if rule_part in r["rule"]]
+    return rule["message"]
+
+
+# case -> (spec fields, what the API server must say)
+INVALID = {
+    "min above max": (
+        {"minInstances": 5, "maxInstances": 2},
+        _rule_message("self.minInstances <= self.maxInstances"),
+    ),
+    # The rule's messageExpression, evaluated: 'must not name the model itself (' + model + ')'
+    "a model that calls itself": (
+        {"calls": ["branch_embed"]},
+        "must not name the model itself (branch_embed)",
+    ),
+    "an empty selector": ({"selector": {}}, _rule_message("size(self.selector.matchLabels)")),
+}
+
+
+def autoscaler(name: str, **spec: Any) -> str:
+    body = {
+        "apiVersion": "tritonscale.io/v1alpha1",
+        "kind": "InstanceGroupAutoscaler",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/component": "nothing"}},
+            "model": "branch_embed",
+            **spec,
+        },
+    }
+    return json.dumps(body)
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_the_api_server_rejects_an_invalid_autoscaler_with_the_crds_message(
+    release: Cluster, case: str
+) -> None:
+    spec, message = INVALID[case]
+    done = release.run(
+        "kubectl", "create", "-n", NAMESPACE, "-f", "-", stdin=autoscaler("bad", **spec)
+    )
+    assert done.returncode != 0, f"{case} was admitted"
+    assert message in done.output
+
+
+def test_a_valid_autoscaler_is_admitted(release: Cluster) -> None:
+    # The counterpart of the rejections: the same object with a sound spec goes in.
+    release.kubectl(
+        "create", "-n", NAMESPACE, "--dry-run=server", "-f", "-", stdin=autoscaler("good")
+    )
+
+
+def test_the_operator_reconciles_with_status_conditions_and_events(release: Cluster) -> None:
+    def reconciled() -> dict[str, dict[str, Any]] | None:
+        found = autoscalers(release)
+        for model, item in found.items():
+            status = item.get("status") or {}
+            if status.get("currentInstances") != MINIMUM[model]:
+                return None
+            if not {"AbleToScale", "ScalingActive"} <= {
+                c["type"] for c in status.get("conditions", [])
+            }:
+                return None
+        return found
+
+    found = release.wait(
+        "every autoscaler's status to show its minimum as the current count",
+        reconciled,
+        timeout_s=180,
+        namespace=NAMESPACE,
+    )
+    embed = found["branch_embed"]["metadata"]["name"]
+    described = release.kubectl("describe", "iga", embed, "-n", NAMESPACE)
+    for pattern in ("Conditions:", "AbleToScale", r"Current Instances:\s+2\n", "Events:"):
+        assert re.search(pattern, described), described
+    # From the repository's 1 instance to its minimum of 2: the operator said so.
+    release.wait(
+        "the operator's SucceededRescale event on branch_embed",
+        lambda: "SucceededRescale" in release.kubectl("describe", "iga", embed, "-n", NAMESPACE),
+        timeout_s=30,
+        namespace=NAMESPACE,
+    )
+
+
+def test_helm_test_passes(release: Cluster) -> None:
+    out = release.helm("test", RELEASE, "-n", NAMESPACE, "--timeout", "3m", timeout=240)
+    assert "Phase:          Succeeded" in out, out
+
+
+def test_a_second_triton_pod_is_brought_to_its_peers_count(release: Cluster) -> None:
+    with Stopwatch(release.timings, "scale to 2: new pod Ready and at its peer's count"):
+        release.kubectl("scale", "deployment", TRITON_DEPLOYMENT, "-n", NAMESPACE, "--replicas=2")
+        counts = release.wait(
+            "two ready Triton pods, each with every model at its minimum",
+            lambda: (
+                (c := counts_on_every_pod(release, 2))
+                and all(set(c[m].values()) == {MINIMUM[m]} for m in MINIMUM)
+                and c
+            ),
+            timeout_s=300,
+            namespace=NAMESPACE,
+        )
+    assert set(counts["branch_embed"].values()) == {2}
+
+
+def upgrade(cluster: Cluster, *sets: str) -> None:
+    """helm upgrade with the release's values and `sets`, keeping the two Triton pods.
+
+    Helm 4 applies server-side: after `kubectl scale`, spec.replicas belongs to kubectl and
+    an upgrade conflicts on it, so the upgrade names the same count and takes it back.
+    """
+    args = ["--set", "triton.replicaCount=2"]
+    for item in sets:
+        args += ["--set", item]
+    cluster.helm(
+        "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "--force-conflicts",
+        *args,
+    )  # fmt: skip
+
+
+def test_under_load_the_count_rises_on_every_pod_and_falls_after(release: Cluster) -> None:
+    # The chart's own Locust (a headless master Job, workers) drives the pipeline through
+    # the Triton Service: admitted under the restricted level, it also proves the pods'
+    # seccomp profile.
+    upgrade(release, "locust.enabled=true", "locust.workers=2")
+    started = time.monotonic()
+
+    def above_minimum() -> tuple[str, dict[str, int | None]] | None:
+        counts = counts_on_every_pod(release, 2) or {}
+        for model, per_pod in counts.items():
+            if per_pod and all(
+                count is not None and count > MINIMUM[model] for count in per_pod.values()
+            ):
+                return model, per_pod
+        return None
+
+    model, risen = release.wait(
+        "a model's count above its minimum on both Triton pods, under load",
+        above_minimum,
+        timeout_s=240,
+        namespace=NAMESPACE,
+    )
+    release.timings["load start to a higher count on both pods"] = round(
+        time.monotonic() - started, 1
+    )
+    locust = f"{RELEASE}-tritonscale-locust-master"
+    release.wait(
+        "the Locust master Job to complete its run",
+        lambda: (release.get("job", locust, "-n", NAMESPACE).get("status") or {}).get("succeeded"),
+        timeout_s=240,
+        namespace=NAMESPACE,
+    )
+    ended = time.monotonic()
+    release.wait(
+        "every model back at its minimum on both pods after the load",
+        lambda: (
+            (c := counts_on_every_pod(release, 2))
+            and all(set(c[m].values()) == {MINIMUM[m]} for m in MINIMUM)
+        ),
+        timeout_s=240,
+        namespace=NAMESPACE,
+    )
+    release.timings["load end to every count back down on both pods"] = round(
+        time.monotonic() - ended, 1
+    )
+    assert max(risen.values()) > MINIMUM[model]
+    upgrade(release, "locust.enabled=false")
+
+
+def test_a_crashed_triton_leaves_no_stale_shared_memory_in_its_pod(release: Cluster) -> None:
+    # /dev/shm is the pod's Memory emptyDir: it outlives the container. Killing tritonserver
+    # kills its backend stubs with it (as the end of a container's PID 1 does); without the
+    # chart's start line their regions would stay and pile up with every restart.
+    pod = release.ready_pods(NAMESPACE, TRITON)[0]
+    name = pod["metadata"]["name"]
+    node = release.node
+    shm = node.container_path(NAMESPACE, name, "tritonserver", "/dev/shm")
+    before = {p.name for p in shm.iterdir() if p.name.startswith(SHM_REGION)}
+    assert before, "a running Triton with Python models holds shared-memory regions"
+    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+    pid = node.container_pid(NAMESPACE, name, "tritonserver")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    restarted = release.wait(
+        "the killed tritonserver to be restarted and Ready",
+        lambda: (
+            (p := release.get("pod", name, "-n", NAMESPACE))
+            and p["status"]["containerStatuses"][0]["restartCount"] == restarts + 1
+            and is_ready(p)
+            and p
+        ),
+        timeout_s=240,
+        namespace=NAMESPACE,
+    )
+    last = restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert last["exitCode"] == 128 + signal.SIGKILL
+    shm = node.container_path(NAMESPACE, name, "tritonserver", "/dev/shm")
+    after = {p.name for p in shm.iterdir() if p.name.startswith(SHM_REGION)}
+    # One region per Python stub: the new server has its own (as many as its instances).
+    assert after, "the restarted Triton holds shared-memory regions of its own"
+    assert not before & after, f"{len(before & after)} regions of the killed server remain"
+
+
+def test_an_upgrade_rolls_out_and_the_new_pods_are_tuned(release: Cluster) -> None:
+    old = {p["metadata"]["name"] for p in release.pods(NAMESPACE, TRITON)}
+    with Stopwatch(release.timings, "helm upgrade: rollout of 2 pods done and tuned"):
+        upgrade(release, "triton.logVerbose=1")
+        release.kubectl(
+            "rollout", "status", f"deployment/{TRITON_DEPLOYMENT}", "-n", NAMESPACE,
+            "--timeout=360s", timeout=400,
+        )  # fmt: skip
+        counts = release.wait(
+            "the new Triton pods ready, with every model at its minimum",
+            lambda: (
+                (c := counts_on_every_pod(release, 2))
+                and not old & set(c["branch_embed"])
+                and all(set(c[m].values()) == {MINIMUM[m]} for m in MINIMUM)
+                and c
+            ),
+            timeout_s=240,
+            namespace=NAMESPACE,
+        )
+    args = release.get("deployment", TRITON_DEPLOYMENT, "-n", NAMESPACE)["spec"]["template"]
+    assert "--log-verbose=1" in args["spec"]["containers"][0]["args"]
+    assert set(counts["branch_embed"].values()) == {2}
+
+
+# What the operator's ServiceAccount may do in its namespace, asked of the API server.
+# docs/rbac.md shows this table; the test fails when the two differ.
+CAN_I = [
+    ("list", "instancegroupautoscalers.tritonscale.io", True),
+    ("watch", "instancegroupautoscalers.tritonscale.io", True),
+    ("patch", "instancegroupautoscalers.tritonscale.io", True),
+    ("patch", "instancegroupautoscalers.tritonscale.io/status", True),
+    ("list", "pods", True),
+    ("watch", "pods", True),
+    ("create", "events", True),
+    ("get", "instancegroupautoscalers.tritonscale.io", False),
+    ("update", "instancegroupautoscalers.tritonscale.io", False),
+    ("create", "instancegroupautoscalers.tritonscale.io", False),
+    ("delete", "instancegroupautoscalers.tritonscale.io", False),
+    ("get", "pods", False),
+    ("delete", "pods", False),
+    ("create", "pods/exec", False),
+    ("patch", "events", False),
+    ("get", "secrets", False),
+    ("list", "secrets", False),
+    ("patch", "deployments.apps", False),
+    ("list", "namespaces", False),
+    ("list", "customresourcedefinitions.apiextensions.k8s.io", False),
+]
+RBAC_DOC = REPO_ROOT / "docs" / "rbac.md"
+
+
+def can_i_table(rows: list[tuple[str, str, bool]]) -> str:
+    lines = ["| verb | resource | allowed |", "|---|---|---|"]
+    lines += [
+        f"| `{verb}` | `{resource}` | {'yes' if ok else 'no'} |" for verb, resource, ok in rows
+    ]
+    return "\n".join(lines)
+
+
+def test_the_operators_rbac_is_what_docs_rbac_md_says(release: Cluster) -> None:
+    account = f"system:serviceaccount:{NAMESPACE}:{OPERATOR_ACCOUNT}"
+    answers = []
+    for verb, resource, _ in CAN_I:
+        done = release.run(
+            "kubectl", "auth", "can-i", verb, resource, "-n", NAMESPACE, "--as", account
+        )
+        assert done.stdout.strip() in ("yes", "no"), done.output
+        answers.append((verb, resource, done.stdout.strip() == "yes"))
+    assert answers == CAN_I
+    assert can_i_table(CAN_I) in RBAC_DOC.read_text(), (
+        f"docs/rbac.md must show this table of `kubectl auth can-i`:\n{can_i_table(CAN_I)}"
+    )
+
+
+def test_uninstall_leaves_nothing_and_the_namespace_deletes(release: Cluster) -> None:
+    with Stopwatch(release.timings, "helm uninstall to namespace gone"):
+        release.helm(
+            "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "3m", timeout=240
+        )
+        wait_release_gone(release, NAMESPACE, INSTANCE)
+        release.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+        wait_namespace_gone(release, NAMESPACE)
