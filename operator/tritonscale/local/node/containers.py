@@ -183,7 +183,9 @@ class Container(threading.Thread):
         env = {
             "PATH": image.path_variable,
             "HOSTNAME": self.pod.pod["metadata"]["name"],
-            "HOME": "/root",
+            # What a runtime gives a user its image's passwd does not list (the chart's pods run
+            # as a numeric non-root user): the pod's root, never this machine's home folders.
+            "HOME": "/",
             # The API server, as the pods' hosts files route it (see network.ApiForwarder).
             "KUBERNETES_SERVICE_HOST": "kubernetes.default.svc",
             "KUBERNETES_SERVICE_PORT": "443",

@@ -486,7 +486,7 @@ class Node:
         pid = self.container_pid(namespace, pod, container)
         if pid is None:
             raise NodeError(f"container {container} of {namespace}/{pod} is not running")
-        return Path(f"/proc/{pid}/root") / path.lstrip("/")
+        return Path("/proc", str(pid), "root", path.lstrip("/"))
 
     def logs(self, namespace: str, pod: str, container: str) -> str:
         """The output of the container's current (or last) run."""
