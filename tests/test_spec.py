@@ -97,7 +97,7 @@ INVALID = [
     Invalid(
         "an unknown key is named",
         minimal(maxInstance=3),
-        "spec.maxInstance is not a known field (known: behavior, calls, dryRun, instanceKind, "
+        "spec.maxInstance is not a known field (known: behavior, budget, calls, dryRun, instanceKind, "
         "intervalSeconds, maxInstances, metricsWindowSeconds, minInstances, model, paused, "
         "selector, targets, tolerance)",
     ),

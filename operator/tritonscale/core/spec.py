@@ -30,6 +30,10 @@ MAX_POLICIES = 10
 MAX_MATCH_EXPRESSIONS = 32
 MAX_SELECTOR_VALUES = 64
 MAX_MODEL_NAME_LENGTH = 253
+MAX_BUDGET_NAME_LENGTH = 63
+# A budget's name is a label value of the operator's metrics and a key of its ledger: a DNS label.
+BUDGET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_BUDGET_NAME = re.compile(BUDGET_NAME_PATTERN)
 
 # metav1 label syntax: an optional DNS-subdomain prefix, then a name of up to 63 characters.
 _LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
@@ -102,6 +106,31 @@ class Targets:
 
 
 @dataclass(frozen=True)
+class BudgetSpec:
+    """The joint budget this model's instances share with the other models of its pod set.
+
+    Every autoscaler of one namespace that names the same budget is a member; together their
+    instances on one pod stay within `instances_per_pod` and, when `gpu_memory_per_pod_mib`
+    is set, within that much GPU memory at `gpu_memory_per_instance_mib` each
+    (tritonscale.core.budget allocates it). The pod-set fields should agree across members;
+    where they do not, the strictest holds.
+    """
+
+    name: str
+    instances_per_pod: int
+    gpu_memory_per_pod_mib: int = 0  # 0: no GPU memory budget
+    gpu_memory_per_instance_mib: int = 0  # what one instance of this model takes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "instancesPerPod": self.instances_per_pod,
+            "gpuMemoryPerPodMiB": self.gpu_memory_per_pod_mib,
+            "gpuMemoryPerInstanceMiB": self.gpu_memory_per_instance_mib,
+        }
+
+
+@dataclass(frozen=True)
 class AutoscalerSpec:
     """One model on one set of Triton pods: bounds, targets and behaviour."""
 
@@ -120,6 +149,7 @@ class AutoscalerSpec:
     interval_seconds: int = 15
     paused: bool = False
     dry_run: bool = False
+    budget: BudgetSpec | None = None  # None: this model's instances share no budget
 
     @classmethod
     def from_dict(cls, d: Any, path: str = "spec") -> AutoscalerSpec:
@@ -151,6 +181,7 @@ class AutoscalerSpec:
             "intervalSeconds": self.interval_seconds,
             "paused": self.paused,
             "dryRun": self.dry_run,
+            **({"budget": self.budget.to_dict()} if self.budget is not None else {}),
         }
 
 
@@ -316,6 +347,10 @@ def _read_spec(d: Any, path: str) -> AutoscalerSpec:
     interval_seconds = fields.integer("intervalSeconds", 15, minimum=1)
     paused = fields.boolean("paused", False)
     dry_run = fields.boolean("dryRun", False)
+    budget = None
+    if fields.raw("budget", None) is not None:
+        budget = _read_budget(fields.raw("budget"), fields.at("budget"))
+        _check_budget_fits(budget, min_instances, fields)
     fields.done()
     return AutoscalerSpec(
         model=model,
@@ -331,7 +366,42 @@ def _read_spec(d: Any, path: str) -> AutoscalerSpec:
         interval_seconds=interval_seconds,
         paused=paused,
         dry_run=dry_run,
+        budget=budget,
     )
+
+
+def _read_budget(d: Any, path: str) -> BudgetSpec:
+    fields = _Fields(d, path)
+    name = fields.string("name", max_length=MAX_BUDGET_NAME_LENGTH)
+    if not _BUDGET_NAME.match(name):
+        raise InvalidSpec(
+            f"{fields.at('name')} must be a DNS label (lower-case letters, digits and '-'), "
+            f"got {name!r}"
+        )
+    budget = BudgetSpec(
+        name=name,
+        instances_per_pod=fields.integer("instancesPerPod", minimum=1),
+        gpu_memory_per_pod_mib=fields.integer("gpuMemoryPerPodMiB", 0, minimum=0),
+        gpu_memory_per_instance_mib=fields.integer("gpuMemoryPerInstanceMiB", 0, minimum=0),
+    )
+    fields.done()
+    return budget
+
+
+def _check_budget_fits(budget: BudgetSpec, min_instances: int, fields: _Fields) -> None:
+    """The model's own minimum must fit in the budget; the members' sum is the ledger's to check."""
+    at = fields.at("budget")
+    if min_instances > budget.instances_per_pod:
+        raise InvalidSpec(
+            f"{fields.at('minInstances')} ({min_instances}) must be <= "
+            f"{at}.instancesPerPod ({budget.instances_per_pod})"
+        )
+    memory = min_instances * budget.gpu_memory_per_instance_mib
+    if budget.gpu_memory_per_pod_mib and memory > budget.gpu_memory_per_pod_mib:
+        raise InvalidSpec(
+            f"{fields.at('minInstances')} x {at}.gpuMemoryPerInstanceMiB ({memory}) must be <= "
+            f"{at}.gpuMemoryPerPodMiB ({budget.gpu_memory_per_pod_mib})"
+        )
 
 
 def _read_calls(fields: _Fields, model: str) -> tuple[str, ...]:

@@ -12,6 +12,12 @@ State lives in the object's status (`status.policyState`, `status.backoff`, the 
 so a restarted or failed-over operator carries on where the last one stopped. An invalid
 spec is a status condition (ScalingActive False, InvalidSpec) and one Warning event, never
 an exception: kopf would retry it forever, and a fixed spec is picked up on the next tick.
+
+Autoscalers that name a budget (`spec.budget`) share it through one `BudgetLedger` in the
+operator process (kopf's peering keeps one operator active): each tick claims and is granted
+under its lock, so the grants never exceed the budget although the ticks run apart. After a
+restart the ledger is seeded from the other members' status (an index of the autoscalers by
+budget), so a member that ticks first cannot take the room the others hold.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from urllib.parse import urlsplit
 
 import kopf
 
+from tritonscale.control.ledger import BudgetKey, BudgetLedger
 from tritonscale.control.operator_metrics import OperatorMetrics
-from tritonscale.control.reconcile import reconcile
+from tritonscale.control.reconcile import budget_key, budget_limits, reconcile
 from tritonscale.control.tick import FAILED_RESCALE, ReconcileState, TickResult
+from tritonscale.core.budget import BUDGET_EXHAUSTED, Claim
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.drivers import pods
 from tritonscale.metrics.prometheus import PrometheusSource
@@ -79,6 +87,7 @@ class Runtime:
     metrics: OperatorMetrics
     healer: Healer
     health: Health = field(default_factory=Health)
+    ledger: BudgetLedger = field(default_factory=BudgetLedger)
 
 
 def make_runtime(config: DriverConfig, metrics: OperatorMetrics | None = None) -> Runtime:
@@ -105,6 +114,25 @@ def triton_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, pods.Tri
     return {namespace: pods.TritonPod.from_body(body)}
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def budget_members(
+    spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, **_: Any
+) -> dict[BudgetKey, Claim]:
+    """Every autoscaler that names a budget, holding what its status last said."""
+    try:
+        parsed = AutoscalerSpec.from_dict(dict(spec))
+    except InvalidSpec:
+        return {}
+    if parsed.budget is None:
+        return {}
+    held = max(
+        (n for n in (status.get("currentInstances"), status.get("desiredInstances")) if n),
+        default=parsed.min_instances,
+    )
+    claim = Claim(name, parsed.model, int(held), int(held), parsed.min_instances)
+    return {budget_key(namespace, parsed): claim}
+
+
 @kopf.timer(GROUP, VERSION, PLURAL, id="reconcile", interval=TICK_S)
 def reconcile_timer(
     body: kopf.Body,
@@ -116,6 +144,7 @@ def reconcile_timer(
     patch: kopf.Patch,
     memo: kopf.Memo,
     triton_pods: kopf.Index[str, pods.TritonPod],
+    budget_members: kopf.Index[BudgetKey, Claim],
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
@@ -131,6 +160,9 @@ def reconcile_timer(
     if not _due(memo, now, interval_s, generation):
         return
 
+    if parsed is not None and parsed.budget is not None:
+        key = budget_key(namespace, parsed)
+        runtime.ledger.seed(key, budget_limits(parsed), budget_members.get(key, []))
     endpoints = []
     if parsed is not None:
         endpoints = pods.ready_endpoints(
@@ -150,6 +182,7 @@ def reconcile_timer(
         namespace=namespace,
         autoscaler=name,
         healer=runtime.healer,
+        ledger=runtime.ledger,
     )
     memo.last_tick_at, memo.last_generation = now, generation
     runtime.health.ticks += 1
@@ -164,11 +197,15 @@ def reconcile_timer(
 
 @kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED")
 def forget_metrics(spec: kopf.Spec, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    """A deleted autoscaler's series must go, or its stale timestamp would fire alerts.
+    """A deleted autoscaler's series must go, or its stale timestamp would fire alerts; it
+    leaves its budget, and a budget without members loses its series too.
 
     A watching handler, not `on.delete`: it keeps no state on the object (no annotations).
     """
-    memo.runtime.metrics.forget(namespace, name, str(spec.get("model", "?")))
+    runtime: Runtime = memo.runtime
+    runtime.metrics.forget(namespace, name, str(spec.get("model", "?")))
+    for _namespace, budget in runtime.ledger.forget(namespace, name):
+        runtime.metrics.forget_budget(namespace, budget)
 
 
 @kopf.on.probe(id="ticks")
@@ -209,6 +246,12 @@ def _post_events(body: kopf.Body, result: TickResult, memo: kopf.Memo, logger: A
             kopf.warn(body, reason=error.reason, message=error.message)
             logger.warning(result.line())
     memo.failing = frozenset(error.reason for error in result.errors)
+    # The budget refusing instances is a Warning when it starts: more pods are the answer.
+    exhausted = result.reason == BUDGET_EXHAUSTED
+    if exhausted and not memo.get("budget_exhausted", False) and result.decision is not None:
+        kopf.warn(body, reason=BUDGET_EXHAUSTED, message=result.decision.message)
+        logger.warning(result.line())
+    memo.budget_exhausted = exhausted
     # Healing results are events of their own; the Healer's back-off and attempt limit
     # bound how often a sick model can post one.
     for healing in result.healing_actions:

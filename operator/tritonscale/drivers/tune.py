@@ -15,12 +15,15 @@ with the InstanceGroupAutoscaler's `spec` shape (docs/instancegroupautoscaler.md
 
 Top-level keys starting with `x-` are ignored (a place for YAML anchors shared by the
 specs). `spec.selector` may be left out here (the URLs name the pods); it is ignored when given.
-Every policy runs every `spec.intervalSeconds` through `reconcile.reconcile`, the same tick
-as the Kubernetes driver. Each tick prints one line; `--decision-log` appends one JSON
-object per tick (`TickResult.to_dict()` plus `autoscaler`): time `t` (unix s) and `time`,
-`model`, `current`, `desired`, `recommended`, `direction`, `reason`, `message`, `observed`,
-`requestRate`, `live` (pod -> count), `children`, `applied` (pod, before, after, ok,
-reason, seconds), `errors`, `dryRun`, `durationSeconds`.
+Every policy runs every `spec.intervalSeconds` through the same tick as the Kubernetes driver
+(tritonscale.control.reconcile). The policies due at the same moment form a round: each is
+planned (its decision), the members of a budget (`spec.budget`) are allocated jointly, and
+then each tick finishes, the ones that give instances back first, so that what they release
+is there for the others in the same round. Each tick prints one line; `--decision-log`
+appends one JSON object per tick (`TickResult.to_dict()` plus `autoscaler`): time `t` (unix
+s) and `time`, `model`, `current`, `desired`, `recommended`, `direction`, `reason`,
+`message`, `observed`, `requestRate`, `live` (pod -> count), `children`, `applied` (pod,
+before, after, ok, reason, seconds), `errors`, `dryRun`, `durationSeconds`, `budget`.
 
 The repository-API key comes from TRITONSCALE_REPOSITORY_KEY.
 """
@@ -37,8 +40,9 @@ from typing import IO, Any
 
 import yaml
 
+from tritonscale.control import reconcile
+from tritonscale.control.ledger import BudgetLedger
 from tritonscale.control.operator_metrics import OperatorMetrics
-from tritonscale.control.reconcile import reconcile
 from tritonscale.control.tick import ReconcileState, TickResult
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.prometheus import PrometheusSource
@@ -50,6 +54,7 @@ from tritonscale.triton.healing import Healer
 
 # Locally the URLs name the pods; a spec without a selector gets this placeholder.
 LOCAL_SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
+NAMESPACE = "local"  # the namespace label of the local driver's metrics and budgets
 SOURCES = ("scrape", "prometheus")
 
 
@@ -201,6 +206,7 @@ class Tuner:
     healer: Healer | None = None
     heal: bool = True
     states: dict[str, ReconcileState] = field(default_factory=dict)
+    ledger: BudgetLedger = field(default_factory=BudgetLedger)
 
     def __post_init__(self) -> None:
         if self.source is None:
@@ -209,19 +215,52 @@ class Tuner:
             self.healer = Healer(repository_key=self.actuator.repository_key)
 
     def tick(self, policy: Policy, now: float) -> TickResult:
+        """One policy's tick (a round of one)."""
+        return self.round([policy], now)[0]
+
+    def round(self, policies: list[Policy], now: float) -> list[TickResult]:
+        """The ticks of the policies due at `now`, their budgets allocated jointly."""
         assert self.source is not None
-        result = reconcile(
-            policy.spec,
-            self.config.endpoints,
-            self.source,
-            self.actuator,
-            self.states.get(policy.name, ReconcileState()),
-            now,
-            metrics=self.metrics,
-            namespace="local",
-            autoscaler=policy.name,
-            healer=self.healer,
-        )
+        planned: dict[str, reconcile.Plan | TickResult] = {}
+        for policy in policies:
+            planned[policy.name] = reconcile.plan(
+                policy.spec,
+                self.config.endpoints,
+                self.source,
+                self.actuator,
+                self.states.get(policy.name, ReconcileState()),
+                now,
+                healer=self.healer,
+            )
+        for name, plan in planned.items():
+            if isinstance(plan, reconcile.Plan) and plan.spec.budget is not None:
+                key = reconcile.budget_key(NAMESPACE, plan.spec)
+                self.ledger.claim(key, reconcile.budget_limits(plan.spec), plan.claim(name))
+            elif isinstance(plan, reconcile.Plan):
+                self.ledger.forget(NAMESPACE, name)
+
+        def releases_first(policy: Policy) -> int:
+            plan = planned[policy.name]
+            if not isinstance(plan, reconcile.Plan):
+                return 0
+            return plan.decision.desired_instances - plan.current
+
+        results = {}
+        for policy in sorted(policies, key=releases_first):
+            results[policy.name] = self._finish(policy, planned[policy.name])
+        return [results[policy.name] for policy in policies]
+
+    def _finish(self, policy: Policy, plan: reconcile.Plan | TickResult) -> TickResult:
+        if isinstance(plan, TickResult):
+            result = plan
+        elif plan.spec.budget is None:
+            result = reconcile.finish(plan, self.actuator)
+        else:
+            key = reconcile.budget_key(NAMESPACE, plan.spec)
+            result = reconcile.finish(plan, self.actuator, self.ledger.grant(key, policy.name))
+            self.ledger.settle(key, policy.name, result.holding)
+        if self.metrics is not None:
+            self.metrics.record(result, NAMESPACE, policy.name)
         self.states[policy.name] = result.state
         self.echo(result.line())
         if self.on_tick is not None:
@@ -241,9 +280,10 @@ class Tuner:
             now_mono = time.monotonic()
             if duration_s is not None and now_mono - started >= duration_s:
                 return
-            for policy in self.config.policies:
-                if due[policy.name] <= now_mono and not stop.is_set():
-                    self.tick(policy, time.time())
+            ready = [p for p in self.config.policies if due[p.name] <= now_mono]
+            if ready:
+                self.round(ready, time.time())
+                for policy in ready:
                     # Keep the period: the next tick is due one interval after this one was.
                     due[policy.name] += policy.spec.interval_seconds
                     if due[policy.name] < time.monotonic():
