@@ -28,7 +28,10 @@ def test_a_grant_counts_as_held_until_it_is_settled() -> None:
     # rank ticks before embed's load landed: embed's 5 are held already.
     second = ledger.request(KEY, LIMITS, claim("rank", 1, 3))
     assert second.grant.granted == 1
-    assert second.grant.message == "the budget pods allows 1 instance (6 of 6 instances per pod in use)"
+    assert (
+        second.grant.message
+        == "the budget pods allows 1 instance (6 of 6 instances per pod in use)"
+    )
     assert second.budget.exhausted
     assert ledger.held(KEY) == {"embed": 5, "rank": 1}
 
@@ -94,8 +97,7 @@ def test_members_that_disagree_on_the_limits_get_the_strictest_and_a_note() -> N
     assert granted.grant.granted == 1
     assert granted.budget.limits == Limits(5)
     assert granted.budget.problem == (
-        "the members of budget pods disagree on its limits; the strictest holds "
-        "(instancesPerPod 5)"
+        "the members of budget pods disagree on its limits; the strictest holds (instancesPerPod 5)"
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tritonscale.core.selectors import selector_matches, selector_to_string
-from tritonscale.core.spec import AutoscalerSpec, InvalidSpec, ScalingPolicy
+from tritonscale.core.spec import AutoscalerSpec, BudgetSpec, InvalidSpec, ScalingPolicy
 
 SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
 
@@ -224,7 +224,70 @@ INVALID = [
         "spec.selector.matchLabels.app must be a label value, got '-x'",
     ),
     Invalid("the spec is a mapping", ["model"], "spec must be a mapping, got a list"),
+    Invalid(
+        "a budget names itself",
+        minimal(budget={"instancesPerPod": 4}),
+        "spec.budget.name is required",
+    ),
+    Invalid(
+        "a budget's name is a DNS label",
+        minimal(budget={"name": "Triton_Pods", "instancesPerPod": 4}),
+        "spec.budget.name must be a DNS label (lower-case letters, digits and '-'), "
+        "got 'Triton_Pods'",
+    ),
+    Invalid(
+        "a budget holds at least one instance",
+        minimal(budget={"name": "pods", "instancesPerPod": 0}),
+        "spec.budget.instancesPerPod must be >= 1, got 0",
+    ),
+    Invalid(
+        "a budget too small for the model's minimum names both values",
+        minimal(minInstances=3, budget={"name": "pods", "instancesPerPod": 2}),
+        "spec.minInstances (3) must be <= spec.budget.instancesPerPod (2)",
+    ),
+    Invalid(
+        "a GPU memory budget too small for the model's minimum names both values",
+        minimal(
+            minInstances=3,
+            budget={
+                "name": "pods",
+                "instancesPerPod": 8,
+                "gpuMemoryPerPodMiB": 5000,
+                "gpuMemoryPerInstanceMiB": 2000,
+            },
+        ),
+        "spec.minInstances x spec.budget.gpuMemoryPerInstanceMiB (6000) must be <= "
+        "spec.budget.gpuMemoryPerPodMiB (5000)",
+    ),
+    Invalid(
+        "an unknown budget key is named by its path",
+        minimal(budget={"name": "pods", "instancesPerPod": 4, "instances": 4}),
+        "spec.budget.instances is not a known field (known: gpuMemoryPerInstanceMiB, "
+        "gpuMemoryPerPodMiB, instancesPerPod, name)",
+    ),
 ]
+
+
+class TestBudget:
+    def test_no_budget_by_default(self) -> None:
+        spec = AutoscalerSpec.from_dict(minimal())
+        assert spec.budget is None
+        assert "budget" not in spec.to_dict()
+
+    def test_a_budget_reads_with_its_defaults_and_back(self) -> None:
+        spec = AutoscalerSpec.from_dict(minimal(budget={"name": "pods", "instancesPerPod": 7}))
+        assert spec.budget == BudgetSpec("pods", 7, 0, 0)
+        assert spec.to_dict()["budget"] == {
+            "name": "pods",
+            "instancesPerPod": 7,
+            "gpuMemoryPerPodMiB": 0,
+            "gpuMemoryPerInstanceMiB": 0,
+        }
+        assert AutoscalerSpec.from_dict(spec.to_dict()) == spec
+
+    def test_a_model_without_gpu_memory_fits_any_gpu_budget(self) -> None:
+        budget = {"name": "pods", "instancesPerPod": 4, "gpuMemoryPerPodMiB": 100}
+        assert AutoscalerSpec.from_dict(minimal(minInstances=4, budget=budget)).budget
 
 
 @pytest.mark.parametrize("case", INVALID, ids=[case.name for case in INVALID])

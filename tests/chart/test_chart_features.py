@@ -426,7 +426,7 @@ class TestMonitoring:
 
 
 class TestHpaLocustAndHelmTest:
-    def test_hpa_scales_the_triton_deployment_on_the_queue_compute_ratio(self, render) -> None:
+    def test_hpa_scales_the_triton_deployment_on_the_budgets_demand_ratio(self, render) -> None:
         objects = render("hpa-values.yaml").objects
         hpa = one(objects, "HorizontalPodAutoscaler")
         deployment = one(objects, "Deployment", "-triton")
@@ -437,12 +437,17 @@ class TestHpaLocustAndHelmTest:
             "name": deployment["metadata"]["name"],
         }
         assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+        # Pods are added only when instances cannot help: the models' needs exceed the
+        # pod's instance budget (not on a queue, which the operator answers with instances).
         assert hpa["spec"]["metrics"] == [
             {
-                "type": "Pods",
-                "pods": {
-                    "metric": {"name": "triton_queue_compute_ratio"},
-                    "target": {"type": "AverageValue", "averageValue": "500m"},
+                "type": "External",
+                "external": {
+                    "metric": {
+                        "name": "tritonscale_budget_demand_ratio",
+                        "selector": {"matchLabels": {"budget": "triton"}},
+                    },
+                    "target": {"type": "Value", "value": "1"},
                 },
             }
         ]

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from tritonscale.metrics import queries
+
 if TYPE_CHECKING:
     from tritonscale.control.ledger import BudgetStatus
     from tritonscale.control.tick import TickResult
@@ -92,44 +94,44 @@ class OperatorMetrics:
         )
         # Budgets (spec.budget): one series per (namespace, budget), from its members' ticks.
         self.budget_limit = Gauge(
-            "tritonscale_budget_instances_limit",
+            queries.BUDGET_LIMIT,
             "Instances per pod the budget allows its members together (instancesPerPod).",
             BUDGET_LABELS,
             registry=r,
         )
         self.budget_used = Gauge(
-            "tritonscale_budget_instances_used",
+            queries.BUDGET_USED,
             "Instances per pod the budget's members hold or were granted.",
             BUDGET_LABELS,
             registry=r,
         )
         self.budget_wanted = Gauge(
-            "tritonscale_budget_instances_wanted",
+            queries.BUDGET_WANTED,
             "Instances per pod the members' loads ask for, together.",
             BUDGET_LABELS,
             registry=r,
         )
         self.budget_exhausted = Gauge(
-            "tritonscale_budget_exhausted",
+            queries.BUDGET_EXHAUSTED,
             "1 while the budget refuses a member instances (or a full GPU does), else 0.",
             BUDGET_LABELS,
             registry=r,
         )
         self.budget_demand = Gauge(
-            "tritonscale_budget_demand_ratio",
+            queries.BUDGET_DEMAND_RATIO,
             "What the members' loads ask for over what a pod can hold; above 1, more pods "
             "are the answer (the chart's HPA scales on it).",
             BUDGET_LABELS,
             registry=r,
         )
         self.budget_memory_limit = Gauge(
-            "tritonscale_budget_gpu_memory_limit_bytes",
+            queries.BUDGET_GPU_MEMORY_LIMIT,
             "GPU memory per pod the budget allows its members (gpuMemoryPerPodMiB).",
             BUDGET_LABELS,
             registry=r,
         )
         self.budget_memory_used = Gauge(
-            "tritonscale_budget_gpu_memory_used_bytes",
+            queries.BUDGET_GPU_MEMORY_USED,
             "GPU memory per pod the members' instances take (gpuMemoryPerInstanceMiB each).",
             BUDGET_LABELS,
             registry=r,
