@@ -126,28 +126,29 @@ class TestTheVerdict:
         values.update(changes)
         return Sample(**values)  # type: ignore[arg-type]
 
+    # 2 -> 4 instances doubles the capacity: the bar is half of that, 50 %.
     @pytest.mark.parametrize(
         ("changes", "gained"),
         [
             ({}, False),
-            ({"request_rate": 110.0}, True),  # throughput +10 %: a gain
-            ({"request_rate": 109.0}, False),  # +9 %: not enough
-            ({"seconds_per_request": 0.072}, True),  # time per request -10 %
-            ({"seconds_per_request": 0.073}, False),
-            ({"busy_instances": 2.0}, True),  # the same work, shared by more: they took over
-            ({"busy_instances": 2.99}, True),  # below halfway to 4: more work than waiting
-            ({"busy_instances": 3.0}, False),  # halfway: as much waiting as working
+            ({"request_rate": 150.0, "busy_instances": 6.0}, True),  # throughput +50 %
+            ({"request_rate": 149.0, "busy_instances": 5.96}, False),  # +49 %: not enough
+            ({"seconds_per_request": 0.08 / 1.5}, True),  # time per request / 1.5
+            ({"seconds_per_request": 0.054}, False),
+            ({"busy_instances": 2.0}, True),  # the same busy time per request: they worked
+            ({"busy_instances": 2.99}, True),  # +49.5 % per request: below the bar
+            ({"busy_instances": 3.0}, False),  # +50 % per request: as much waiting as the bar
             ({"pods": 2}, True),  # the pods changed: no comparison, no revert
         ],
         ids=[
             "nothing moved: no gain",
-            "throughput up by the minimum gain",
+            "throughput up by the bar",
             "throughput up by less",
-            "time per request down by the minimum gain",
+            "time per request down by the bar",
             "time per request down by less",
             "the new instances took work over",
-            "busy grew by less than halfway to waiting",
-            "busy grew halfway to waiting",
+            "busy time per request grew by less than the bar",
+            "busy time per request grew by the bar",
             "another pod count is not compared",
         ],
     )
@@ -159,11 +160,25 @@ class TestTheVerdict:
         # An idle window says nothing against the instances: keep them (the safe side).
         assert gain.judge(GainCheck(START, self.BEFORE), None).gained
 
+    def test_a_small_step_has_a_bar_of_at_least_the_minimum_gain(self) -> None:
+        # 10 -> 11: half the added capacity is 5 %, the bar is MIN_GAIN (10 %).
+        before = Sample(10, 1, 100.0, 0.08, 10.0)
+        check = GainCheck(START, before)
+        # The added instance only waits: busy time per request up 10 %, nothing else moves.
+        assert not gain.judge(check, self.after(instances=11, busy_instances=11.0)).gained
+        # It waits and throughput rises by 10 % all the same: a gain; by 9 %: none.
+        assert gain.judge(
+            check, self.after(instances=11, busy_instances=12.1, request_rate=110.0)
+        ).gained
+        assert not gain.judge(
+            check, self.after(instances=11, busy_instances=12.1, request_rate=109.0)
+        ).gained
+
     def test_the_message_has_the_numbers(self) -> None:
         message = gain.judge(GainCheck(START, self.BEFORE), self.after()).message
         assert message == (
             "2 -> 4 instances: throughput 100.0 -> 100.0 req/s, time per request 80.0 -> 80.0 ms, "
-            "busy instances 2.00 -> 4.00"
+            "busy time per request 20.0 -> 40.0 ms"
         )
 
 
@@ -214,6 +229,18 @@ class TestOverTicks:
         decision = loop.tick()
         assert decision.direction == "up"
         assert decision.reason != "NoGain"
+        assert loop.state.no_gain is None
+
+    def test_a_window_over_the_revert_itself_does_not_end_the_hold(self) -> None:
+        # The reload of the revert stalls the model for a moment: the first window after it
+        # reads a low rate. Only windows wholly after the revert may end the hold.
+        loop = Loop("contended")
+        while not loop.decisions or loop.decisions[-1].reason != "NoGain":
+            loop.tick()
+        loop.service_s = 0.05  # 20 requests/s: 60 % below the 50 before the increase
+        assert loop.tick().reason == "NoGain"  # its window began before the revert
+        assert loop.tick().reason == "NoGain"
+        assert loop.tick().direction == "up"  # wholly after: the rate did move
         assert loop.state.no_gain is None
 
     def test_the_hold_ends_when_the_count_leaves_it(self) -> None:

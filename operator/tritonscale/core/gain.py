@@ -8,14 +8,18 @@ asks for ever more. So the policy checks each increase:
 - when it decides one, it keeps a `Sample` of the model's signals at the count it had
   (the baseline), in a `GainCheck`;
 - on the first tick whose metrics window lies wholly after that tick (plus `SETTLE_S` for
-  the load to land), with the count still above the baseline's, it compares:
-  the increase helped when throughput (successful requests per second) rose by at least
-  `MIN_GAIN`, or the time a request spends in the model (queue + compute) fell by at least
-  `MIN_GAIN`, or the new instances took work over from the old ones (busy instances grew
-  by less than half of what the added ones would add if they only waited);
+  the load to land), with the count still above the baseline's, it compares. With a bar of
+  half the capacity the increase added (k more on n: k / 2n, at least `MIN_GAIN`), the
+  increase helped when throughput (successful requests per second) rose by the bar, or the
+  time a request spends in the model (queue + compute) fell by it (divided by 1 + bar), or
+  the instances' busy time per request (batching undone) rose by less than the bar: the new
+  instances did work. Instances that wait on a shared resource are busy without serving:
+  their busy time per request grows with their count, and neither throughput nor latency
+  moves;
 - an increase that bought nothing is reverted once, to the baseline count, and the model is
-  held there (`NoGainHold`) until its request rate moves by more than `RELEASE_CHANGE`
-  from the rate at the verdict, or its count leaves the held one.
+  held there (`NoGainHold`) until its request rate, in a window wholly after the revert, moves
+  by more than `RELEASE_CHANGE` from the baseline's (the throughput at that count), or its
+  count leaves the held one.
 
 Later increases made while a check is pending are judged with it, against the same baseline.
 Decoupled models sized by their streams are not checked: Triton's timings miss their streams.
@@ -33,7 +37,7 @@ from tritonscale.core.signals import MetricSnapshot, ModelSignals
 
 NO_GAIN = "NoGain"
 
-MIN_GAIN = 0.1  # a rise of throughput, or fall of time per request, of 10 % is a gain
+MIN_GAIN = 0.1  # the least change that counts, whatever the increase
 RELEASE_CHANGE = 0.25  # the hold ends when the request rate moves by more than 25 %
 SETTLE_S = 2.0  # a load takes up to about 1.5 s to apply; the window starts after it
 
@@ -47,6 +51,11 @@ class Sample:
     request_rate: float  # successful requests per second, all pods
     seconds_per_request: float  # queue + compute time of one request
     busy_instances: float  # compute seconds per second, batching undone, all pods
+
+    @property
+    def busy_per_request(self) -> float:
+        """Seconds an instance is busy per request served (batching undone)."""
+        return self.busy_instances / self.request_rate
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -131,28 +140,37 @@ def judge(check: GainCheck, after: Sample | None) -> Verdict:
     before = check.before
     if after is None or after.pods != before.pods:
         return Verdict(True, "the load or the pods changed: nothing to compare")
-    added = after.instances - before.instances
+    # What the added instances could bring, as a share of what was there: a real gain is a
+    # good part of it. Half of it is the bar (at least MIN_GAIN): a window's noise in short
+    # windows on a busy machine is a few tens of percent, far below what 1 -> 3 brings.
+    bar = max(MIN_GAIN, (after.instances - before.instances) / before.instances / 2)
     # Rounded so that float noise (100 * 1.1 = 110.00000000000001) does not move an edge.
-    throughput = round(after.request_rate, 9) >= round(before.request_rate * (1 + MIN_GAIN), 9)
-    latency = round(after.seconds_per_request, 9) <= round(
-        before.seconds_per_request * (1 - MIN_GAIN), 9
+    throughput = round(after.request_rate, 9) >= round(before.request_rate * (1 + bar), 9)
+    latency = round(after.seconds_per_request * (1 + bar), 9) <= round(
+        before.seconds_per_request, 9
     )
-    # Waiting instances add their whole time to the busy total; working ones share the load.
-    if_waiting = before.busy_instances * (1 + added / before.instances)
-    took_over = after.busy_instances < (before.busy_instances + if_waiting) / 2
+    # Instances that wait on a shared resource stay busy without serving more: the busy time
+    # per request grows with their count. Working ones keep it where it was.
+    worked = round(after.busy_per_request, 9) < round(before.busy_per_request * (1 + bar), 9)
     message = (
         f"{before.instances} -> {after.instances} instances: throughput "
         f"{before.request_rate:.1f} -> {after.request_rate:.1f} req/s, time per request "
         f"{1000 * before.seconds_per_request:.1f} -> {1000 * after.seconds_per_request:.1f} ms, "
-        f"busy instances {before.busy_instances:.2f} -> {after.busy_instances:.2f}"
+        f"busy time per request {1000 * before.busy_per_request:.1f} -> "
+        f"{1000 * after.busy_per_request:.1f} ms"
     )
-    return Verdict(throughput or latency or took_over, message)
+    return Verdict(throughput or latency or worked, message)
 
 
-def released(hold: NoGainHold, signals: ModelSignals, current: int) -> bool:
-    """The hold ends when the count left it or the request rate moved beyond RELEASE_CHANGE."""
+def released(
+    hold: NoGainHold, signals: ModelSignals, current: int, snapshot: MetricSnapshot
+) -> bool:
+    """The hold ends when the count left it, or when the request rate of a window wholly after
+    the revert moved beyond RELEASE_CHANGE (a window over the revert itself reads the reload)."""
     if current != hold.instances:
         return True
+    if snapshot.taken_at - snapshot.window_s < hold.since + SETTLE_S:
+        return False
     return abs(signals.request_rate - hold.request_rate) > RELEASE_CHANGE * max(
         hold.request_rate, 1e-9
     )

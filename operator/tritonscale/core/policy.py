@@ -242,7 +242,7 @@ class _Tick:
             if not verdict.gained:
                 return self.no_gain(check, verdict, signals, recommended, observed, active)
             check = None
-        if hold is not None and gain.released(hold, signals, current):
+        if hold is not None and gain.released(hold, signals, current, snapshot):
             hold = None
 
         wanted = recommended
@@ -305,7 +305,7 @@ class _Tick:
         """Revert an increase that bought nothing, at once, and hold the count there."""
         spec = self.spec
         back = min(max(check.before.instances, spec.min_instances), spec.max_instances)
-        hold = gain.NoGainHold(back, signals.request_rate, self.now)
+        hold = gain.NoGainHold(back, check.before.request_rate, self.now)
         why = (
             f"the increase bought nothing ({verdict.message}): back to {_instances(back)}, "
             f"held there until the request rate moves by more than "
@@ -352,7 +352,7 @@ def within_budget(
 def _held_phrase(hold: gain.NoGainHold, signals: ModelSignals) -> str:
     return (
         f"held at {_instances(hold.instances)}: an increase from there bought nothing "
-        f"(request rate {signals.request_rate:.1f} req/s, {hold.request_rate:.1f} at the verdict)"
+        f"(request rate {signals.request_rate:.1f} req/s, {hold.request_rate:.1f} before it)"
     )
 
 
