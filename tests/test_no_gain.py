@@ -15,23 +15,18 @@ rounds called by the test (no timing assertions: counts and reasons).
 
 from __future__ import annotations
 
-import shutil
-import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import numpy as np
 import pytest
-import tritonclient.http as httpclient
 
+from tests.contention import ClosedLoop, contention_repository
 from tests.tooling import require_local_triton
 from tritonscale.control.tick import TickResult
 from tritonscale.drivers.tune import Tuner, parse_config
 from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
 
-SOURCE = Path(__file__).resolve().parent / "contention_models" / "shared_lock"
 LOCKED, FREE = "locked", "free"
 IN_FLIGHT = 6
 INTERVAL_S = 2
@@ -59,56 +54,13 @@ SPEC = {
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory) -> Iterator[LocalTriton]:
     require_local_triton()
-    repository = tmp_path_factory.mktemp("contention")
-    for name, locked in ((LOCKED, "true"), (FREE, "false")):
-        shutil.copytree(SOURCE, repository / name)
-        config = repository / name / "config.pbtxt"
-        text = config.read_text().replace('name: "shared_lock"', f'name: "{name}"')
-        text = text.replace(
-            'key: "shared_lock" value: { string_value: "false" }',
-            f'key: "shared_lock" value: {{ string_value: "{locked}" }}',
-        )
-        config.write_text(text)
+    repository = contention_repository(
+        tmp_path_factory.mktemp("contention"), {LOCKED: True, FREE: False}
+    )
     with LocalTriton(
         repository, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=5
     ) as server:
         yield server
-
-
-class ClosedLoop:
-    """`in_flight` clients per model, each sending its next request when the last returned."""
-
-    def __init__(self, server: LocalTriton, models: list[str], in_flight: int) -> None:
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._client, args=(server.http_url, model), daemon=True)
-            for model in models
-            for _ in range(in_flight)
-        ]
-
-    def _client(self, url: str, model: str) -> None:
-        value = httpclient.InferInput("IN", [1], "FP32")
-        value.set_data_from_numpy(np.ones(1, dtype=np.float32))
-        with httpclient.InferenceServerClient(url, network_timeout=30) as client:
-            while not self._stop.is_set():
-                try:
-                    client.infer(model, [value])
-                except Exception as error:  # noqa: BLE001 - reported by the test
-                    self.errors.append(f"{model}: {error}")
-                    self._stop.wait(0.5)
-
-    def __enter__(self) -> ClosedLoop:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=35)
-        hung = [thread.name for thread in self._threads if thread.is_alive()]
-        assert not hung, f"load clients hung: {hung}"
 
 
 def test_the_operator_gives_back_instances_that_do_not_help_and_scales_those_that_do(
@@ -144,7 +96,7 @@ def test_the_operator_gives_back_instances_that_do_not_help_and_scales_those_tha
             None,
         )
 
-    with ClosedLoop(triton, [LOCKED, FREE], IN_FLIGHT) as load:
+    with ClosedLoop(triton, {LOCKED: IN_FLIGHT, FREE: IN_FLIGHT}) as load:
         for _ in range(MAX_ROUNDS):
             tuner.round(config.policies, time.time())
             found = verdict()
