@@ -7,12 +7,13 @@
     state = result.state                                  # pass it to the next tick
 
 A tick: read the live counts on the ready pods (the highest is `current`, so that a restarted
-or lagging pod converges to what the others serve; disagreements are reported), read the children's counts (`spec.calls`), take a metrics snapshot, ask
-`policy.decide`, then, unless paused, dry-running or backing off, bring every pod whose
-count differs from the decision to it (`Actuator.apply`, one pod at a time). Errors are
-results, not exceptions: `TickResult.errors` holds each with its HPA-style reason
-(FailedGetMetrics, FailedRescale, NoReadyPods, InvalidSpec) and one line. Failed loads back
-off exponentially per autoscaler (`Backoff`, in the state, on the caller's clock).
+or lagging pod converges to what the others serve; disagreements are reported), read the
+children's counts (`spec.calls`), take a metrics snapshot, ask `policy.decide`, then,
+unless paused, dry-running or backing off, bring every pod whose count differs from the
+decision to it (`Actuator.apply`, one pod at a time). Errors are results, not exceptions:
+`TickResult.errors` holds each with its HPA-style reason (FailedGetMetrics, FailedRescale,
+NoReadyPods, InvalidSpec) and one line. Failed loads back off exponentially per autoscaler
+(`Backoff`, in the state, on the caller's clock).
 
 A model whose spec names a budget (`spec.budget`) shares it with the other members: with a
 `ledger` (tritonscale.control.ledger, one per driver) the tick claims its decision, applies
@@ -103,7 +104,9 @@ def reconcile(
     granted = None
     if ledger is not None:
         if planned.spec.budget is None:
-            ledger.forget(namespace, member)
+            for _namespace, budget in ledger.forget(namespace, member):
+                if metrics is not None:
+                    metrics.forget_budget(namespace, budget)
         else:
             granted = ledger.request(
                 budget_key(namespace, planned.spec),
