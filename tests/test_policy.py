@@ -19,6 +19,8 @@ from tritonscale.core.signals import GpuSignals, MetricSnapshot, ModelSignals
 from tritonscale.core.sizing import SCALE_DOWN_MARGIN
 from tritonscale.core.spec import AutoscalerSpec
 
+pytestmark = pytest.mark.unit
+
 MODEL = "pipeline_async"
 CHILDREN = ("branch_embed", "branch_classify", "branch_rank")
 NOW = 1_000_000.0

@@ -16,14 +16,16 @@ with the InstanceGroupAutoscaler's `spec` shape (docs/instancegroupautoscaler.md
 Top-level keys starting with `x-` are ignored (a place for YAML anchors shared by the
 specs). `spec.selector` may be left out here (the URLs name the pods); it is ignored when given.
 Every policy runs every `spec.intervalSeconds` through the same tick as the Kubernetes driver
-(tritonscale.control.reconcile). The policies due at the same moment form a round: each is
-planned (its decision), the members of a budget (`spec.budget`) are allocated jointly, and
-then each tick finishes, the ones that give instances back first, so that what they release
-is there for the others in the same round. Each tick prints one line; `--decision-log`
-appends one JSON object per tick (`TickResult.to_dict()` plus `autoscaler`): time `t` (unix
-s) and `time`, `model`, `current`, `desired`, `recommended`, `direction`, `reason`,
-`message`, `observed`, `requestRate`, `live` (pod -> count), `children`, `applied` (pod,
-before, after, ok, reason, seconds), `errors`, `dryRun`, `durationSeconds`, `budget`.
+(tritonscale.control.reconcile). Each policy ticks in a thread of its own, except the members
+of one budget (`spec.budget`), which share one thread: one policy's slow tick (a load waiting
+for its deadline) never delays another's, and a budget's members are allocated jointly. The
+members due at the same moment form a round: each is planned (its decision), the round is
+allocated, and then each tick finishes, the ones that give instances back first, so that what
+they release is there for the others in the same round. Each tick prints one line;
+`--decision-log` appends one JSON object per tick (`TickResult.to_dict()` plus `autoscaler`):
+time `t` (unix s) and `time`, `model`, `current`, `desired`, `recommended`, `direction`,
+`reason`, `message`, `observed`, `requestRate`, `live` (pod -> count), `children`, `applied`
+(pod, before, after, ok, reason, seconds), `errors`, `dryRun`, `durationSeconds`, `budget`.
 
 The repository-API key comes from TRITONSCALE_REPOSITORY_KEY.
 """
@@ -49,6 +51,7 @@ from tritonscale.metrics.prometheus import PrometheusSource
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.metrics.source import MetricsSource
 from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.client import free_thread_hub
 from tritonscale.triton.endpoints import Endpoint, local_endpoints
 from tritonscale.triton.healing import Healer
 
@@ -192,7 +195,9 @@ def load_config(path: str | Path) -> TuneConfig:
 
 @dataclass
 class Tuner:
-    """The loop: each policy ticks every intervalSeconds; `run` until `stop` or the duration."""
+    """The loop: each policy ticks every intervalSeconds, in a thread of its own (a budget's
+    members share one); `run` until
+    `stop` or the duration."""
 
     config: TuneConfig
     actuator: Actuator = field(default_factory=Actuator)
@@ -207,12 +212,17 @@ class Tuner:
     heal: bool = True
     states: dict[str, ReconcileState] = field(default_factory=dict)
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
+    # The policies tick in threads of their own; their lines and log records go out whole.
+    _output: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.source is None:
             self.source = self.config.make_source()
         if self.heal and self.healer is None:
-            self.healer = Healer(repository_key=self.actuator.repository_key)
+            # The actuator's loads: neither piles a load on one the other left in flight.
+            self.healer = Healer(
+                repository_key=self.actuator.repository_key, loads=self.actuator.loads
+            )
 
     def tick(self, policy: Policy, now: float) -> TickResult:
         """One policy's tick (a round of one)."""
@@ -262,34 +272,77 @@ class Tuner:
         if self.metrics is not None:
             self.metrics.record(result, NAMESPACE, policy.name)
         self.states[policy.name] = result.state
-        self.echo(result.line())
-        if self.on_tick is not None:
-            self.on_tick(policy.name, result)
-        if self.decision_log is not None:
-            self.decision_log.write(
-                json.dumps({"autoscaler": policy.name, **result.to_dict()}) + "\n"
-            )
-            self.decision_log.flush()
+        with self._output:
+            self.echo(result.line())
+            if self.on_tick is not None:
+                self.on_tick(policy.name, result)
+            if self.decision_log is not None:
+                self.decision_log.write(
+                    json.dumps({"autoscaler": policy.name, **result.to_dict()}) + "\n"
+                )
+                self.decision_log.flush()
         return result
 
     def run(self, duration_s: float | None = None, stop: threading.Event | None = None) -> None:
+        """Tick every policy on its own schedule until `stop` is set or `duration_s` has passed.
+
+        A tick that fails with an exception (a bug: Triton's and Prometheus's troubles are
+        results) stops the others and is raised here.
+        """
         stop = stop or threading.Event()
-        started = time.monotonic()
-        due = {policy.name: started for policy in self.config.policies}
-        while not stop.is_set():
-            now_mono = time.monotonic()
-            if duration_s is not None and now_mono - started >= duration_s:
-                return
-            ready = [p for p in self.config.policies if due[p.name] <= now_mono]
-            if ready:
-                self.round(ready, time.time())
+        failures: list[BaseException] = []
+        loops = [
+            threading.Thread(
+                target=self._loop,
+                args=(group, stop, failures),
+                name=f"tune {', '.join(policy.name for policy in group)}",
+                daemon=True,
+            )
+            for group in self.groups()
+        ]
+        for loop in loops:
+            loop.start()
+        try:
+            stop.wait(duration_s)
+        finally:
+            stop.set()
+            # A round ends within the actuator's load deadline (per member) plus bounded reads.
+            join_s = self.actuator.load_deadline_s * max(len(self.config.policies), 1) + 60
+            for loop in loops:
+                loop.join(timeout=join_s)
+                if loop.is_alive():
+                    self.echo(f"{loop.name}: its tick did not end within {join_s:g} s of the stop")
+        if failures:
+            raise failures[0]
+
+    def groups(self) -> list[list[Policy]]:
+        """The policies that tick together: a budget's members, and each other policy alone."""
+        groups: dict[Any, list[Policy]] = {}
+        for policy in self.config.policies:
+            budget = policy.spec.budget
+            key = ("budget", budget.name) if budget is not None else ("policy", policy.name)
+            groups.setdefault(key, []).append(policy)
+        return list(groups.values())
+
+    def _loop(
+        self, group: list[Policy], stop: threading.Event, failures: list[BaseException]
+    ) -> None:
+        due = {policy.name: time.monotonic() for policy in group}
+        try:
+            while not stop.is_set():
+                ready = [p for p in group if due[p.name] <= time.monotonic()]
+                if ready:
+                    self.round(ready, time.time())
                 for policy in ready:
-                    # Keep the period: the next tick is due one interval after this one was.
-                    due[policy.name] += policy.spec.interval_seconds
+                    # Keep the period: the next tick is due one interval after this one was;
+                    # a tick that overran it is followed one interval after it ended.
+                    interval_s = policy.spec.interval_seconds
+                    due[policy.name] += interval_s
                     if due[policy.name] < time.monotonic():
-                        due[policy.name] = time.monotonic() + policy.spec.interval_seconds
-            wait = min(due.values()) - time.monotonic()
-            if duration_s is not None:
-                wait = min(wait, started + duration_s - time.monotonic())
-            if wait > 0:
-                stop.wait(wait)
+                        due[policy.name] = time.monotonic() + interval_s
+                stop.wait(max(0.0, min(due.values()) - time.monotonic()))
+        except Exception as error:  # handed to run(), which raises it
+            failures.append(error)
+            stop.set()
+        finally:
+            free_thread_hub()

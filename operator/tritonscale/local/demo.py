@@ -32,8 +32,9 @@ from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.tick import TickResult
 from tritonscale.drivers.tune import TuneConfig, Tuner, load_config
 from tritonscale.local.loadgen import ClosedLoopLoad
+from tritonscale.local.ports import free_port, port_is_taken
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import local_endpoints
 
@@ -149,7 +150,7 @@ def _prometheus(
         yield None
         return
     # Prometheus's usual port when it is free, so that a person finds it; else any.
-    port = port if port and _port_free(port) else free_port()
+    port = port if port and not port_is_taken(port) else free_port()
     # Triton's series in the local driver's namespace, as the recording rules expect them.
     labels = {"triton": {"namespace": "local"}}
     with LocalPrometheus(
@@ -158,17 +159,6 @@ def _prometheus(
         server.wait_for(f'nv_inference_request_success{{model="{TARGET}"}}', timeout_s=30)
         echo(f"metrics: Prometheus at {server.url} scraping Triton every 1 s (PrometheusSource)")
         yield server
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _locust_command() -> list[str] | None:
@@ -264,7 +254,7 @@ def run_demo(
 
     http_port, grpc_port, triton_metrics_port = ports
     for port in ports:
-        if not _port_free(port):
+        if port_is_taken(port):
             raise DemoError(
                 f"port {port} is in use (another tritonserver?): the demo runs its own Triton on "
                 f"{', '.join(map(str, ports))} so that you can curl it; stop the other one first"
@@ -319,7 +309,7 @@ def _run(
 ) -> DemoResult:
     metrics = OperatorMetrics()
     metrics_server = None
-    if metrics_port and _port_free(metrics_port):
+    if metrics_port and not port_is_taken(metrics_port):
         metrics_server = metrics.serve(metrics_port, addr="127.0.0.1")
         echo(f"operator metrics: http://127.0.0.1:{metrics_port}/metrics")
     started = time.time()
