@@ -12,8 +12,8 @@ policy file for pipeline_async and each branch (ticks every `--interval` seconds
 check, the direct-scrape source, the real actuator; a decision log). Every `--sample-every` seconds it samples, for this
 server only (its process group):
 
-- `/dev/shm`: the Python backend's regions (`triton_python_backend_shm_region_*`) its live
-  stubs use (bytes allocated), and regions of earlier stubs still on disk (leaks);
+- `/dev/shm`: the Python backend's regions (each stub's region is its second argument; the
+  server names them with its own prefix) its live stubs use (bytes allocated), and regions of earlier stubs still on disk (leaks);
 - the RSS of every stub process and of tritonserver, from /proc.
 
 It writes JSON (every sample, every tick's line, the summary) and a PNG plot, prints the
@@ -47,7 +47,6 @@ MODEL = "pipeline_async"
 BRANCHES = ["branch_embed", "branch_classify", "branch_rank"]
 SERVED = [MODEL, "pipeline_sync", *BRANCHES]
 OUTPUTS = ["EMBEDDING", "LABEL_PROBS", "SCORE"]
-SHM_PREFIX = "triton_python_backend_shm_region_"
 
 
 def policies(interval_s: float) -> list[dict[str, Any]]:
@@ -119,7 +118,9 @@ class Sampler:
             if argv[0].endswith("triton_python_backend_stub"):
                 model = argv[1].split("/")[-3] if len(argv) > 1 else "?"
                 stubs[f"{model}:{pid}"] = _rss_bytes(pid)
-                live_regions.update(a for a in argv if a.startswith(SHM_PREFIX))
+                # python_backend starts a stub as `stub MODEL_PATH SHM_REGION ...`.
+                if len(argv) > 2:
+                    live_regions.add(argv[2].lstrip("/"))
             elif argv[0].endswith("tritonserver"):
                 server_rss = _rss_bytes(pid)
         self.seen_regions |= live_regions

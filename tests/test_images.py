@@ -32,9 +32,10 @@ ENTRYPOINTS = {"operator": '["tritonscale"]', "locust": '["locust"]'}
 LOCUST_REQUIREMENTS = REPO_ROOT / "loadtests" / "requirements.txt"
 # Size budgets of each image's Python environment, in MB, with room for patch releases: a
 # new dependency that grows an image by tens of MB should be a decision, not an accident.
-# (Measured at the time of writing: operator 160, Locust 200; most of the operator's is the
-# kubernetes client.)
-SIZE_BUDGET_MB = {"operator": 200, "locust": 250}
+# (Measured: operator 290, Locust 193. The operator's is mostly the kubernetes client, 126,
+# and tritonclient[http]'s numpy, ml_dtypes and gevent, about 110, which the operator needs
+# for Triton's repository API.)
+SIZE_BUDGET_MB = {"operator": 320, "locust": 250}
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,14 @@ INSTALL_TIMEOUT_S = 600
 
 
 def clean_environment(**extra: str) -> dict[str, str]:
-    """The caller's environment without anything that would put the checkout on a path."""
+    """The caller's environment without anything that would put the checkout on a path, and
+    without an outer make's state (`make test` runs the suite: a `make` a test starts must
+    behave as a user's top-level one, not as a sub-make)."""
     env = {
         key: value
         for key, value in os.environ.items()
         if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+        and key not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
     }
     # The checkout's own environment must not be found first on PATH either.
     own_bin = str(Path(sys.executable).parent)

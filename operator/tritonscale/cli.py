@@ -36,8 +36,8 @@ USER_ERRORS: tuple[type[Exception], ...] = (LocalTritonError, TuneConfigError)
 # (the operator's image) runs `operator` and `tune`; the other commands name the extra they
 # miss in one line rather than failing on an import deep inside.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "server": ("pytriton", "numpy"),
-    "load": ("tritonclient", "grpc", "numpy"),
+    "server": ("pytriton",),
+    "load": ("grpc",),
     "reports": ("matplotlib",),
 }
 
