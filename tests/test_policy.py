@@ -16,7 +16,7 @@ import pytest
 
 from tritonscale.core.policy import Decision, PolicyState, decide, max_snapshot_age_s
 from tritonscale.core.signals import GpuSignals, MetricSnapshot, ModelSignals
-from tritonscale.core.sizing import SCALE_DOWN_MARGIN
+from tritonscale.core.sizing import QUEUE_SIGNAL_MIN_BUSY, SCALE_DOWN_MARGIN
 from tritonscale.core.spec import AutoscalerSpec
 
 pytestmark = pytest.mark.unit
@@ -128,13 +128,21 @@ SIZING = [
     Case(
         "a large load jumps straight to its size", 10, "HighUtilization", model=signals(compute=7.0)
     ),
-    # (1 + 1.4) / (1 + 0.5) = 1.6, * 2 = 3.2 -> 4, with busy on target.
+    # (1 + 1.4) / (1 + 0.5) = 1.6, * 2 = 3.2 -> 4; busy (1.0) alone asks for 3.
     Case(
         "a long queue sizes by (1 + ratio) / (1 + target)",
         4,
         "HighQueueTime",
-        model=signals(compute=1.4, queue=1.96),
+        model=signals(compute=2.0, queue=2.8),
         in_message=("queue/compute ratio 1.40",),
+    ),
+    # The same queue with busy on target: at 4 busy would be 0.35, half its target, where the
+    # next window that reads a little low silences the queue. It asks for 3 (busy 0.47).
+    Case(
+        "a long queue asks only for a count at which it keeps its say",
+        3,
+        "HighQueueTime",
+        model=signals(compute=1.4, queue=1.96),
     ),
     # busy 0.09 / 0.70 is under half its target: the queue in front of idle instances is
     # batching delay, so it has no say. Without that floor it would ask for (1 + 0.7) / 1.5
@@ -145,13 +153,14 @@ SIZING = [
         "LowUtilization",
         model=signals(compute=0.18, queue=0.126),
     ),
-    # The same queue ratio with busy at 0.60 (above half the 0.70 target) does count:
-    # (1 + 0.7) / 1.5 * 2 = 2.27 -> 3, where busy would be 0.40, still above half its target.
+    # The same queue ratio with busy at 0.675 (above half the 0.70 target) does count:
+    # (1 + 0.7) / 1.5 * 2 = 2.27 -> 3, where busy would be 0.45, above half its target with
+    # the scale-down margin to spare (0.35 / 0.8 = 0.44).
     Case(
         "a queue in front of busy instances asks for more",
         3,
         "HighQueueTime",
-        model=signals(compute=1.2, queue=0.84),
+        model=signals(compute=1.35, queue=0.945),
     ),
     # Busy 0.40 at 2: the queue has a say, but at 3 busy would be 0.27, under half its target,
     # the queue would fall silent and low utilization would take the instance back (a flap).
@@ -358,6 +367,27 @@ def _margin_cases() -> list[Case]:
     ]
 
 
+def _queue_say_cases() -> list[Case]:
+    """Both sides of the most the queue asks for: a count at which busy per instance stays at
+    least QUEUE_SIGNAL_MIN_BUSY * target / (1 - SCALE_DOWN_MARGIN), so that the queue keeps
+    its say there when a window reads busy a little low. At 3 instances a queue ratio of 1.4
+    asks for ceil(3 * 1.6) = 5; busy (0.73 each) is within its tolerance."""
+    edge = 5 * QUEUE_SIGNAL_MIN_BUSY * 0.7 / (1 - SCALE_DOWN_MARGIN)  # 2.1875 s/s
+    return [
+        Case(
+            f"queue say: {side}",
+            desired,
+            "HighQueueTime",
+            current=3,
+            model=signals(compute=busy, queue=1.4 * busy),
+        )
+        for busy, desired, side in [
+            (edge, 5, "at the edge the queue gets all it asks for"),
+            (edge - 0.01, 4, "just below the edge it stops one short"),
+        ]
+    ]
+
+
 def _queue_margin_cases() -> list[Case]:
     """The queue ratio only asks for more, but while it is not clearly below its target
     ((1 + q) / 1.5 > 0.8, q > 0.2) it holds a count the busy signal would lower."""
@@ -534,6 +564,7 @@ ALL = (
     + _tolerance_cases()
     + _margin_cases()
     + _queue_margin_cases()
+    + _queue_say_cases()
     + GUARDS
     + BOUNDS
 )

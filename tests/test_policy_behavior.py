@@ -61,8 +61,16 @@ class Loop:
         self.state = PolicyState()
         self.counts: list[int] = []
 
-    def tick(self, busy_seconds: float, apply: bool = True, roundtrip: bool = False) -> Decision:
-        snap = snapshot(signals(compute=busy_seconds), taken_at=self.now)
+    def tick(
+        self,
+        busy_seconds: float,
+        apply: bool = True,
+        roundtrip: bool = False,
+        queue_ratio: float = 0.0,
+    ) -> Decision:
+        """One tick; `queue_ratio` is queue time per compute time (0: no queue)."""
+        model = signals(compute=busy_seconds, queue=queue_ratio * busy_seconds)
+        snap = snapshot(model, taken_at=self.now)
         decision = decide(self.spec, self.current, snap, self.state, self.now)
         self.state = decision.state
         if roundtrip:  # what the kopf driver does: status is JSON
@@ -211,11 +219,12 @@ def reversals(counts: list[int]) -> int:
     return sum(1 for a, b in zip(steps, steps[1:], strict=False) if (a > 0) != (b > 0))
 
 
-def noisy_run(load: float, noise: list[float], current: int) -> list[int]:
-    """Ten minutes of a steady load (busy seconds per second) read with noise, tick by tick."""
+def noisy_run(load: float, noise: list[float], current: int, queue_ratio: float = 0.0) -> list[int]:
+    """Ten minutes of a steady load (busy seconds per second, and queue time per compute
+    time) read with noise, tick by tick."""
     loop = Loop(spec_with(**DEMO_WINDOWS), current=current, interval_s=5.0)
     for wobble in noise:
-        loop.tick(load * (1 + wobble))
+        loop.tick(load * (1 + wobble), queue_ratio=queue_ratio)
     return [current, *loop.counts]
 
 
@@ -257,6 +266,35 @@ class TestHysteresis:
         # tolerance: after a scale-down the load reads at most 0.8 / 0.9 of the target
         # even at its lowest, and a scale-up needs 1.1.
         assert reversals(noisy_run(load, noise, current)) == 0
+
+    # Two signals: busy 1.4 s/s (two instances on target) behind a queue of 1.4 x the compute
+    # time, which asks for ceil(2 * 2.4 / 1.5) = 4. At 4, busy would be 0.35, exactly where the
+    # queue keeps its say (half the target): a window 10 % low would silence it, busy would
+    # ask for 3, the next window would give the queue its say back, and so on. The queue asks
+    # only for a count where it keeps its say with the margin to spare: 3 (busy 0.47).
+    def test_a_queue_and_busy_instances_never_take_turns(self) -> None:
+        counts = noisy_run(1.4, self.SAWTOOTH, current=2, queue_ratio=1.4)
+        assert reversals(counts) == 0
+        assert counts[-1] == 3
+
+    def test_without_the_margin_the_queue_and_busy_signals_take_turns(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(sizing, "SCALE_DOWN_MARGIN", 0.0)
+        counts = noisy_run(1.4, self.SAWTOOTH, current=2, queue_ratio=1.4)
+        assert reversals(counts) >= 10
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(
+        load=st.floats(0.05, 9.0),
+        queue_ratio=st.floats(0.0, 3.0),
+        noise=st.lists(st.floats(-0.1, 0.1), min_size=120, max_size=120),
+        current=st.integers(1, 16),
+    )
+    def test_no_noise_within_ten_percent_reverses_the_count_with_a_queue_either(
+        self, load: float, queue_ratio: float, noise: list[float], current: int
+    ) -> None:
+        assert reversals(noisy_run(load, noise, current, queue_ratio)) == 0
 
 
 class TestInferredScaleEvents:

@@ -20,10 +20,12 @@ The signals, per instance of one pod (rates are summed over the pods, so each di
   idle instances is batching delay or a burst, not a lack of instances (measured on the demo:
   branch_embed at busy 0.09 queued 0.7 x its compute time, the queue signal added an
   instance, low utilization took it back 30 s later, again and again). For the same reason
-  it never asks for a count at which the instances would be that idle: at such a count it
-  would fall silent, and the busy signal would take the instances back. Conversely, while it
-  is silent but above its band, a scale-down stops at the most instances at which it would
-  speak again (it would ask to come back);
+  it never asks for a count at which the instances would be that idle, nor for one where
+  they would be within the scale-down margin of it (busy per instance below
+  `QUEUE_SIGNAL_MIN_BUSY * target / (1 - SCALE_DOWN_MARGIN)`): at such a count the next window
+  that reads a little low would silence it, and the busy signal would take the instances
+  back. Conversely, while it is silent but above its band, a scale-down stops at the most
+  instances at which it would speak again (it would ask to come back);
 - pending requests per instance.
 
 Hysteresis. Up, a signal sizes to its target, as the HPA does. Down, it sizes to a count at
@@ -166,11 +168,15 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
     queue_ratio = signals.queue_compute_ratio
     if queue_ratio is not None:
         target = targets.queue_compute_ratio
-        # The most instances at which busy per instance would still give the queue a say.
-        busiest = math.floor(
-            round(busy * instances / (QUEUE_SIGNAL_MIN_BUSY * targets.utilization), 9)
-        )
-        has_say = busy >= QUEUE_SIGNAL_MIN_BUSY * targets.utilization
+        speaks_from = QUEUE_SIGNAL_MIN_BUSY * targets.utilization
+        # The most instances at which busy per instance would still give the queue a say...
+        busiest = math.floor(round(busy * instances / speaks_from, 9))
+        # ...and the most it asks for: where it keeps its say with the scale-down margin to
+        # spare, so that a window that reads busy a little low does not silence it there (the
+        # busy signal would then take the instances back: up from one signal, down from the
+        # other, again and again).
+        keeps_say = math.floor(round(busy * instances * (1 - SCALE_DOWN_MARGIN) / speaks_from, 9))
+        has_say = busy >= speaks_from
         need = _need(
             "queue/compute ratio",
             HIGH_QUEUE_TIME,
@@ -181,7 +187,7 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
             tolerance,
             only_up=True,
             has_say=not by_streams and has_say,
-            ceiling=busiest,
+            ceiling=keeps_say,
         )
         if not by_streams and not has_say and need.ratio > 1 + tolerance and busiest >= 1:
             # Silent here, it would speak, and ask for more, at `busiest` instances or fewer:
