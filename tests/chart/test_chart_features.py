@@ -191,6 +191,17 @@ class TestTritonPod:
         }
         assert ports["grpc"]["appProtocol"] == "grpc"
 
+    def test_pods_wait_at_the_instances_ready_gate_while_the_operator_sizes_them(
+        self, render
+    ) -> None:
+        gate = [{"conditionType": "tritonscale.io/instances-ready"}]
+        assert triton_pod(render().objects)["readinessGates"] == gate
+        # Nobody would open it: without the operator or the autoscalers, or when turned off.
+        for off in ("operator.enabled=false", "autoscalers.enabled=false"):
+            assert "readinessGates" not in triton_pod(render(sets=(off,)).objects), off
+        off = "triton.readinessGate.enabled=false"
+        assert "readinessGates" not in triton_pod(render(sets=(off,)).objects)
+
     def test_pod_disruption_budget_selects_the_triton_pods(self, render) -> None:
         objects = render("gpu-node-values.yaml").objects
         pdb = one(objects, "PodDisruptionBudget")
@@ -257,6 +268,7 @@ class TestOperator:
             "verbs": ["patch"],
         },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
     PEERING_RULE = {
