@@ -125,11 +125,13 @@ def test_the_operator_gives_back_instances_that_do_not_help_and_scales_those_tha
     assert len(held) >= ROUNDS_HELD
     assert {r.current_instances for r in held} == {1}
     assert {r.desired_instances for r in held} == {1}
-    # (A reload restarts Triton's counters: the scrape source warms up for one window.)
+    # (A reload restarts Triton's counters, and a round slowed by a busy machine may find its
+    # window short: the scrape source then warms up, which holds the count too.)
     assert {r.reason for r in held} <= {"NoGain", "WarmingUp"}, [r.line() for r in held]
-    assert held[-1].reason == "NoGain"
-    assert all((r.decision.recommended_instances or 0) > 1 for r in held if r.reason == "NoGain")
-    limited = [c for c in held[-1].conditions if c["type"] == "ScalingLimited"][0]
+    judged = [r for r in held if r.reason == "NoGain"]
+    assert judged, [r.line() for r in held]
+    assert all((r.decision.recommended_instances or 0) > 1 for r in judged)
+    limited = [c for c in judged[-1].conditions if c["type"] == "ScalingLimited"][0]
     assert (limited["status"], limited["reason"]) == ("True", "NoGain")
 
     # The model that benefits was scaled, and kept what it got.

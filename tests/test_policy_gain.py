@@ -161,18 +161,30 @@ class TestTheVerdict:
         assert gain.judge(GainCheck(START, self.BEFORE), None).gained
 
     def test_a_small_step_has_a_bar_of_at_least_the_minimum_gain(self) -> None:
-        # 10 -> 11: half the added capacity is 5 %, the bar is MIN_GAIN (10 %).
+        # 10 -> 11: half the added capacity is 5 %, the bar is MIN_GAIN (a window's noise).
         before = Sample(10, 1, 100.0, 0.08, 10.0)
         check = GainCheck(START, before)
-        # The added instance only waits: busy time per request up 10 %, nothing else moves.
-        assert not gain.judge(check, self.after(instances=11, busy_instances=11.0)).gained
-        # It waits and throughput rises by 10 % all the same: a gain; by 9 %: none.
-        assert gain.judge(
-            check, self.after(instances=11, busy_instances=12.1, request_rate=110.0)
-        ).gained
-        assert not gain.judge(
-            check, self.after(instances=11, busy_instances=12.1, request_rate=109.0)
-        ).gained
+        bar = 1 + gain.MIN_GAIN
+        # The added instance only waits (busy time per request up 10 %): that cannot be told
+        # from noise, so the instance is kept.
+        assert gain.judge(check, self.after(instances=11, busy_instances=11.0)).gained
+        # Busy time per request up by the bar, nothing else moving: no gain.
+        assert not gain.judge(check, self.after(instances=11, busy_instances=10.0 * bar)).gained
+        # ...unless throughput rises by the bar all the same; by a little less it does not count.
+        for rate, gained in [(100.0 * bar, True), (100.0 * bar - 1, False)]:
+            waiting = rate * 0.1 * bar * 1.05  # busy time per request up by more than the bar
+            after = self.after(instances=11, busy_instances=waiting, request_rate=rate)
+            assert gain.judge(check, after).gained is gained, rate
+
+    def test_noise_within_the_scale_down_margins_tolerance_never_reverts_an_increase(
+        self,
+    ) -> None:
+        # A steady load read 10 % low before a 5 -> 6, 10 % high after: busy time per request
+        # up 22 %, throughput and time per request unchanged. Below the bar: kept.
+        before = Sample(5, 1, 100.0, 0.0425, 4.25 * 0.9)
+        check = GainCheck(START, before)
+        after = Sample(6, 1, 100.0, 0.0425, 4.25 * 1.1)
+        assert gain.judge(check, after).gained
 
     def test_the_message_has_the_numbers(self) -> None:
         message = gain.judge(GainCheck(START, self.BEFORE), self.after()).message

@@ -37,7 +37,11 @@ from tritonscale.core.signals import MetricSnapshot, ModelSignals
 
 NO_GAIN = "NoGain"
 
-MIN_GAIN = 0.1  # the least change that counts, whatever the increase
+# The least change that counts, whatever the increase: above what a window's noise makes of a
+# steady load (windows within +-11 % of their mean, as the scale-down margin tolerates, make
+# ratios up to 1.25). An increase too small to move its signals by more is kept: a waiting
+# instance cannot be told from noise there, and a false verdict would revert a useful one.
+MIN_GAIN = 0.25
 RELEASE_CHANGE = 0.25  # the hold ends when the request rate moves by more than 25 %
 SETTLE_S = 2.0  # a load takes up to about 1.5 s to apply; the window starts after it
 
@@ -141,8 +145,8 @@ def judge(check: GainCheck, after: Sample | None) -> Verdict:
     if after is None or after.pods != before.pods:
         return Verdict(True, "the load or the pods changed: nothing to compare")
     # What the added instances could bring, as a share of what was there: a real gain is a
-    # good part of it. Half of it is the bar (at least MIN_GAIN): a window's noise in short
-    # windows on a busy machine is a few tens of percent, far below what 1 -> 3 brings.
+    # good part of it. Half of it is the bar (at least MIN_GAIN, a window's noise), far below
+    # what 1 -> 3 brings.
     bar = max(MIN_GAIN, (after.instances - before.instances) / before.instances / 2)
     # Rounded so that float noise (100 * 1.1 = 110.00000000000001) does not move an edge.
     throughput = round(after.request_rate, 9) >= round(before.request_rate * (1 + bar), 9)
