@@ -46,12 +46,14 @@ MODEL_SEL = 'namespace=~"$namespace", pod=~"$pod", model=~"$model"'
 POD_SEL = 'namespace=~"$namespace", pod=~"$pod"'
 OPERATOR_SEL = 'namespace=~"$namespace", model=~"$model"'
 DECOUPLED_SEL = 'namespace=~"$namespace", pod=~"$pod", model=~"$decoupled"'
+BUDGET_SEL = 'namespace=~"$namespace"'
 
 
 # ---- PromQL: the signals come from tritonscale.metrics.queries ------------------------
 PER_MODEL = Scope(MODEL_SEL, "$__rate_interval", ("model",))
 ALL_MODELS = Scope(MODEL_SEL, "$__rate_interval", ())
 DECOUPLED = Scope(DECOUPLED_SEL, "$__rate_interval", ("model",))
+BUDGETS = Scope(BUDGET_SEL, "$__rate_interval", ("namespace", "budget"))
 
 
 def per_request(metric: str, scope: Scope = PER_MODEL) -> str:
@@ -702,11 +704,53 @@ def autoscaler() -> dict[str, Any]:
                 ),
             ],
         ),
+        row("Budgets"),
+        timeseries(
+            "Budget: instances used, wanted and allowed per pod",
+            "Per budget (spec.budget): the instances per pod its members hold or were granted, "
+            "what their loads ask for, and instancesPerPod. Wanted above the limit: the "
+            "members get what fits (BudgetExhausted) and more pods are the answer.",
+            "short",
+            [
+                target(
+                    f"max by (namespace, budget) ({queries.BUDGET_USED}{{{BUDGET_SEL}}})",
+                    "used {{budget}}",
+                ),
+                target(
+                    f"max by (namespace, budget) ({queries.BUDGET_WANTED}{{{BUDGET_SEL}}})",
+                    "wanted {{budget}}",
+                ),
+                target(
+                    f"max by (namespace, budget) ({queries.BUDGET_LIMIT}{{{BUDGET_SEL}}})",
+                    "limit {{budget}}",
+                ),
+            ],
+            width=8,
+        ),
+        timeseries(
+            "Budget demand ratio (the HPA's metric)",
+            "What the members' loads ask for over what a pod holds (its budget, or fewer "
+            "instances when its GPU is full). The chart's HPA adds pods above 1 and removes "
+            "them below it.",
+            "none",
+            [target(queries.budget_demand_ratio(BUDGETS), "{{budget}}")],
+            width=8,
+        ),
+        timeseries(
+            "Budget exhausted",
+            "1 while the budget refuses a member instances it asks for (the condition "
+            "ScalingLimited with reason BudgetExhausted, and a Warning event on that autoscaler).",
+            "short",
+            [target(queries.budget_exhausted(BUDGETS), "{{budget}}")],
+            width=8,
+            min_value=0,
+        ),
         row("Decisions"),
         timeseries(
             "Decisions by direction and reason",
             "Decisions per minute by direction (up, down, none) and reason (HighUtilization, "
-            "WithinTolerance, TooManyInstances, GpuSaturated, ...; see the contract doc).",
+            "WithinTolerance, TooManyInstances, GpuSaturated, BudgetExhausted, NoGain, ...; "
+            "see the contract doc).",
             "short",
             [
                 target(
@@ -913,7 +957,7 @@ _BlockDumper.add_representer(
 def adapter_rule_markdown() -> str:
     """The README's prometheus-adapter rule block: a sentence and the values to add."""
     values = yaml.dump(
-        {"rules": {"custom": [queries.adapter_rule()]}},
+        {"rules": {"external": [queries.adapter_rule()]}},
         Dumper=_BlockDumper,
         sort_keys=False,
         width=100,

@@ -30,9 +30,11 @@ from typing import Any
 import aiohttp
 import kmock
 import kopf
+import kubernetes
 from kopf._cogs.structs import credentials
 from prometheus_client.parser import text_string_to_metric_families
 
+from tritonscale.drivers import admission
 from tritonscale.drivers import kopf_operator as kopf_driver
 from tritonscale.local.ports import free_port
 
@@ -84,7 +86,11 @@ def register_resources(kmock: Emulator) -> Emulator:
         subresources={"status"},
     )
     kmock.resources[PODS] = kmock.ResourceInfo(
-        kind="Pod", singular="pod", namespaced=True, verbs={"get", "list", "watch"}
+        kind="Pod",
+        singular="pod",
+        namespaced=True,
+        verbs={"get", "list", "watch", "patch"},
+        subresources={"status"},
     )
     kmock.resources[EVENTS] = kmock.ResourceInfo(
         kind="Event", singular="event", namespaced=True, verbs={"create", "list"}
@@ -99,6 +105,14 @@ def register_resources(kmock: Emulator) -> Emulator:
         verbs={"list", "watch", "patch"},
     )
     return kmock
+
+
+def pod_status_writer(api: Emulator) -> admission.PodStatusWriter:
+    """The operator's writer of pods' status, with a client that talks to the emulator."""
+    configuration = kubernetes.client.Configuration(host=str(api.url).rstrip("/"))
+    client = kubernetes.client.ApiClient(configuration)
+    client.user_agent = admission.USER_AGENT
+    return admission.PodStatusWriter(client)
 
 
 def autoscaler(
@@ -216,7 +230,8 @@ async def running_operator(
     namespace: str = NAMESPACE,
     peering: str | None = None,
 ) -> AsyncIterator[Operator]:
-    """`kopf_driver.run` in a thread of its own; stopped and joined on exit."""
+    """`kopf_driver.run` in a thread of its own; stopped and joined on exit. Its pods' status
+    patches (the readinessGate) go to the emulator too, never to a kubeconfig's cluster."""
     stop, ready = threading.Event(), threading.Event()
     metrics_port, liveness_port = free_port(), free_port()
     errors: list[BaseException] = []
@@ -235,6 +250,7 @@ async def running_operator(
                 ready_flag=ready,
                 vault=vault,
                 loop=loop,
+                pod_status=pod_status_writer(api),
             )
         except BaseException as error:  # reported to the test below
             errors.append(error)

@@ -341,6 +341,16 @@ def test_where_a_cel_rule_refuses_the_api_server_and_from_dict_say_the_same(case
         minimal(behavior={"scaleUp": {"selectPolicy": "Disabled", "policies": []}}),
         minimal(selector={"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}),
         minimal(tolerance=0, targets={"queueComputeRatio": 0, "utilization": 1}),
+        minimal(minInstances=2, budget={"name": "pods", "instancesPerPod": 2}),
+        minimal(
+            minInstances=3,
+            budget={
+                "name": "pods",
+                "instancesPerPod": 8,
+                "gpuMemoryPerPodMiB": 6000,
+                "gpuMemoryPerInstanceMiB": 2000,
+            },
+        ),
     ],
     ids=[
         "minimal",
@@ -348,6 +358,8 @@ def test_where_a_cel_rule_refuses_the_api_server_and_from_dict_say_the_same(case
         "a disabled direction without policies",
         "a selector of expressions only",
         "the edges of the ranges",
+        "a budget of exactly the minimum",
+        "a GPU memory budget of exactly the minimum",
     ],
 )
 def test_edge_cases_that_are_valid_pass_both_gates(spec: dict[str, Any]) -> None:
@@ -369,3 +381,9 @@ def test_status_keeps_the_operators_fields_and_unknown_ones() -> None:
     assert crd_errors(obj) == []
     obj["status"]["lastDecision"]["direction"] = "sideways"
     assert crd_errors(obj)
+
+
+def test_the_crd_and_the_dataclasses_default_a_budget_alike() -> None:
+    given = minimal(budget={"name": "pods", "instancesPerPod": 6})
+    defaulted = apply_defaults(SCHEMA["properties"]["spec"], copy.deepcopy(given))
+    assert AutoscalerSpec.from_dict(given).to_dict() == defaulted

@@ -120,11 +120,11 @@ def test_the_generator_check_exits_1_naming_a_stale_file(tmp_path: Path, capsys)
     assert run.returncode == 0, run.stderr
     generator = _generator()
     stale = tmp_path / "README.md"
-    stale.write_text(CHART_README.read_text().replace("clamp_min", "clamp_max"))
+    stale.write_text(CHART_README.read_text().replace("<<.LabelMatchers>>", "<<.Matchers>>"))
     generator.CHART_README = stale
     assert generator.main(["--check"]) == 1
     assert capsys.readouterr().err == (f"stale: {stale}; run python dashboards/generate.py\n")
-    assert "clamp_max" in stale.read_text(), "--check must not write"
+    assert "<<.Matchers>>" in stale.read_text(), "--check must not write"
 
 
 def test_a_file_without_its_markers_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
@@ -143,12 +143,11 @@ def test_the_readme_shows_the_adapter_rule_of_the_signals_module() -> None:
     text = CHART_README.read_text()
     block = text.split("<!-- adapter-rule:start -->")[1].split("<!-- adapter-rule:end -->")[0]
     values = yaml.safe_load(block.split("```yaml")[1].split("```")[0])
-    assert values["rules"]["custom"] == [queries.adapter_rule()]
-    query = values["rules"]["custom"][0]["metricsQuery"]
-    # Every compute stage, per model, not compute_infer alone summed over the pod's models.
-    for metric in queries.COMPUTE_DURATIONS:
-        assert metric in query
-    assert "sum by (<<.GroupBy>>, model)" in query and query.startswith("max by (<<.GroupBy>>)")
+    assert values["rules"]["external"] == [queries.adapter_rule()]
+    rule = values["rules"]["external"][0]
+    # The budget's demand ratio, not a queue: the operator answers queues with instances.
+    assert rule["name"]["as"] == "tritonscale_budget_demand_ratio"
+    assert "nv_inference" not in rule["metricsQuery"]
 
 
 @pytest.mark.unit
@@ -280,7 +279,9 @@ def _sample_names(text: str) -> set[str]:
 
 def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> Iterator[None]:
     """Real control ticks, one round per call: a model sized from Prometheus, a model forced
-    to 2 instances and back to 1 (real loads), and a source that cannot be reached."""
+    to 2 instances and back to 1 (real loads), and a source that cannot be reached. The first
+    two share a budget (its series feed the budget panels and the adapter rule)."""
+    from tritonscale.control.ledger import BudgetLedger
     from tritonscale.control.reconcile import reconcile
     from tritonscale.control.tick import ReconcileState
     from tritonscale.metrics.prometheus import PrometheusSource
@@ -291,6 +292,8 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
     actuator = Actuator(triton.repository_key)
     selector = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
     states: dict[str, ReconcileState] = {}
+    ledger = BudgetLedger()
+    budget = {"name": "pods", "instancesPerPod": 6}
 
     def tick(autoscaler: str, spec: dict, source) -> None:
         result = reconcile(
@@ -302,6 +305,7 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
             time.time(),
             metrics=metrics,
             autoscaler=autoscaler,
+            ledger=ledger,
         )
         states[autoscaler] = result.state
 
@@ -311,7 +315,7 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
         # dryRun: decides (and may ask for more) but leaves the session's Triton as it is.
         tick(
             "pipeline-async",
-            {"model": "pipeline_async", "maxInstances": 4, "dryRun": True},
+            {"model": "pipeline_async", "maxInstances": 4, "dryRun": True, "budget": budget},
             live_source,
         )
         tick("unreachable-prometheus", {"model": "bls_async"}, dead_source)
@@ -319,7 +323,7 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
         size = 2 if index < rounds - 1 else 1
         tick(
             "branch-rank",
-            {"model": "branch_rank", "minInstances": size, "maxInstances": size},
+            {"model": "branch_rank", "minInstances": size, "maxInstances": size, "budget": budget},
             live_source,
         )
         yield
@@ -453,6 +457,11 @@ def test_metric_names_are_ones_triton_and_the_operator_really_export(live: Live)
         "tritonscale_reconcile_errors_total",
         "tritonscale_observed_signal",
         "tritonscale_last_reconcile_timestamp_seconds",
+        "tritonscale_budget_instances_limit",
+        "tritonscale_budget_instances_used",
+        "tritonscale_budget_instances_wanted",
+        "tritonscale_budget_exhausted",
+        "tritonscale_budget_demand_ratio",
     }
     assert contract <= live.operator_names
 
@@ -482,17 +491,18 @@ def test_the_recording_rules_produce_the_shared_signals(live: Live) -> None:
         assert _finite(result), f"{record} has no data"
 
 
-def test_the_adapter_rule_answers_per_pod_from_real_series(live: Live) -> None:
-    # As prometheus-adapter fills it in for a Pods metric: the pods' matchers, grouped by pod.
-    # The local Triton has no pod label; its scrape target (instance) stands in for the pod.
+def test_the_adapter_rule_answers_per_budget_from_real_series(live: Live) -> None:
+    # As prometheus-adapter fills it in for the HPA's External metric: the namespace and the
+    # HPA's selector (budget=pods) as matchers, grouped by namespace.
     query = queries.adapter_rule()["metricsQuery"]
-    expr = query.replace("<<.LabelMatchers>>", 'namespace="local"').replace(
-        "<<.GroupBy>>", "instance"
+    expr = query.replace("<<.LabelMatchers>>", 'namespace="local",budget="pods"').replace(
+        "<<.GroupBy>>", "namespace"
     )
     result = live.prometheus.query(expr)
-    assert len(result) == 1 and set(result[0]["metric"]) == {"instance"}
+    assert len(result) == 1 and result[0]["metric"] == {"namespace": "local"}
     ratio = float(result[0]["value"][1])
-    assert math.isfinite(ratio) and ratio >= 0
+    # Two members in a budget of 6, each wanting at least its minimum of 1.
+    assert math.isfinite(ratio) and ratio >= 2 / 6
 
 
 def test_the_rules_load_and_evaluate_without_errors(live: Live) -> None:

@@ -30,6 +30,8 @@ from tests.operator_harness import (
     triton_pod,
 )
 from tests.tooling import missing
+from tritonscale.drivers.admission import USER_AGENT
+from tritonscale.drivers.pods import INSTANCES_READY
 
 PEERING_NAME = "demo-tritonscale"  # the chart's default: the release's full name
 
@@ -90,12 +92,22 @@ async def test_every_call_of_the_operator_is_granted_by_the_charts_role(
     }
     # A pod whose Triton does not answer: the tick fails, and posts a Warning event.
     api.objects[PODS, NAMESPACE, "triton-0"] = triton_pod("triton-0", "127.0.0.1", 1, 1, NAMESPACE)
+    # A pod held by the readinessGate that no autoscaler selects: its gate is opened at once.
+    waiting = triton_pod("waiting-0", "127.0.0.1", 1, 1, NAMESPACE)
+    waiting["metadata"]["labels"] = {"app": "not-triton"}
+    waiting["spec"]["readinessGates"] = [{"conditionType": INSTANCES_READY}]
+    waiting["status"]["conditions"] = [{"type": "ContainersReady", "status": "True"}]
+    api.objects[PODS, NAMESPACE, "waiting-0"] = waiting
     spec = {"selector": {"matchLabels": TRITON_LABELS}, "model": "add_sub"}
     api.objects[IGA, NAMESPACE, "rbac"] = autoscaler("rbac", spec, namespace=NAMESPACE)
 
     async with running_operator(api, namespace=NAMESPACE, peering=PEERING_NAME):
         await eventually(
             lambda: status_of(api, "rbac", NAMESPACE).get("conditions"), "a tick", timeout_s=60
+        )
+        await eventually(
+            lambda: len(api.objects[PODS, NAMESPACE, "waiting-0"]["status"]["conditions"]) > 1,
+            "the pod's gate to open",
         )
         peering = dict(api.objects[PEERINGS, NAMESPACE, PEERING_NAME])
         assert peering.get("status"), "the operator must keep its heartbeat in the KopfPeering"
@@ -106,7 +118,7 @@ async def test_every_call_of_the_operator_is_granted_by_the_charts_role(
 
     used = set()
     for request in api:
-        if not request.headers.get("User-Agent", "").startswith("kopf/"):
+        if not request.headers.get("User-Agent", "").startswith(("kopf/", USER_AGENT)):
             continue  # the test's own calls (the user's patch and delete)
         if request.resource is None or request.resource.plural is None:
             continue  # discovery (/api, /apis/...): every authenticated user may read it

@@ -16,6 +16,7 @@ import pytest
 
 from tritonscale.core.policy import Decision, PolicyState, decide, max_snapshot_age_s
 from tritonscale.core.signals import GpuSignals, MetricSnapshot, ModelSignals
+from tritonscale.core.sizing import QUEUE_SIGNAL_MIN_BUSY, SCALE_DOWN_MARGIN
 from tritonscale.core.spec import AutoscalerSpec
 
 pytestmark = pytest.mark.unit
@@ -127,13 +128,21 @@ SIZING = [
     Case(
         "a large load jumps straight to its size", 10, "HighUtilization", model=signals(compute=7.0)
     ),
-    # (1 + 1.4) / (1 + 0.5) = 1.6, * 2 = 3.2 -> 4, with busy on target.
+    # (1 + 1.4) / (1 + 0.5) = 1.6, * 2 = 3.2 -> 4; busy (1.0) alone asks for 3.
     Case(
         "a long queue sizes by (1 + ratio) / (1 + target)",
         4,
         "HighQueueTime",
-        model=signals(compute=1.4, queue=1.96),
+        model=signals(compute=2.0, queue=2.8),
         in_message=("queue/compute ratio 1.40",),
+    ),
+    # The same queue with busy on target: at 4 busy would be 0.35, half its target, where the
+    # next window that reads a little low silences the queue. It asks for 3 (busy 0.47).
+    Case(
+        "a long queue asks only for a count at which it keeps its say",
+        3,
+        "HighQueueTime",
+        model=signals(compute=1.4, queue=1.96),
     ),
     # busy 0.09 / 0.70 is under half its target: the queue in front of idle instances is
     # batching delay, so it has no say. Without that floor it would ask for (1 + 0.7) / 1.5
@@ -144,11 +153,21 @@ SIZING = [
         "LowUtilization",
         model=signals(compute=0.18, queue=0.126),
     ),
-    # The same queue ratio with busy at 0.40 (above half the 0.70 target) does count.
+    # The same queue ratio with busy at 0.675 (above half the 0.70 target) does count:
+    # (1 + 0.7) / 1.5 * 2 = 2.27 -> 3, where busy would be 0.45, above half its target with
+    # the scale-down margin to spare (0.35 / 0.8 = 0.44).
     Case(
         "a queue in front of busy instances asks for more",
         3,
         "HighQueueTime",
+        model=signals(compute=1.35, queue=0.945),
+    ),
+    # Busy 0.40 at 2: the queue has a say, but at 3 busy would be 0.27, under half its target,
+    # the queue would fall silent and low utilization would take the instance back (a flap).
+    Case(
+        "a queue never asks for instances that would be mostly idle",
+        2,
+        "WithinTolerance",
         model=signals(compute=0.8, queue=0.56),
     ),
     # 8 pending / 2 instances = 4 per instance, twice the target of 2.
@@ -293,15 +312,17 @@ DECOUPLED = [
 def _tolerance_cases() -> list[Case]:
     """Both sides of both edges of the deadband, back-computed from the tolerance.
 
-    At 10 instances a ratio of 0.89 is one instance fewer (ceil(8.9) = 9); at 2 it would
-    round back to 2 and hide the edge.
+    At 10 instances a ratio of 1.11 is two instances more (ceil(11.1) = 12); at 2 it would
+    round back to 3 and hide the edge.
     """
     cases = []
     for factor, desired, reason, side in [
         (1.1 - 0.01, 10, "WithinTolerance", "just inside the upper edge keeps the count"),
         (1.1 + 0.01, 12, "HighUtilization", "just outside the upper edge scales up"),
         (0.9 + 0.01, 10, "WithinTolerance", "just inside the lower edge keeps the count"),
-        (0.9 - 0.01, 9, "LowUtilization", "just outside the lower edge scales down"),
+        # Outside the deadband, but 9 instances would read 0.89 * 10 / 9 = 0.99 of the target:
+        # the HPA would go to 9 (ceil(8.9)); the margin keeps 10.
+        (0.9 - 0.01, 10, "WithinTolerance", "just outside the lower edge keeps a count at target"),
     ]:
         cases.append(
             Case(
@@ -313,6 +334,88 @@ def _tolerance_cases() -> list[Case]:
             )
         )
     return cases
+
+
+def _margin_cases() -> list[Case]:
+    """Both sides of the scale-down margin, back-computed from SCALE_DOWN_MARGIN.
+
+    10 -> 9 instances only when the load over 9 reads at most target * (1 - margin):
+    ratio * 10 / 9 <= 1 - margin, that is a ratio of at most 0.72 for a margin of 0.2.
+    """
+    edge = (1 - SCALE_DOWN_MARGIN) * 9 / 10
+    return [
+        Case(
+            f"margin: {side}",
+            desired,
+            reason,
+            current=10,
+            model=signals(compute=0.7 * factor * 10),
+            in_message=text,
+        )
+        for factor, desired, reason, side, text in [
+            (edge, 9, "LowUtilization", "at the edge scales down", ("asks for 9 instances",)),
+            (
+                edge + 0.005,
+                10,
+                "WithinTolerance",
+                "just above the edge keeps the count",
+                ("would not be clearly below its target",),
+            ),
+            # 0.3 * 10 / 0.8 = 3.75: four instances read 0.525 = 0.75 of the target, not 3 (1.0).
+            (0.3, 4, "LowUtilization", "a deep drop leaves room below the target", ()),
+        ]
+    ]
+
+
+def _queue_say_cases() -> list[Case]:
+    """Both sides of the most the queue asks for: a count at which busy per instance stays at
+    least QUEUE_SIGNAL_MIN_BUSY * target / (1 - SCALE_DOWN_MARGIN), so that the queue keeps
+    its say there when a window reads busy a little low. At 3 instances a queue ratio of 1.4
+    asks for ceil(3 * 1.6) = 5; busy (0.73 each) is within its tolerance."""
+    edge = 5 * QUEUE_SIGNAL_MIN_BUSY * 0.7 / (1 - SCALE_DOWN_MARGIN)  # 2.1875 s/s
+    return [
+        Case(
+            f"queue say: {side}",
+            desired,
+            "HighQueueTime",
+            current=3,
+            model=signals(compute=busy, queue=1.4 * busy),
+        )
+        for busy, desired, side in [
+            (edge, 5, "at the edge the queue gets all it asks for"),
+            (edge - 0.01, 4, "just below the edge it stops one short"),
+        ]
+    ]
+
+
+def _queue_margin_cases() -> list[Case]:
+    """The queue ratio only asks for more, but while it is not clearly below its target
+    ((1 + q) / 1.5 > 0.8, q > 0.2) it holds a count the busy signal would lower."""
+    busy_low = 0.45 * 4  # busy 0.45 per instance at 4: asks for ceil(4 * 0.64 / 0.8) = 4
+    busy_lower = 0.4 * 4  # 0.40: ceil(4 * 0.571 / 0.8) = 3
+    return [
+        Case(
+            "queue margin: a queue near its target holds a scale-down",
+            4,
+            "WithinTolerance",
+            current=4,
+            model=signals(compute=busy_lower, queue=busy_lower * 0.25),
+        ),
+        Case(
+            "queue margin: a queue clearly below its target lets it happen",
+            3,
+            "LowUtilization",
+            current=4,
+            model=signals(compute=busy_lower, queue=busy_lower * 0.15),
+        ),
+        Case(
+            "queue margin: a busy signal at 0.64 of target is held by the margin itself",
+            4,
+            "WithinTolerance",
+            current=4,
+            model=signals(compute=busy_low),
+        ),
+    ]
 
 
 GUARDS = [
@@ -455,7 +558,16 @@ def run(case: Case) -> Decision:
     return decide(spec, case.current, snap, PolicyState(), NOW, case.child_instances)
 
 
-ALL = SIZING + DECOUPLED + _tolerance_cases() + GUARDS + BOUNDS
+ALL = (
+    SIZING
+    + DECOUPLED
+    + _tolerance_cases()
+    + _margin_cases()
+    + _queue_margin_cases()
+    + _queue_say_cases()
+    + GUARDS
+    + BOUNDS
+)
 
 
 @pytest.mark.parametrize("case", ALL, ids=[case.name for case in ALL])

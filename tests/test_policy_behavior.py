@@ -10,8 +10,11 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.test_policy import MODEL, signals, snapshot
+from tritonscale.core import sizing
 from tritonscale.core.behavior import (
     PolicyState,
     Recommendation,
@@ -58,8 +61,16 @@ class Loop:
         self.state = PolicyState()
         self.counts: list[int] = []
 
-    def tick(self, busy_seconds: float, apply: bool = True, roundtrip: bool = False) -> Decision:
-        snap = snapshot(signals(compute=busy_seconds), taken_at=self.now)
+    def tick(
+        self,
+        busy_seconds: float,
+        apply: bool = True,
+        roundtrip: bool = False,
+        queue_ratio: float = 0.0,
+    ) -> Decision:
+        """One tick; `queue_ratio` is queue time per compute time (0: no queue)."""
+        model = signals(compute=busy_seconds, queue=queue_ratio * busy_seconds)
+        snap = snapshot(model, taken_at=self.now)
         decision = decide(self.spec, self.current, snap, self.state, self.now)
         self.state = decision.state
         if roundtrip:  # what the kopf driver does: status is JSON
@@ -179,7 +190,111 @@ class TestNoFlapping:
             loop.run(1.4, ticks=6)  # 90 s low: inside the 300 s window
         assert min(loop.counts[2:]) == 8  # never shrank between surges
         loop.run(1.4, ticks=60)
-        assert loop.current == 2
+        # 1.4 s/s is two instances at exactly the target; the scale-down margin stops at 3
+        # (0.67 of a busy instance each), where a window that reads 10 % high stays put.
+        assert loop.current == 3
+
+
+# The demo's windows (operator/examples/local/policies.yaml): 5 s ticks, 10 s rates, 30 s
+# before a scale-down, up 2 per 5 s, down 1 per 10 s.
+DEMO_WINDOWS = {
+    "metricsWindowSeconds": 10,
+    "intervalSeconds": 5,
+    "behavior": {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "policies": [{"type": "Instances", "value": 2, "periodSeconds": 5}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": 30,
+            "policies": [{"type": "Instances", "value": 1, "periodSeconds": 10}],
+        },
+    },
+}
+
+
+def reversals(counts: list[int]) -> int:
+    """How often the count changed direction."""
+    steps = [b - a for a, b in zip(counts, counts[1:], strict=False) if b != a]
+    return sum(1 for a, b in zip(steps, steps[1:], strict=False) if (a > 0) != (b > 0))
+
+
+def noisy_run(load: float, noise: list[float], current: int, queue_ratio: float = 0.0) -> list[int]:
+    """Ten minutes of a steady load (busy seconds per second, and queue time per compute
+    time) read with noise, tick by tick."""
+    loop = Loop(spec_with(**DEMO_WINDOWS), current=current, interval_s=5.0)
+    for wobble in noise:
+        loop.tick(load * (1 + wobble), queue_ratio=queue_ratio)
+    return [current, *loop.counts]
+
+
+class TestHysteresis:
+    """A scale-down stops where the load reads clearly below the target (SCALE_DOWN_MARGIN),
+    so that the next window reading high does not undo it. The HPA's tolerance alone (a
+    margin of 0) scales down to the target itself; with short windows that flaps."""
+
+    # 1.5 s/s needs 3 instances (0.50 each, 2 would be 0.75). Windows read 10 % low for 35 s
+    # (past the 30 s down window), then one reads 10 % high. At the HPA's rule 1.35 s/s asks
+    # for ceil(1.35 / 0.7) = 2, where 1.65 s/s reads 0.83 per instance, 1.18 x the target:
+    # back to 3. With the margin, 3 instances at 1.35 s/s are 0.64 of the target, and 2 would
+    # be 0.96 of it, not clearly below: it stays at 3.
+    SAWTOOTH = ([-0.1] * 7 + [0.1]) * 15
+
+    def test_a_steady_load_read_with_noise_never_reverses(self) -> None:
+        counts = noisy_run(1.5, self.SAWTOOTH, current=3)
+        assert reversals(counts) == 0
+        assert set(counts) == {3}
+
+    def test_the_hpas_tolerance_alone_flaps_on_the_same_windows(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(sizing, "SCALE_DOWN_MARGIN", 0.0)
+        counts = noisy_run(1.5, self.SAWTOOTH, current=3)
+        assert reversals(counts) >= 10
+        assert set(counts) == {2, 3}
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(
+        load=st.floats(0.05, 9.0),
+        noise=st.lists(st.floats(-0.1, 0.1), min_size=120, max_size=120),
+        current=st.integers(1, 16),
+    )
+    def test_no_noise_within_ten_percent_ever_reverses_the_count(
+        self, load: float, noise: list[float], current: int
+    ) -> None:
+        # A margin m holds any noise within +-m / (2 - m) (0.111 for 0.2) with a 10 %
+        # tolerance: after a scale-down the load reads at most 0.8 / 0.9 of the target
+        # even at its lowest, and a scale-up needs 1.1.
+        assert reversals(noisy_run(load, noise, current)) == 0
+
+    # Two signals: busy 1.4 s/s (two instances on target) behind a queue of 1.4 x the compute
+    # time, which asks for ceil(2 * 2.4 / 1.5) = 4. At 4, busy would be 0.35, exactly where the
+    # queue keeps its say (half the target): a window 10 % low would silence it, busy would
+    # ask for 3, the next window would give the queue its say back, and so on. The queue asks
+    # only for a count where it keeps its say with the margin to spare: 3 (busy 0.47).
+    def test_a_queue_and_busy_instances_never_take_turns(self) -> None:
+        counts = noisy_run(1.4, self.SAWTOOTH, current=2, queue_ratio=1.4)
+        assert reversals(counts) == 0
+        assert counts[-1] == 3
+
+    def test_without_the_margin_the_queue_and_busy_signals_take_turns(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(sizing, "SCALE_DOWN_MARGIN", 0.0)
+        counts = noisy_run(1.4, self.SAWTOOTH, current=2, queue_ratio=1.4)
+        assert reversals(counts) >= 10
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(
+        load=st.floats(0.05, 9.0),
+        queue_ratio=st.floats(0.0, 3.0),
+        noise=st.lists(st.floats(-0.1, 0.1), min_size=120, max_size=120),
+        current=st.integers(1, 16),
+    )
+    def test_no_noise_within_ten_percent_reverses_the_count_with_a_queue_either(
+        self, load: float, queue_ratio: float, noise: list[float], current: int
+    ) -> None:
+        assert reversals(noisy_run(load, noise, current, queue_ratio)) == 0
 
 
 class TestInferredScaleEvents:

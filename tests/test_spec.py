@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from tritonscale.core.selectors import selector_matches, selector_to_string
-from tritonscale.core.spec import AutoscalerSpec, InvalidSpec, LabelSelector, ScalingPolicy
+from tritonscale.core.spec import (
+    AutoscalerSpec,
+    BudgetSpec,
+    InvalidSpec,
+    LabelSelector,
+    ScalingPolicy,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -100,7 +106,10 @@ class TestDefaults:
 
 def known_keys(*path: str) -> str:
     """The keys of the full spec at `path`, sorted, as the message lists them."""
-    node = AutoscalerSpec.from_dict(minimal()).to_dict()
+    # With its optional fields set, so that the full spec shows them.
+    node = AutoscalerSpec.from_dict(
+        minimal(budget={"name": "pods", "instancesPerPod": 1})
+    ).to_dict()
     for key in path:
         node = node[key]
     return ", ".join(sorted(node))
@@ -264,7 +273,72 @@ INVALID = [
         "spec.selector.matchLabels.app must be a label value, got '-x'",
     ),
     Invalid("the spec is a mapping", ["model"], "spec must be a mapping, got a list"),
+    Invalid(
+        "a budget names itself",
+        minimal(budget={"instancesPerPod": 4}),
+        "spec.budget.name is required",
+    ),
+    Invalid(
+        "a budget's name is a DNS label",
+        minimal(budget={"name": "Triton_Pods", "instancesPerPod": 4}),
+        "spec.budget.name must be a DNS label (lower-case letters, digits and '-'), "
+        "got 'Triton_Pods'",
+    ),
+    Invalid(
+        "a budget holds at least one instance",
+        minimal(budget={"name": "pods", "instancesPerPod": 0}),
+        "spec.budget.instancesPerPod must be >= 1, got 0",
+    ),
+    Invalid(
+        "a budget too small for the model's minimum names both values",
+        minimal(minInstances=3, budget={"name": "pods", "instancesPerPod": 2}),
+        "spec.budget.instancesPerPod: minInstances must be <= budget.instancesPerPod "
+        "(minInstances is 3, budget.instancesPerPod is 2)",
+    ),
+    Invalid(
+        "a GPU memory budget too small for the model's minimum names both values",
+        minimal(
+            minInstances=3,
+            budget={
+                "name": "pods",
+                "instancesPerPod": 8,
+                "gpuMemoryPerPodMiB": 5000,
+                "gpuMemoryPerInstanceMiB": 2000,
+            },
+        ),
+        "spec.budget.gpuMemoryPerPodMiB: minInstances x budget.gpuMemoryPerInstanceMiB must be <= "
+        "budget.gpuMemoryPerPodMiB (minInstances is 3, budget.gpuMemoryPerInstanceMiB is 2000, "
+        "budget.gpuMemoryPerPodMiB is 5000)",
+    ),
+    Invalid(
+        "an unknown budget key is named by its path",
+        minimal(budget={"name": "pods", "instancesPerPod": 4, "instances": 4}),
+        "spec.budget.instances is not a known field (known: gpuMemoryPerInstanceMiB, "
+        "gpuMemoryPerPodMiB, instancesPerPod, name)",
+    ),
 ]
+
+
+class TestBudget:
+    def test_no_budget_by_default(self) -> None:
+        spec = AutoscalerSpec.from_dict(minimal())
+        assert spec.budget is None
+        assert "budget" not in spec.to_dict()
+
+    def test_a_budget_reads_with_its_defaults_and_back(self) -> None:
+        spec = AutoscalerSpec.from_dict(minimal(budget={"name": "pods", "instancesPerPod": 7}))
+        assert spec.budget == BudgetSpec(name="pods", instancesPerPod=7)
+        assert spec.to_dict()["budget"] == {
+            "name": "pods",
+            "instancesPerPod": 7,
+            "gpuMemoryPerPodMiB": 0,
+            "gpuMemoryPerInstanceMiB": 0,
+        }
+        assert AutoscalerSpec.from_dict(spec.to_dict()) == spec
+
+    def test_a_model_without_gpu_memory_fits_any_gpu_budget(self) -> None:
+        budget = {"name": "pods", "instancesPerPod": 4, "gpuMemoryPerPodMiB": 100}
+        assert AutoscalerSpec.from_dict(minimal(minInstances=4, budget=budget)).budget
 
 
 @pytest.mark.parametrize("case", INVALID, ids=[case.name for case in INVALID])

@@ -58,7 +58,8 @@ def check_against_crd(obj: dict, schema: dict) -> None:
 
 
 @pytest.mark.parametrize(
-    "values_file", ["default-values.yaml", "peering-values.yaml", "cpu-only-values.yaml"]
+    "values_file",
+    ["default-values.yaml", "peering-values.yaml", "cpu-only-values.yaml", "budget-values.yaml"],
 )
 def test_rendered_autoscalers_are_valid_for_the_crd(
     render, crd_schema: dict, values_file: str
@@ -130,3 +131,29 @@ def test_autoscalers_can_be_left_out(render) -> None:
         by_kind(render(sets=("autoscalers.enabled=false",)).objects, "InstanceGroupAutoscaler")
         == []
     )
+
+
+def test_no_budget_is_rendered_by_default(render) -> None:
+    for obj in by_kind(render().objects, "InstanceGroupAutoscaler"):
+        assert "budget" not in obj["spec"]
+
+
+def test_a_budget_joins_every_autoscaler_with_its_models_gpu_memory(render) -> None:
+    specs = {
+        o["spec"]["model"]: o["spec"]
+        for o in by_kind(render("budget-values.yaml").objects, "InstanceGroupAutoscaler")
+    }
+    assert {model: spec["budget"] for model, spec in specs.items()} == {
+        model: {
+            "name": "triton-gpu",
+            "instancesPerPod": 10,
+            "gpuMemoryPerPodMiB": 30000,
+            "gpuMemoryPerInstanceMiB": memory,
+        }
+        for model, memory in [
+            ("pipeline_async", 0),
+            ("branch_embed", 4000),
+            ("branch_classify", 0),
+            ("branch_rank", 2000),
+        ]
+    }

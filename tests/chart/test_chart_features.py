@@ -212,6 +212,17 @@ class TestTritonPod:
         }
         assert ports["grpc"]["appProtocol"] == "grpc"
 
+    def test_pods_wait_at_the_instances_ready_gate_while_the_operator_sizes_them(
+        self, render
+    ) -> None:
+        gate = [{"conditionType": "tritonscale.io/instances-ready"}]
+        assert triton_pod(render().objects)["readinessGates"] == gate
+        # Nobody would open it: without the operator or the autoscalers, or when turned off.
+        for off in ("operator.enabled=false", "autoscalers.enabled=false"):
+            assert "readinessGates" not in triton_pod(render(sets=(off,)).objects), off
+        off = "triton.readinessGate.enabled=false"
+        assert "readinessGates" not in triton_pod(render(sets=(off,)).objects)
+
     def test_pod_disruption_budget_selects_the_triton_pods(self, render) -> None:
         objects = render("gpu-node-values.yaml").objects
         pdb = one(objects, "PodDisruptionBudget")
@@ -278,6 +289,7 @@ class TestOperator:
             "verbs": ["patch"],
         },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
     PEERING_RULE = {
@@ -443,7 +455,7 @@ class TestMonitoring:
 
 
 class TestHpaLocustAndHelmTest:
-    def test_hpa_scales_the_triton_deployment_on_the_queue_compute_ratio(self, render) -> None:
+    def test_hpa_scales_the_triton_deployment_on_the_budgets_demand_ratio(self, render) -> None:
         objects = render("hpa-values.yaml").objects
         hpa = one(objects, "HorizontalPodAutoscaler")
         deployment = one(objects, "Deployment", "-triton")
@@ -454,12 +466,17 @@ class TestHpaLocustAndHelmTest:
             "name": deployment["metadata"]["name"],
         }
         assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+        # Pods are added only when instances cannot help: the models' needs exceed the
+        # pod's instance budget (not on a queue, which the operator answers with instances).
         assert hpa["spec"]["metrics"] == [
             {
-                "type": "Pods",
-                "pods": {
-                    "metric": {"name": "triton_queue_compute_ratio"},
-                    "target": {"type": "AverageValue", "averageValue": "500m"},
+                "type": "External",
+                "external": {
+                    "metric": {
+                        "name": "tritonscale_budget_demand_ratio",
+                        "selector": {"matchLabels": {"budget": "triton"}},
+                    },
+                    "target": {"type": "Value", "value": "1"},
                 },
             }
         ]

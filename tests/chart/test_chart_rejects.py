@@ -110,6 +110,28 @@ COMBINATION_CASES = [
         "tritonscale: hpa.minReplicas (5) is above hpa.maxReplicas (2).",
     ),
     (
+        "an hpa without an instance budget",
+        ("hpa.enabled=true",),
+        "tritonscale: hpa.enabled scales pods on the instance budget's demand ratio: it needs "
+        "autoscalers.enabled, operator.enabled and autoscalers.budget.instancesPerPod > 0.",
+    ),
+    (
+        "a budget below the minimums",
+        ("autoscalers.budget.instancesPerPod=3",),
+        "tritonscale: the autoscalers' minInstances add up to 4, above "
+        "autoscalers.budget.instancesPerPod (3).",
+    ),
+    (
+        "a gpu memory budget below the minimums",
+        (
+            "autoscalers.budget.instancesPerPod=8",
+            "autoscalers.budget.gpuMemoryPerPodMiB=1000",
+            "autoscalers.budget.gpuMemoryPerInstanceMiB.branch_embed=2000",
+        ),
+        "tritonscale: the autoscalers' minInstances take 2000 MiB of GPU memory, above "
+        "autoscalers.budget.gpuMemoryPerPodMiB (1000).",
+    ),
+    (
         "two pdb limits",
         ("triton.pdb.minAvailable=1",),
         "tritonscale: set only one of triton.pdb.minAvailable (1) and triton.pdb.maxUnavailable (1).",

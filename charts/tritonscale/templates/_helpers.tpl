@@ -148,6 +148,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $messages = append $messages (include "tritonscale.validateValues.pdb" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.autoscalers" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.hpa" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.budget" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.operator" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.locust" .) -}}
 {{- $messages = without $messages "" -}}
@@ -220,8 +221,33 @@ tritonscale: triton.pdb.enabled is true but neither triton.pdb.minAvailable nor 
 {{- end -}}
 
 {{- define "tritonscale.validateValues.hpa" -}}
+{{- $lines := list -}}
 {{- if and .Values.hpa.enabled (gt (int .Values.hpa.minReplicas) (int .Values.hpa.maxReplicas)) -}}
-tritonscale: hpa.minReplicas ({{ .Values.hpa.minReplicas }}) is above hpa.maxReplicas ({{ .Values.hpa.maxReplicas }}).
+{{- $lines = append $lines (printf "tritonscale: hpa.minReplicas (%v) is above hpa.maxReplicas (%v)." .Values.hpa.minReplicas .Values.hpa.maxReplicas) -}}
+{{- end -}}
+{{- if and .Values.hpa.enabled (not (and .Values.autoscalers.enabled .Values.operator.enabled (gt (int .Values.autoscalers.budget.instancesPerPod) 0))) -}}
+{{- $lines = append $lines "tritonscale: hpa.enabled scales pods on the instance budget's demand ratio: it needs autoscalers.enabled, operator.enabled and autoscalers.budget.instancesPerPod > 0." -}}
+{{- end -}}
+{{- join "\n" $lines -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.budget" -}}
+{{- $budget := .Values.autoscalers.budget -}}
+{{- if and .Values.autoscalers.enabled (gt (int $budget.instancesPerPod) 0) -}}
+{{- $lines := list -}}
+{{- $minimums := 0 -}}
+{{- $memory := 0 -}}
+{{- range $model, $spec := fromJson (include "tritonscale.autoscalerSpecs" .) -}}
+{{- $minimums = add $minimums (int $spec.minInstances) -}}
+{{- $memory = add $memory (mul (int $spec.minInstances) (int (get $budget.gpuMemoryPerInstanceMiB $model | default 0))) -}}
+{{- end -}}
+{{- if gt (int $minimums) (int $budget.instancesPerPod) -}}
+{{- $lines = append $lines (printf "tritonscale: the autoscalers' minInstances add up to %v, above autoscalers.budget.instancesPerPod (%v)." $minimums $budget.instancesPerPod) -}}
+{{- end -}}
+{{- if and (gt (int $budget.gpuMemoryPerPodMiB) 0) (gt (int $memory) (int $budget.gpuMemoryPerPodMiB)) -}}
+{{- $lines = append $lines (printf "tritonscale: the autoscalers' minInstances take %v MiB of GPU memory, above autoscalers.budget.gpuMemoryPerPodMiB (%v)." $memory $budget.gpuMemoryPerPodMiB) -}}
+{{- end -}}
+{{- join "\n" $lines -}}
 {{- end -}}
 {{- end -}}
 

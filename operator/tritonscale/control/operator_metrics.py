@@ -15,10 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from tritonscale.metrics import queries
+
 if TYPE_CHECKING:
+    from tritonscale.control.ledger import BudgetStatus
     from tritonscale.control.tick import TickResult
 
 LABELS = ("namespace", "autoscaler", "model")
+BUDGET_LABELS = ("namespace", "budget")
+MIB = 2**20
 
 # status.observedMetrics key -> the `signal` label.
 SIGNALS = {
@@ -87,6 +92,50 @@ class OperatorMetrics:
             LABELS,
             registry=r,
         )
+        # Budgets (spec.budget): one series per (namespace, budget), from its members' ticks.
+        self.budget_limit = Gauge(
+            queries.BUDGET_LIMIT,
+            "Instances per pod the budget allows its members together (instancesPerPod).",
+            BUDGET_LABELS,
+            registry=r,
+        )
+        self.budget_used = Gauge(
+            queries.BUDGET_USED,
+            "Instances per pod the budget's members hold or were granted.",
+            BUDGET_LABELS,
+            registry=r,
+        )
+        self.budget_wanted = Gauge(
+            queries.BUDGET_WANTED,
+            "Instances per pod the members' loads ask for, together.",
+            BUDGET_LABELS,
+            registry=r,
+        )
+        self.budget_exhausted = Gauge(
+            queries.BUDGET_EXHAUSTED,
+            "1 while the budget refuses a member instances (or a full GPU does), else 0.",
+            BUDGET_LABELS,
+            registry=r,
+        )
+        self.budget_demand = Gauge(
+            queries.BUDGET_DEMAND_RATIO,
+            "What the members' loads ask for over what a pod can hold; above 1, more pods "
+            "are the answer (the chart's HPA scales on it).",
+            BUDGET_LABELS,
+            registry=r,
+        )
+        self.budget_memory_limit = Gauge(
+            queries.BUDGET_GPU_MEMORY_LIMIT,
+            "GPU memory per pod the budget allows its members (gpuMemoryPerPodMiB).",
+            BUDGET_LABELS,
+            registry=r,
+        )
+        self.budget_memory_used = Gauge(
+            queries.BUDGET_GPU_MEMORY_USED,
+            "GPU memory per pod the members' instances take (gpuMemoryPerInstanceMiB each).",
+            BUDGET_LABELS,
+            registry=r,
+        )
         self._lock = threading.Lock()
         self._signals_seen: dict[tuple[str, str, str], set[str]] = {}
 
@@ -115,6 +164,39 @@ class OperatorMetrics:
                 self.errors.labels(*labels, error.reason).inc()
             self.duration.labels(*labels).observe(result.duration_s)
             self.last_reconcile.labels(*labels).set(result.finished_at)
+            if result.budget is not None:
+                self._record_budget(result.budget)
+
+    def _record_budget(self, budget: BudgetStatus) -> None:
+        labels = (budget.namespace, budget.name)
+        self.budget_limit.labels(*labels).set(budget.limits.instances)
+        self.budget_used.labels(*labels).set(budget.used)
+        self.budget_wanted.labels(*labels).set(budget.wanted)
+        self.budget_exhausted.labels(*labels).set(1 if budget.exhausted else 0)
+        self.budget_demand.labels(*labels).set(budget.demand_ratio)
+        if budget.limits.gpu_memory_mib:
+            self.budget_memory_limit.labels(*labels).set(budget.limits.gpu_memory_mib * MIB)
+            self.budget_memory_used.labels(*labels).set(budget.gpu_memory_used_mib * MIB)
+
+    def forget_budget(self, namespace: str, budget: str) -> None:
+        """Drop a budget's series (its last member left it)."""
+        with self._lock:
+            for metric in self._budget_metrics():
+                try:
+                    metric.remove(namespace, budget)
+                except KeyError:
+                    pass
+
+    def _budget_metrics(self) -> tuple[Gauge, ...]:
+        return (
+            self.budget_limit,
+            self.budget_used,
+            self.budget_wanted,
+            self.budget_exhausted,
+            self.budget_demand,
+            self.budget_memory_limit,
+            self.budget_memory_used,
+        )
 
     def forget(self, namespace: str, autoscaler: str, model: str) -> None:
         """Drop every series of one autoscaler (its object was deleted or renamed)."""

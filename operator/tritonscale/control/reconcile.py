@@ -7,15 +7,23 @@
     state = result.state                                  # pass it to the next tick
 
 A tick: read the live counts on the ready pods (the highest is `current`, so that a restarted
-or lagging pod converges to what the others serve; disagreements are reported), read the children's counts (`spec.calls`), take a metrics snapshot, ask
-`policy.decide`, then, unless paused, dry-running or backing off, bring every pod whose
-count differs from the decision to it (`Actuator.apply`: the first pod alone, then the others
-in parallel). Errors are results, not exceptions: `TickResult.errors` holds each with its
-HPA-style reason (FailedGetMetrics, FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec)
-and one line. A load that does not finish within the actuator's deadline ends the tick's
-wait with ReloadTimeout; while it is in flight no other load goes to that pod, and each tick
-says so (ReloadTimeout again). Failed and timed-out loads back off exponentially per
-autoscaler (`Backoff`, in the state, on the caller's clock).
+or lagging pod converges to what the others serve; disagreements are reported), read the
+children's counts (`spec.calls`), take a metrics snapshot, ask `policy.decide`, then, unless
+paused, dry-running or backing off, bring every pod whose count differs from the decision to
+it (`Actuator.apply`: the first pod alone, then the others in parallel). Errors are results,
+not exceptions: `TickResult.errors` holds each with its HPA-style reason (FailedGetMetrics,
+FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec) and one line. A load that does not
+finish within the actuator's deadline ends the tick's wait with ReloadTimeout; while it is in
+flight no other load goes to that pod, and each tick says so (ReloadTimeout again). Failed and
+timed-out loads back off exponentially per autoscaler (`Backoff`, in the state, on the
+caller's clock).
+
+A model whose spec names a budget (`spec.budget`) shares it with the other members: with a
+`ledger` (tritonscale.control.ledger, one per driver) the tick claims its decision, applies
+what the budget grants (`policy.within_budget`: BudgetExhausted when it grants less) and
+settles what the pods then run. The local driver allocates a round of ticks jointly with
+the two halves of a tick, `plan` (everything up to the decision) and `finish` (the grant,
+the loads, the result).
 
 Nothing here imports kopf; the clock is the `now` argument (unix seconds).
 """
@@ -27,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tritonscale.control.ledger import BudgetKey, BudgetLedger, Granted
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.tick import (
     BACKOFF_BASE_S,
@@ -44,7 +53,8 @@ from tritonscale.control.tick import (
     TickResult,
     iso_time,
 )
-from tritonscale.core import policy
+from tritonscale.core import policy, sizing
+from tritonscale.core.budget import Claim, Limits
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.source import MetricsSource
@@ -70,6 +80,7 @@ def reconcile(
     backoff_base_s: float = BACKOFF_BASE_S,
     backoff_cap_s: float = BACKOFF_CAP_S,
     healer: Healer | None = None,
+    ledger: BudgetLedger | None = None,
 ) -> TickResult:
     """Run one control tick for one autoscaler; never raises for Triton's or Prometheus's troubles.
 
@@ -78,29 +89,62 @@ def reconcile(
     from the pods. `metrics` (optional) records the tick under (namespace, autoscaler, model);
     `autoscaler` defaults to the model's name. With a `healer`, the model is first checked on
     every pod and reloaded where its stub died or hangs (tritonscale.triton.healing); the results
-    and a ModelHealthy condition are part of the tick.
+    and a ModelHealthy condition are part of the tick. With a `ledger`, a spec that names a
+    budget gets what the budget grants (the module's docstring).
     """
-    started = time.monotonic()
-    tick = _Tick(now=now, state=state, started=started)
-    if not isinstance(spec, AutoscalerSpec):
-        try:
-            spec = AutoscalerSpec.from_dict(spec)
-        except InvalidSpec as error:
-            model = spec.get("model") if isinstance(spec, Mapping) else None
-            result = tick.failed(str(model or "?"), INVALID_SPEC, str(error))
-            return _recorded(result, metrics, namespace, autoscaler)
-    result = _run(
+    member = autoscaler or _model_of(spec)
+    planned = plan(
         spec,
         endpoints,
         source,
         actuator,
-        tick,
-        child_instances,
-        backoff_base_s,
-        backoff_cap_s,
-        healer,
+        state,
+        now,
+        child_instances=child_instances,
+        healer=healer,
     )
-    return _recorded(result, metrics, namespace, autoscaler)
+    if isinstance(planned, TickResult):
+        return _recorded(planned, metrics, namespace, member)
+    granted = None
+    if ledger is not None:
+        if planned.spec.budget is None:
+            for _namespace, budget in ledger.forget(namespace, member):
+                if metrics is not None:
+                    metrics.forget_budget(namespace, budget)
+        else:
+            granted = ledger.request(
+                budget_key(namespace, planned.spec),
+                budget_limits(planned.spec),
+                planned.claim(member),
+            )
+    result = finish(
+        planned,
+        actuator,
+        granted,
+        backoff_base_s=backoff_base_s,
+        backoff_cap_s=backoff_cap_s,
+    )
+    if ledger is not None and granted is not None:
+        ledger.settle(budget_key(namespace, planned.spec), member, result.holding)
+    return _recorded(result, metrics, namespace, member)
+
+
+def budget_key(namespace: str, spec: AutoscalerSpec) -> BudgetKey:
+    """The ledger's key of the spec's budget: budgets are per namespace, as the objects are."""
+    assert spec.budget is not None
+    return (namespace, spec.budget.name)
+
+
+def budget_limits(spec: AutoscalerSpec) -> Limits:
+    """The pod's limits as this member's spec gives them."""
+    assert spec.budget is not None
+    return Limits(spec.budget.instances_per_pod, spec.budget.gpu_memory_per_pod_mib)
+
+
+def _model_of(spec: AutoscalerSpec | Mapping[str, Any]) -> str:
+    if isinstance(spec, AutoscalerSpec):
+        return spec.model
+    return str(spec.get("model") or "?") if isinstance(spec, Mapping) else "?"
 
 
 def _recorded(
@@ -176,18 +220,66 @@ class _Tick:
         )
 
 
-def _run(
-    spec: AutoscalerSpec,
+@dataclass(frozen=True)
+class Plan:
+    """A tick up to its decision: what `finish` needs to grant, apply and report it."""
+
+    spec: AutoscalerSpec
+    tick: _Tick
+    endpoints: tuple[Endpoint, ...]
+    live: dict[str, int]  # pod -> live count, the pods that answered
+    current: int
+    children: dict[str, int]
+    snapshot: MetricSnapshot | None
+    decision: policy.Decision
+    errors: tuple[TickError, ...]
+    notes: tuple[str, ...]
+    healing: tuple[HealingResult, ...]
+
+    def claim(self, member: str) -> Claim:
+        """What this tick asks of its budget (tritonscale.core.budget)."""
+        spec, decision = self.spec, self.decision
+        signals = self.snapshot.model(spec.model) if self.snapshot is not None else None
+        usable = signals is not None and sizing.unusable_field(signals) is None
+        wanted = decision.recommended_instances
+        if wanted is None or decision.reason == policy.NO_GAIN:
+            wanted = decision.desired_instances
+        return Claim(
+            member=member,
+            model=spec.model,
+            current=self.current,
+            asked=decision.desired_instances,
+            minimum=spec.min_instances,
+            wanted=wanted,
+            calls=spec.calls,
+            queued=sizing.queued_requests(signals) if usable and signals is not None else 0.0,
+            gpu_memory_mib=spec.budget.gpu_memory_per_instance_mib if spec.budget else 0,
+            pod_full=decision.reason == policy.GPU_SATURATED,
+        )
+
+
+def plan(
+    spec: AutoscalerSpec | Mapping[str, Any],
     endpoints: Sequence[Endpoint],
     source: MetricsSource,
     actuator: Actuator,
-    tick: _Tick,
-    child_instances: Mapping[str, int] | None,
-    backoff_base_s: float,
-    backoff_cap_s: float,
-    healer: Healer | None,
-) -> TickResult:
-    now, state = tick.now, tick.state
+    state: ReconcileState,
+    now: float,
+    *,
+    child_instances: Mapping[str, int] | None = None,
+    healer: Healer | None = None,
+) -> Plan | TickResult:
+    """The first half of a tick: heal, read the counts and the metrics, decide.
+
+    Returns the finished (failed) TickResult when no decision can be made: an invalid spec,
+    no ready pod, no pod that answers.
+    """
+    tick = _Tick(now=now, state=state, started=time.monotonic())
+    if not isinstance(spec, AutoscalerSpec):
+        try:
+            spec = AutoscalerSpec.from_dict(spec)
+        except InvalidSpec as error:
+            return tick.failed(_model_of(spec), INVALID_SPEC, str(error))
     if not endpoints:
         return tick.failed(spec.model, NO_READY_PODS, "no ready Triton pod matches the selector")
     # Heal first: a model whose stub died serves nothing, and its metrics would mislead.
@@ -233,8 +325,42 @@ def _run(
         errors.append(TickError(FAILED_GET_METRICS, str(error)))
 
     decision = policy.decide(spec, current, snapshot, state.policy, now, children)
+    return Plan(
+        spec=spec,
+        tick=tick,
+        endpoints=tuple(endpoints),
+        live=dict(live),
+        current=current,
+        children=children,
+        snapshot=snapshot,
+        decision=decision,
+        errors=tuple(errors),
+        notes=tuple(notes),
+        healing=tuple(healing),
+    )
+
+
+def finish(
+    planned: Plan,
+    actuator: Actuator,
+    granted: Granted | None = None,
+    *,
+    backoff_base_s: float = BACKOFF_BASE_S,
+    backoff_cap_s: float = BACKOFF_CAP_S,
+) -> TickResult:
+    """The second half of a tick: the budget's grant, the loads, the conditions, the result."""
+    spec, tick, decision = planned.spec, planned.tick, planned.decision
+    now, state = tick.now, tick.state
+    errors, notes = list(planned.errors), list(planned.notes)
+    live = dict(planned.live)
+    if granted is not None:
+        decision = policy.within_budget(
+            spec, decision, granted.grant.granted, granted.grant.message, now
+        )
+        if granted.budget.problem:
+            notes.append(granted.budget.problem)
     able, active = decision.able_to_scale, decision.scaling_active
-    if snapshot is None:
+    if planned.snapshot is None:
         active = policy.Condition(False, FAILED_GET_METRICS, errors[0].message)
 
     applied: list[PodResult] = []
@@ -242,7 +368,7 @@ def _run(
     desired = decision.desired_instances
     # A load that outlived its deadline on an earlier tick: nothing more goes to that pod
     # until Triton has answered it (a second load would only wait behind the first).
-    in_flight = [load for e in endpoints if (load := actuator.in_flight(e, spec.model))]
+    in_flight = [load for e in planned.endpoints if (load := actuator.in_flight(e, spec.model))]
     if in_flight:
         message = actuator.in_flight_reason(in_flight[0])
         errors.append(TickError(RELOAD_TIMEOUT, message))
@@ -252,7 +378,7 @@ def _run(
     # pod is visited, since the kind may differ where the count does not.
     pending = [
         e
-        for e in endpoints
+        for e in planned.endpoints
         if e.name in live and e.name not in busy and (live[e.name] != desired or spec.instance_kind)
     ]
     if spec.paused:
@@ -291,14 +417,14 @@ def _run(
                 backoff = Backoff()
                 if applied:
                     last_scale = now
-                    live = {**live, **{p.pod: p.after for p in applied if p.after is not None}}
                     able = policy.Condition(
                         True,
                         SUCCEEDED_RESCALE,
                         f"set {spec.model} to {desired} instances on {len(applied)} pod(s)",
                     )
+            live = {**live, **{p.pod: p.after for p in applied if p.after is not None}}
 
-    conditions = tick.conditions(able, active, decision.scaling_limited, _health(healing))
+    conditions = tick.conditions(able, active, decision.scaling_limited, _health(planned.healing))
     new_state = ReconcileState(
         policy=decision.state,
         backoff=backoff,
@@ -309,19 +435,20 @@ def _run(
         model=spec.model,
         at=now,
         decision=decision,
-        current_instances=current,
+        current_instances=planned.current,
         live_counts=dict(live),
-        child_instances=children,
+        child_instances=planned.children,
         applied=applied,
         errors=errors,
         conditions=conditions,
         state=new_state,
-        snapshot=snapshot,
+        snapshot=planned.snapshot,
         notes=notes,
         dry_run=spec.dry_run,
         duration_s=time.monotonic() - tick.started,
         finished_at=time.time(),
-        healing=healing,
+        healing=list(planned.healing),
+        budget=granted.budget if granted is not None else None,
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from tritonscale.control.ledger import BudgetStatus
 from tritonscale.core import policy
 from tritonscale.core.behavior import PolicyState
 from tritonscale.core.signals import MetricSnapshot
@@ -111,6 +112,8 @@ class TickResult:
     finished_at: float  # unix seconds (wall clock) when the tick ended
     # One healing check per pod (when the driver passed a Healer), the quiet ones included.
     healing: list[HealingResult] = field(default_factory=list)
+    # The budget the model shares (spec.budget) as this tick's grant left it.
+    budget: BudgetStatus | None = None
 
     @property
     def healing_actions(self) -> list[HealingResult]:
@@ -141,6 +144,12 @@ class TickResult:
         parts += [result.message for result in self.healing_actions]
         parts += self.notes
         return "; ".join(parts)
+
+    @property
+    def holding(self) -> int:
+        """The instances the pods run after this tick (the highest count), for the budget."""
+        counts = [count for count in self.live_counts.values() if count is not None]
+        return max(counts, default=self.current_instances or 0)
 
     @property
     def applied_ok(self) -> bool:
@@ -187,6 +196,7 @@ class TickResult:
             "healing": [result.to_dict() for result in self.healing_actions],
             "dryRun": self.dry_run,
             "durationSeconds": round(self.duration_s, 4),
+            "budget": self.budget.to_dict() if self.budget is not None else None,
         }
 
     def status(self) -> dict[str, Any]:
@@ -209,6 +219,8 @@ class TickResult:
                 "message": self.message,
             }
             status["observedMetrics"] = dict(decision.observed)
+        if self.budget is not None:
+            status["budget"] = self.budget.to_dict()
         return status
 
 

@@ -8,26 +8,38 @@ kept from the last tick, applies `desired_instances` (unless `spec.dry_run`), an
 2. the live count outside [min, max]: go to the bound at once (as the HPA does);
 3. no usable metrics (none, model missing, stale, incomplete window): hold;
 4. sizing (tritonscale.core.sizing): each signal's count, the largest wins;
-5. guards that only stop additions: a full GPU (more pods are the answer), then a saturated
+5. the check of the last increase (tritonscale.core.gain): one that bought nothing is reverted
+   to the count before it (NoGain), and further increases are held there;
+6. guards that only stop additions: a full GPU (more pods are the answer), then a saturated
    model this one calls (scale the child, not the parent);
-6. min/max, then HPA behavior (tritonscale.core.behavior): stabilization windows, rate policies.
+7. min/max, then HPA behavior (tritonscale.core.behavior): stabilization windows, rate policies.
 
-The reason of a decision names the last stage that changed the count.
+A model that shares a budget with others (spec.budget) then gets what the budget grants it
+(tritonscale.core.budget; `within_budget` applies the grant). The reason of a decision names
+the last stage that changed the count.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from tritonscale.core import behavior, sizing
+from tritonscale.core import behavior, gain, sizing
 from tritonscale.core.behavior import PolicyState
+from tritonscale.core.budget import BUDGET_EXHAUSTED
 from tritonscale.core.signals import MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec
 
-__all__ = ["Condition", "Decision", "PolicyState", "decide", "max_snapshot_age_s"]
+__all__ = [
+    "Condition",
+    "Decision",
+    "PolicyState",
+    "decide",
+    "max_snapshot_age_s",
+    "within_budget",
+]
 
 UP, DOWN, NONE = "up", "down", "none"
 
@@ -37,6 +49,7 @@ METRICS_STALE = "MetricsStale"
 WARMING_UP = "WarmingUp"
 GPU_SATURATED = "GpuSaturated"
 CHILD_SATURATED = "ChildSaturated"
+NO_GAIN = gain.NO_GAIN
 VALID_METRIC_FOUND = "ValidMetricFound"
 DESIRED_WITHIN_RANGE = "DesiredWithinRange"
 READY_FOR_NEW_SCALE = "ReadyForNewScale"
@@ -50,6 +63,8 @@ LIMITING_REASONS = frozenset(
         behavior.SCALE_DOWN_LIMIT,
         GPU_SATURATED,
         CHILD_SATURATED,
+        NO_GAIN,
+        BUDGET_EXHAUSTED,
     }
 )
 
@@ -84,6 +99,7 @@ class Decision:
     scaling_limited: Condition
     observed: dict[str, float] = field(hash=False)  # status.observedMetrics (camelCase keys)
     state: PolicyState  # store it and pass it to the next call
+    why: str = ""  # the message without its outcome ("model 2 -> 3 instances: ")
 
     @property
     def changes(self) -> bool:
@@ -162,13 +178,14 @@ class _Tick:
         desired: int,
         recommended: int | None,
         reason: str,
-        message: str,
+        why: str,
         observed: Mapping[str, float],
         active: Condition,
         state: PolicyState | None = None,
         able: Condition | None = None,
     ) -> Decision:
         direction = UP if desired > self.current else DOWN if desired < self.current else NONE
+        message = f"{_outcome(self.spec.model, self.current, desired)}: {why}"
         limited = Condition(reason in LIMITING_REASONS, reason, message)
         if not limited.status:
             limited = Condition(False, DESIRED_WITHIN_RANGE, "the desired count is within range")
@@ -186,12 +203,12 @@ class _Tick:
             scaling_limited=limited,
             observed=dict(observed),
             state=(state or self.state).ticked(self.current, desired, self.now),
+            why=why,
         )
 
     def hold(self, reason: str, why: str, observed: Mapping[str, float], active: bool) -> Decision:
-        message = f"{_outcome(self.spec.model, self.current, self.current)}: {why}"
         status = Condition(active, reason, why)
-        return self.decision(self.current, None, reason, message, observed, status)
+        return self.decision(self.current, None, reason, why, observed, status)
 
     def to_bound(
         self,
@@ -201,9 +218,8 @@ class _Tick:
         observed: Mapping[str, float],
         problem: tuple[str, str] | None,
     ) -> Decision:
-        message = f"{_outcome(self.spec.model, self.current, bound)}: {why}"
         active = _active_condition(problem)
-        return self.decision(bound, None, reason, message, observed, active)
+        return self.decision(bound, None, reason, why, observed, active)
 
     def scale(
         self,
@@ -216,9 +232,24 @@ class _Tick:
         all_needs = sizing.needs(signals, current, spec.targets, spec.tolerance)
         recommended, reason, winner = sizing.recommend(all_needs, current)
         clauses = [_because(reason, winner, all_needs, spec.tolerance, recommended, current)]
+        active = Condition(True, VALID_METRIC_FOUND, f"sized from {winner.describe()}")
+
+        check, hold = self.state.gain_check, self.state.no_gain
+        if check is not None and current <= check.before.instances:
+            check = None  # the increase never landed (a dry run, a failed load) or was undone
+        if check is not None and gain.due(check, snapshot):
+            verdict = gain.judge(check, gain.sample(signals, current))
+            if not verdict.gained:
+                return self.no_gain(check, verdict, signals, recommended, observed, active)
+            check = None
+        if hold is not None and gain.released(hold, signals, current, snapshot):
+            hold = None
 
         wanted = recommended
-        if wanted > current:
+        if wanted > current and hold is not None:
+            reason, wanted = NO_GAIN, current
+            clauses.append(_held_phrase(hold, signals))
+        elif wanted > current:
             guard = _gpu_guard(spec, snapshot) or _child_guard(spec, snapshot, child_instances)
             if guard is not None:
                 reason, why = guard
@@ -247,18 +278,82 @@ class _Tick:
             reason = limit_reason
             clauses.append(_limit_phrase(spec, limit_reason, stabilized, desired))
 
-        message = f"{_outcome(spec.model, current, desired)}: {'; '.join(clauses)}"
-        active = Condition(True, VALID_METRIC_FOUND, f"sized from {winner.describe()}")
+        if desired > current and check is None:
+            before = gain.sample(signals, current)
+            check = gain.GainCheck(self.now, before) if before is not None else None
+        state = replace(state, gain_check=check, no_gain=hold)
         return self.decision(
             desired,
             recommended,
             reason,
-            message,
+            "; ".join(clauses),
             observed,
             active,
             state=state.recommend(bounded, self.now, spec),
             able=able,
         )
+
+    def no_gain(
+        self,
+        check: gain.GainCheck,
+        verdict: gain.Verdict,
+        signals: ModelSignals,
+        recommended: int,
+        observed: Mapping[str, float],
+        active: Condition,
+    ) -> Decision:
+        """Revert an increase that bought nothing, at once, and hold the count there."""
+        spec = self.spec
+        back = min(max(check.before.instances, spec.min_instances), spec.max_instances)
+        hold = gain.NoGainHold(back, check.before.request_rate, self.now)
+        why = (
+            f"the increase bought nothing ({verdict.message}): back to {_instances(back)}, "
+            f"held there until the request rate moves by more than "
+            f"{100 * gain.RELEASE_CHANGE:.0f} %"
+        )
+        state = replace(self.state, gain_check=None, no_gain=hold)
+        return self.decision(
+            back,
+            recommended,
+            NO_GAIN,
+            why,
+            observed,
+            active,
+            state=state.recommend(back, self.now, spec),
+        )
+
+
+def within_budget(
+    spec: AutoscalerSpec, decision: Decision, granted: int, why: str, now: float
+) -> Decision:
+    """The decision as the model's budget grants it (tritonscale.core.budget).
+
+    A budget only ever cuts an increase, to `granted` (at least the current count); `why` says
+    by how much room. The reason becomes BudgetExhausted, a limiting reason.
+    """
+    if granted >= decision.desired_instances:
+        return decision
+    current = decision.current_instances
+    granted = max(granted, current)
+    clause = f"{decision.why}; {why}" if decision.why else why
+    message = f"{_outcome(spec.model, current, granted)}: {clause}"
+    return replace(
+        decision,
+        desired_instances=granted,
+        direction=UP if granted > current else NONE,
+        reason=BUDGET_EXHAUSTED,
+        message=message,
+        why=clause,
+        scaling_limited=Condition(True, BUDGET_EXHAUSTED, message),
+        state=decision.state.ticked(current, granted, now),
+    )
+
+
+def _held_phrase(hold: gain.NoGainHold, signals: ModelSignals) -> str:
+    return (
+        f"held at {_instances(hold.instances)}: an increase from there bought nothing "
+        f"(request rate {signals.request_rate:.1f} req/s, {hold.request_rate:.1f} before it)"
+    )
 
 
 def _instances(count: int) -> str:
@@ -398,6 +493,12 @@ def _because(
 ) -> str:
     if reason == sizing.WITHIN_TOLERANCE:
         described = ", ".join(need.describe() for need in all_needs)
+        if any(need.instances == current and need.ratio < 1 - tolerance for need in all_needs):
+            return (
+                f"the signals ask for no other count ({described}): with fewer instances the "
+                f"load would not be clearly below its target (scale-down margin "
+                f"{sizing.SCALE_DOWN_MARGIN:.2f})"
+            )
         return f"the signals ask for no other count ({described}; tolerance {tolerance:.2f})"
     side = "above" if winner.ratio > 1 else "below"
     return (

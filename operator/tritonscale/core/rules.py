@@ -65,9 +65,17 @@ def first_broken(rules: Sequence[Rule], value: Any) -> tuple[Rule, str] | None:
             if rule.message_expression:
                 message = str(_evaluate(rule.message_expression, activation))
             if rule.shows:
-                message += f" ({', '.join(f'{name} is {value[name]}' for name in rule.shows)})"
+                shown = ", ".join(f"{name} is {_field(value, name)}" for name in rule.shows)
+                message += f" ({shown})"
             return rule, message
     return None
+
+
+def _field(value: Any, path: str) -> Any:
+    """The value at a dotted path ("budget.instancesPerPod") of the object."""
+    for name in path.split("."):
+        value = value[name]
+    return value
 
 
 @functools.cache

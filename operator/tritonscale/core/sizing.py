@@ -19,8 +19,24 @@ The signals, per instance of one pod (rates are summed over the pods, so each di
   per instance below `QUEUE_SIGNAL_MIN_BUSY` of the utilization target): a queue in front of
   idle instances is batching delay or a burst, not a lack of instances (measured on the demo:
   branch_embed at busy 0.09 queued 0.7 x its compute time, the queue signal added an
-  instance, low utilization took it back 30 s later, again and again);
+  instance, low utilization took it back 30 s later, again and again). For the same reason
+  it never asks for a count at which the instances would be that idle, nor for one where
+  they would be within the scale-down margin of it (busy per instance below
+  `QUEUE_SIGNAL_MIN_BUSY * target / (1 - SCALE_DOWN_MARGIN)`): at such a count the next window
+  that reads a little low would silence it, and the busy signal would take the instances
+  back. Conversely, while it is silent but above its band, a scale-down stops at the most
+  instances at which it would speak again (it would ask to come back);
 - pending requests per instance.
+
+Hysteresis. Up, a signal sizes to its target, as the HPA does. Down, it sizes to a count at
+which its projected value (the same load over fewer instances) is at most
+`target * (1 - SCALE_DOWN_MARGIN)`, not at the target: a scale-down to exactly the target is
+undone by the next window that reads a little high (the HPA leaves that to its 300 s
+stabilization window; short windows need the margin). A signal that only asks for more (the
+queue ratio) blocks a scale-down while it is not clearly below its target either. The
+arithmetic: a load whose windows vary by less than +-m/(2-m) (+-11 % for m = 0.2) around its
+mean never reverses the count; with the tolerance alone (m = 0) any variation beyond the
+tolerance can.
 
 Decoupled models (docs/instancegroupautoscaler.md, "Signals", has the measurements). One whose
 `execute` holds each stream until its final response (square_int32) is timed by Triton like
@@ -41,13 +57,15 @@ the source reports no executions, no correction is made.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tritonscale.core.signals import ModelSignals
 from tritonscale.core.spec import Targets
 
 # The queue signal speaks only when busy per instance is at least this share of its target.
 QUEUE_SIGNAL_MIN_BUSY = 0.5
+# A scale-down goes to a count whose projected signal is at most target * (1 - this).
+SCALE_DOWN_MARGIN = 0.2
 
 HIGH_UTILIZATION = "HighUtilization"
 HIGH_QUEUE_TIME = "HighQueueTime"
@@ -120,6 +138,15 @@ def streams_per_instance(signals: ModelSignals, instances: int) -> float:
     return (streams + signals.pending_requests) / (signals.pods_reporting * instances)
 
 
+def queued_requests(signals: ModelSignals) -> float:
+    """Requests waiting for an instance, summed over the pods: the window's mean (queue seconds
+    per second, by Little's law) or the pending gauge now, whichever is larger. A model sized
+    by its streams counts the streams it holds, since they occupy its instances."""
+    if sized_by_streams(signals):
+        return (signals.streams_in_flight or 0.0) + signals.pending_requests
+    return max(signals.queue_seconds_per_second, signals.pending_requests)
+
+
 def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: float) -> list[Need]:
     """One need per signal that has a value (the queue ratio has none when nothing ran)."""
     if instances < 1:
@@ -141,19 +168,32 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
     queue_ratio = signals.queue_compute_ratio
     if queue_ratio is not None:
         target = targets.queue_compute_ratio
-        result.append(
-            _need(
-                "queue/compute ratio",
-                HIGH_QUEUE_TIME,
-                queue_ratio,
-                target,
-                (1 + queue_ratio) / (1 + target),
-                instances,
-                tolerance,
-                only_up=True,
-                has_say=not by_streams and busy >= QUEUE_SIGNAL_MIN_BUSY * targets.utilization,
-            )
+        speaks_from = QUEUE_SIGNAL_MIN_BUSY * targets.utilization
+        # The most instances at which busy per instance would still give the queue a say...
+        busiest = math.floor(round(busy * instances / speaks_from, 9))
+        # ...and the most it asks for: where it keeps its say with the scale-down margin to
+        # spare, so that a window that reads busy a little low does not silence it there (the
+        # busy signal would then take the instances back: up from one signal, down from the
+        # other, again and again).
+        keeps_say = math.floor(round(busy * instances * (1 - SCALE_DOWN_MARGIN) / speaks_from, 9))
+        has_say = busy >= speaks_from
+        need = _need(
+            "queue/compute ratio",
+            HIGH_QUEUE_TIME,
+            queue_ratio,
+            target,
+            (1 + queue_ratio) / (1 + target),
+            instances,
+            tolerance,
+            only_up=True,
+            has_say=not by_streams and has_say,
+            ceiling=keeps_say,
         )
+        if not by_streams and not has_say and need.ratio > 1 + tolerance and busiest >= 1:
+            # Silent here, it would speak, and ask for more, at `busiest` instances or fewer:
+            # a scale-down stops there, or it would come straight back.
+            need = replace(need, instances=busiest)
+        result.append(need)
     if by_streams:
         streams = streams_per_instance(signals, instances)
         result.append(
@@ -193,18 +233,27 @@ def _need(
     tolerance: float,
     only_up: bool = False,
     has_say: bool = True,
+    ceiling: int | None = None,
 ) -> Need:
     count: int | None
+    below = 1.0 - SCALE_DOWN_MARGIN  # read at call time: tests compare with the HPA's rule (0)
     if not has_say:
         count = None
-    elif abs(1.0 - ratio) <= tolerance:
+    elif round(abs(1.0 - ratio), 9) <= tolerance:  # 2.31 / 3 / 0.7 is 1.1000000000000003
         count = instances
     elif only_up and ratio < 1:
-        count = None
+        # Not clearly below its target, it holds the count; clearly below, it has no say.
+        count = instances if ratio > below else None
+    elif ratio < 1:
+        # The fewest instances at which the same load reads at most target * (1 - margin);
+        # never more than now (a signal below its target does not ask for more).
+        count = min(instances, math.ceil(round(instances * ratio / below, 9)))
     else:
         # The ratio is rounded first so that float noise (3 * 1.1 = 3.3000000000000003) does
         # not add an instance the exact arithmetic would not.
         count = math.ceil(round(instances * ratio, 9))
+        if ceiling is not None:
+            count = max(instances, min(count, ceiling))
     return Need(signal, reason, value, target, ratio, count)
 
 

@@ -24,6 +24,7 @@ from tritonscale.core.spec_model import Distinct, InvalidSpec, Matches, SpecMode
 __all__ = [
     "AutoscalerSpec",
     "Behavior",
+    "BudgetSpec",
     "InvalidSpec",
     "LabelSelector",
     "LabelSelectorRequirement",
@@ -44,6 +45,12 @@ MAX_MATCH_LABELS = 32
 MAX_MATCH_EXPRESSIONS = 32
 MAX_SELECTOR_VALUES = 64
 MAX_MODEL_NAME_LENGTH = 253
+# A budget's name is a label value of the operator's metrics and a key of its ledger: a DNS label.
+MAX_BUDGET_NAME_LENGTH = 63
+BUDGET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Bounds that keep a budget's arithmetic (and its CEL rules' integers) small.
+MAX_INSTANCES_PER_POD = 1024
+MAX_GPU_MEMORY_MIB = 16 * 1024 * 1024
 
 # metav1 label syntax: an optional DNS-subdomain prefix, then a name of up to 63 characters.
 _LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
@@ -210,6 +217,46 @@ class Behavior(SpecModel):
     )
 
 
+class BudgetSpec(SpecModel):
+    """The joint budget this model's instances share with the other models of its pod set.
+
+    Every autoscaler of one namespace that names the same budget is a member; together their
+    instances on one pod stay within `instances_per_pod` and, when `gpu_memory_per_pod_mib`
+    is set, within that much GPU memory at `gpu_memory_per_instance_mib` each
+    (tritonscale.core.budget allocates it). The pod-set fields should agree across members;
+    where they do not, the strictest holds.
+    """
+
+    name: Annotated[
+        StrictStr,
+        Field(min_length=1, max_length=MAX_BUDGET_NAME_LENGTH),
+        Matches(BUDGET_NAME_PATTERN, "a DNS label (lower-case letters, digits and '-')"),
+    ] = Field(
+        description=(
+            "The budget's name; the autoscalers of one namespace that give the same name share it."
+        )
+    )
+    instances_per_pod: StrictInt = Field(
+        ge=1,
+        le=MAX_INSTANCES_PER_POD,
+        description="Most instances of all the members together on one pod.",
+    )
+    gpu_memory_per_pod_mib: StrictInt = Field(
+        0,
+        ge=0,
+        le=MAX_GPU_MEMORY_MIB,
+        alias="gpuMemoryPerPodMiB",
+        description="GPU memory (MiB) the members' instances may take on one pod; 0: no memory budget.",
+    )
+    gpu_memory_per_instance_mib: StrictInt = Field(
+        0,
+        ge=0,
+        le=MAX_GPU_MEMORY_MIB,
+        alias="gpuMemoryPerInstanceMiB",
+        description="GPU memory (MiB) one instance of this model takes.",
+    )
+
+
 class AutoscalerSpec(SpecModel):
     """One model on one set of Triton pods: bounds, targets and behaviour."""
 
@@ -228,6 +275,25 @@ class AutoscalerSpec(SpecModel):
             "self.minInstances <= self.maxInstances",
             message="minInstances must be <= maxInstances",
             shows=("minInstances", "maxInstances"),
+        ),
+        # The model's own minimum must fit in its budget; the members' sum is the ledger's to check.
+        Rule(
+            "!has(self.budget) || self.minInstances <= self.budget.instancesPerPod",
+            message="minInstances must be <= budget.instancesPerPod",
+            field_path=".budget.instancesPerPod",
+            shows=("minInstances", "budget.instancesPerPod"),
+        ),
+        Rule(
+            # A division, not a product: the product of two large integers would overflow.
+            "!has(self.budget) || self.budget.gpuMemoryPerPodMiB == 0"
+            " || self.budget.gpuMemoryPerInstanceMiB == 0"
+            " || self.minInstances"
+            " <= self.budget.gpuMemoryPerPodMiB / self.budget.gpuMemoryPerInstanceMiB",
+            message=(
+                "minInstances x budget.gpuMemoryPerInstanceMiB must be <= budget.gpuMemoryPerPodMiB"
+            ),
+            field_path=".budget.gpuMemoryPerPodMiB",
+            shows=("minInstances", "budget.gpuMemoryPerInstanceMiB", "budget.gpuMemoryPerPodMiB"),
         ),
     )
 
@@ -270,4 +336,11 @@ class AutoscalerSpec(SpecModel):
     paused: StrictBool = Field(False, description="Observe and report, never act.")
     dry_run: StrictBool = Field(
         False, description="Decide and report the decision, never apply it."
+    )
+    budget: BudgetSpec | None = Field(
+        None,
+        description=(
+            "The joint instance budget this model shares with the other models of its pods"
+            " (unset: none)."
+        ),
     )

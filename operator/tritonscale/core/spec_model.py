@@ -45,8 +45,11 @@ class SpecModel(BaseModel):
             raise InvalidSpec(_one_line(error.errors()[0], path)) from None
 
     def to_dict(self) -> dict[str, Any]:
-        """The full camelCase form, defaults included (what the CRD's defaulting would show)."""
-        return self.model_dump(mode="json", by_alias=True)
+        """The full camelCase form, defaults included (what the CRD's defaulting would show).
+
+        An optional field that is unset is left out, as the API server would show it.
+        """
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -19,6 +19,17 @@ deadline (`--load-deadline`), and a load still in flight from an earlier tick is
 for again (the tick reports ReloadTimeout and sends nothing more to that pod). So one
 object's hung reload holds one worker thread for at most the deadline, once, and never
 delays another object's tick.
+
+New Triton pods wait at the readinessGate `tritonscale.io/instances-ready` until they run
+their peers' counts: each tick brings the waiting pods its autoscaler selects to its count and
+opens the gate once every autoscaler selecting the pod is matched; a watch of the pods opens it
+at once for a pod that no autoscaler selects (tritonscale.drivers.admission).
+
+Autoscalers that name a budget (`spec.budget`) share it through one `BudgetLedger` in the
+operator process (kopf's peering keeps one operator active): each tick claims and is granted
+under its lock, so the grants never exceed the budget although the ticks run apart. After a
+restart the ledger is seeded from the other members' status (an index of the autoscalers by
+budget), so a member that ticks first cannot take the room the others hold.
 """
 
 from __future__ import annotations
@@ -33,11 +44,13 @@ from urllib.parse import urlsplit
 
 import kopf
 
+from tritonscale.control.ledger import BudgetKey, BudgetLedger
 from tritonscale.control.operator_metrics import OperatorMetrics
-from tritonscale.control.reconcile import reconcile
+from tritonscale.control.reconcile import budget_key, budget_limits, reconcile
 from tritonscale.control.tick import FAILED_RESCALE, RELOAD_TIMEOUT, ReconcileState, TickResult
+from tritonscale.core.budget import BUDGET_EXHAUSTED, Claim
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
-from tritonscale.drivers import pods
+from tritonscale.drivers import admission, pods
 from tritonscale.metrics.prometheus import PrometheusSource
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.metrics.source import MetricsSource
@@ -89,9 +102,15 @@ class Runtime:
     metrics: OperatorMetrics
     healer: Healer
     health: Health = field(default_factory=Health)
+    ledger: BudgetLedger = field(default_factory=BudgetLedger)
+    pod_status: admission.PodStatusWriter = field(default_factory=admission.PodStatusWriter)
 
 
-def make_runtime(config: DriverConfig, metrics: OperatorMetrics | None = None) -> Runtime:
+def make_runtime(
+    config: DriverConfig,
+    metrics: OperatorMetrics | None = None,
+    pod_status: admission.PodStatusWriter | None = None,
+) -> Runtime:
     if config.prometheus_url:
         source: MetricsSource = PrometheusSource(config.prometheus_url)
     else:
@@ -106,6 +125,7 @@ def make_runtime(config: DriverConfig, metrics: OperatorMetrics | None = None) -
         metrics=metrics if metrics is not None else OperatorMetrics(),
         # The actuator's loads: neither piles a load on one the other left in flight.
         healer=Healer(repository_key=actuator.repository_key, loads=actuator.loads),
+        pod_status=pod_status or admission.PodStatusWriter(),
     )
 
 
@@ -119,6 +139,51 @@ def triton_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, pods.Tri
     return {namespace: pods.TritonPod.from_body(body)}
 
 
+@kopf.index(GROUP, VERSION, PLURAL)
+def autoscalers(
+    spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, **_: Any
+) -> dict[str, admission.Autoscaler]:
+    """Every autoscaler whose spec reads, by namespace: which pods a new pod must match."""
+    found = admission.Autoscaler.from_object(name, spec, status)
+    return {namespace: found} if found is not None else {}
+
+
+@kopf.on.event("pods", when=lambda body, **_: pods.TritonPod.from_body(body).waiting_for_instances)
+def admit_unselected_pods(
+    body: kopf.Body,
+    namespace: str,
+    memo: kopf.Memo,
+    autoscalers: kopf.Index[str, admission.Autoscaler],
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    """A pod waiting at the gate that no autoscaler selects joins at once (its autoscalers'
+    ticks admit the others: tritonscale.drivers.admission)."""
+    pod = pods.TritonPod.from_body(body)
+    if admission.selecting(pod, autoscalers.get(namespace, [])):
+        return
+    _open_gate(memo.runtime, pod, admission.judge(pod, [], {}), logger)
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def budget_members(
+    spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, **_: Any
+) -> dict[BudgetKey, Claim]:
+    """Every autoscaler that names a budget, holding what its status last said."""
+    try:
+        parsed = AutoscalerSpec.from_dict(dict(spec))
+    except InvalidSpec:
+        return {}
+    if parsed.budget is None:
+        return {}
+    held = max(
+        (n for n in (status.get("currentInstances"), status.get("desiredInstances")) if n),
+        default=parsed.min_instances,
+    )
+    claim = Claim(name, parsed.model, int(held), int(held), parsed.min_instances)
+    return {budget_key(namespace, parsed): claim}
+
+
 @kopf.timer(GROUP, VERSION, PLURAL, id="reconcile", interval=TICK_S)
 def reconcile_timer(
     body: kopf.Body,
@@ -130,6 +195,8 @@ def reconcile_timer(
     patch: kopf.Patch,
     memo: kopf.Memo,
     triton_pods: kopf.Index[str, pods.TritonPod],
+    budget_members: kopf.Index[BudgetKey, Claim],
+    autoscalers: kopf.Index[str, admission.Autoscaler],
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
@@ -145,6 +212,9 @@ def reconcile_timer(
     if not _due(memo, now, interval_s, generation):
         return
 
+    if parsed is not None and parsed.budget is not None:
+        key = budget_key(namespace, parsed)
+        runtime.ledger.seed(key, budget_limits(parsed), budget_members.get(key, []))
     endpoints = []
     if parsed is not None:
         endpoints = pods.ready_endpoints(
@@ -164,6 +234,7 @@ def reconcile_timer(
         namespace=namespace,
         autoscaler=name,
         healer=runtime.healer,
+        ledger=runtime.ledger,
     )
     memo.last_tick_at, memo.last_generation = now, generation
     runtime.health.ticks += 1
@@ -174,15 +245,63 @@ def reconcile_timer(
         new_status["observedGeneration"] = generation
     patch.status.update(_changed(status, new_status))
     _post_events(body, result, memo, logger)
+    if parsed is not None:
+        desired = new_status.get("desiredInstances") or status.get("desiredInstances")
+        this = admission.Autoscaler.of(name, parsed, desired if isinstance(desired, int) else None)
+        others = [a for a in autoscalers.get(namespace, []) if a.name != name]
+        for pod in triton_pods.get(namespace, []):
+            if pod.waiting_for_instances and admission.selecting(pod, [this]):
+                _admit(runtime, pod, parsed, this, others, logger)
+
+
+def _admit(
+    runtime: Runtime,
+    pod: pods.TritonPod,
+    spec: AutoscalerSpec,
+    this: admission.Autoscaler,
+    others: list[admission.Autoscaler],
+    logger: Any,
+) -> None:
+    """Bring a pod waiting at the gate to this autoscaler's count, then admit it if every
+    autoscaler that selects it is matched (tritonscale.drivers.admission)."""
+    endpoint = pod.endpoint(runtime.config.triton_http_port, runtime.config.triton_metrics_port)
+    actuator = runtime.actuator
+    if this.acting and this.desired is not None:
+        counts, _ = actuator.live_counts([endpoint], spec.model)
+        if counts.get(pod.name) != this.desired and not actuator.in_flight(endpoint, spec.model):
+            actuator.apply([endpoint], spec.model, this.desired, spec.instance_kind)
+    live: dict[str, int | None] = {}
+    for autoscaler in admission.selecting(pod, [this, *others]):
+        counts, _ = actuator.live_counts([endpoint], autoscaler.model)
+        live[autoscaler.model] = counts.get(pod.name)
+    verdict = admission.judge(pod, [this, *others], live)
+    if verdict.admit:
+        _open_gate(runtime, pod, verdict, logger)
+    else:
+        logger.debug(verdict.message)
+
+
+def _open_gate(
+    runtime: Runtime, pod: pods.TritonPod, verdict: admission.Verdict, logger: Any
+) -> None:
+    problem = runtime.pod_status.open_gate(pod, verdict, time.time())
+    if problem is not None:
+        logger.warning(problem)
+    else:
+        logger.info(f"{pods.INSTANCES_READY} of {pod.name}: True ({verdict.message})")
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED")
 def forget_metrics(spec: kopf.Spec, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    """A deleted autoscaler's series must go, or its stale timestamp would fire alerts.
+    """A deleted autoscaler's series must go, or its stale timestamp would fire alerts; it
+    leaves its budget, and a budget without members loses its series too.
 
     A watching handler, not `on.delete`: it keeps no state on the object (no annotations).
     """
-    memo.runtime.metrics.forget(namespace, name, str(spec.get("model", "?")))
+    runtime: Runtime = memo.runtime
+    runtime.metrics.forget(namespace, name, str(spec.get("model", "?")))
+    for _namespace, budget in runtime.ledger.forget(namespace, name):
+        runtime.metrics.forget_budget(namespace, budget)
 
 
 @kopf.on.probe(id="ticks")
@@ -227,6 +346,12 @@ def _post_events(body: kopf.Body, result: TickResult, memo: kopf.Memo, logger: A
             kopf.warn(body, reason=error.reason, message=error.message)
             logger.warning(result.line())
     memo.failing = frozenset(error.reason for error in result.errors)
+    # The budget refusing instances is a Warning when it starts: more pods are the answer.
+    exhausted = result.reason == BUDGET_EXHAUSTED
+    if exhausted and not memo.get("budget_exhausted", False) and result.decision is not None:
+        kopf.warn(body, reason=BUDGET_EXHAUSTED, message=result.decision.message)
+        logger.warning(result.line())
+    memo.budget_exhausted = exhausted
     # Healing results are events of their own; the Healer's back-off and attempt limit
     # bound how often a sick model can post one.
     for healing in result.healing_actions:
@@ -309,19 +434,21 @@ def run(
     ready_flag: Any = None,
     vault: Any = None,
     loop: Any = None,
+    pod_status: admission.PodStatusWriter | None = None,
 ) -> None:
     """Run the operator until stopped (SIGTERM/SIGINT in the main thread, or `stop_flag`).
 
     `peering` names the KopfPeering objects; None runs standalone. Replicas sharing a
     peering must not share a priority (kopf pauses all of them then): by default each picks
     a random one, so exactly one is active and another takes over when it goes.
-    `vault` and `loop` are for tests (credentials for a mock API server, a thread's loop).
+    `vault`, `loop` and `pod_status` are for tests (credentials for a mock API server, a
+    thread's loop, the client that patches the pods' readinessGate condition).
     """
     if not clusterwide and not namespaces:
         raise ValueError("name at least one namespace, or serve all namespaces")
     if peering and priority is None:
         priority = random.randint(1, 2**31 - 1)
-    runtime = make_runtime(config, metrics)
+    runtime = make_runtime(config, metrics, pod_status)
     for name in ("kopf.objects", "kopf.activities.probe"):
         logging.getLogger(name).addFilter(_QuietTicks())
     server = None

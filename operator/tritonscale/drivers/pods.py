@@ -17,6 +17,9 @@ from tritonscale.core.selectors import selector_matches
 from tritonscale.core.spec import LabelSelector
 from tritonscale.triton.endpoints import Endpoint
 
+# The readinessGate the chart puts on Triton pods: the operator sets it True once the pod's
+# instance counts match its peers' (tritonscale.drivers.admission).
+INSTANCES_READY = "tritonscale.io/instances-ready"
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_METRICS_PORT = 8002
 HTTP_PORT_NAME = "http"
@@ -34,6 +37,13 @@ class TritonPod:
     ready: bool
     http_port: int | None = None  # the container port named "http", if any
     metrics_port: int | None = None  # the container port named "metrics", if any
+    # The readinessGate INSTANCES_READY: whether the pod has it, and where its condition is.
+    gated: bool = False
+    gate_condition: int | None = None  # its index in status.conditions; None: not there yet
+    gate_open: bool = False  # the condition is True
+    resource_version: str | None = None  # of the body read: a patch is based on it
+    uid: str | None = None
+    serving: bool = False  # Triton answers (its containers are ready), whatever the gate says
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> TritonPod:
@@ -41,6 +51,8 @@ class TritonPod:
         metadata = body.get("metadata") or {}
         status = body.get("status") or {}
         ports = _named_ports(body.get("spec") or {})
+        conditions = status.get("conditions") or []
+        gate = next((i for i, c in enumerate(conditions) if c.get("type") == INSTANCES_READY), None)
         return cls(
             name=metadata.get("name", ""),
             namespace=metadata.get("namespace", ""),
@@ -49,7 +61,21 @@ class TritonPod:
             ready=_is_ready(metadata, status),
             http_port=ports.get(HTTP_PORT_NAME),
             metrics_port=ports.get(METRICS_PORT_NAME),
+            gated=any(
+                readiness_gate.get("conditionType") == INSTANCES_READY
+                for readiness_gate in (body.get("spec") or {}).get("readinessGates") or []
+            ),
+            gate_condition=gate,
+            resource_version=metadata.get("resourceVersion"),
+            uid=metadata.get("uid"),
+            gate_open=gate is not None and conditions[gate].get("status") == "True",
+            serving=_is_running(metadata, status) and _condition(status, "ContainersReady"),
         )
+
+    @property
+    def waiting_for_instances(self) -> bool:
+        """Held out of the Service by the gate alone: Triton answers, the gate is not open."""
+        return self.gated and not self.gate_open and self.serving
 
     def endpoint(self, http_port: int, metrics_port: int) -> Endpoint:
         """Where to reach this pod: its own named ports win over the defaults given."""
@@ -64,12 +90,19 @@ class TritonPod:
 
 def _is_ready(metadata: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
     """Running, not being deleted, with an IP and the Ready condition True (the kubelet's view)."""
+    return _is_running(metadata, status) and _condition(status, "Ready")
+
+
+def _is_running(metadata: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Running, not being deleted, with an IP."""
     if metadata.get("deletionTimestamp") or not status.get("podIP"):
         return False
-    if status.get("phase") != "Running":
-        return False
+    return status.get("phase") == "Running"
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> bool:
     return any(
-        condition.get("type") == "Ready" and condition.get("status") == "True"
+        condition.get("type") == kind and condition.get("status") == "True"
         for condition in status.get("conditions") or []
     )
 

@@ -15,13 +15,17 @@ with the InstanceGroupAutoscaler's `spec` shape (docs/instancegroupautoscaler.md
 
 Top-level keys starting with `x-` are ignored (a place for YAML anchors shared by the
 specs). `spec.selector` may be left out here (the URLs name the pods); it is ignored when given.
-Every policy runs every `spec.intervalSeconds` through `reconcile.reconcile`, the same tick
-as the Kubernetes driver, in a thread of its own: one policy's slow tick (a load waiting for
-its deadline) never delays another's. Each tick prints one line; `--decision-log` appends one JSON
-object per tick (`TickResult.to_dict()` plus `autoscaler`): time `t` (unix s) and `time`,
-`model`, `current`, `desired`, `recommended`, `direction`, `reason`, `message`, `observed`,
-`requestRate`, `live` (pod -> count), `children`, `applied` (pod, before, after, ok,
-reason, seconds), `errors`, `dryRun`, `durationSeconds`.
+Every policy runs every `spec.intervalSeconds` through the same tick as the Kubernetes driver
+(tritonscale.control.reconcile). Each policy ticks in a thread of its own, except the members
+of one budget (`spec.budget`), which share one thread: one policy's slow tick (a load waiting
+for its deadline) never delays another's, and a budget's members are allocated jointly. The
+members due at the same moment form a round: each is planned (its decision), the round is
+allocated, and then each tick finishes, the ones that give instances back first, so that what
+they release is there for the others in the same round. Each tick prints one line;
+`--decision-log` appends one JSON object per tick (`TickResult.to_dict()` plus `autoscaler`):
+time `t` (unix s) and `time`, `model`, `current`, `desired`, `recommended`, `direction`,
+`reason`, `message`, `observed`, `requestRate`, `live` (pod -> count), `children`, `applied`
+(pod, before, after, ok, reason, seconds), `errors`, `dryRun`, `durationSeconds`, `budget`.
 
 The repository-API key comes from TRITONSCALE_REPOSITORY_KEY.
 """
@@ -38,8 +42,9 @@ from typing import IO, Any
 
 import yaml
 
+from tritonscale.control import reconcile
+from tritonscale.control.ledger import BudgetLedger
 from tritonscale.control.operator_metrics import OperatorMetrics
-from tritonscale.control.reconcile import reconcile
 from tritonscale.control.tick import ReconcileState, TickResult
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.prometheus import PrometheusSource
@@ -52,6 +57,7 @@ from tritonscale.triton.healing import Healer
 
 # Locally the URLs name the pods; a spec without a selector gets this placeholder.
 LOCAL_SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
+NAMESPACE = "local"  # the namespace label of the local driver's metrics and budgets
 SOURCES = ("scrape", "prometheus")
 
 
@@ -189,7 +195,8 @@ def load_config(path: str | Path) -> TuneConfig:
 
 @dataclass
 class Tuner:
-    """The loop: each policy ticks every intervalSeconds, in a thread of its own; `run` until
+    """The loop: each policy ticks every intervalSeconds, in a thread of its own (a budget's
+    members share one); `run` until
     `stop` or the duration."""
 
     config: TuneConfig
@@ -204,6 +211,7 @@ class Tuner:
     healer: Healer | None = None
     heal: bool = True
     states: dict[str, ReconcileState] = field(default_factory=dict)
+    ledger: BudgetLedger = field(default_factory=BudgetLedger)
     # The policies tick in threads of their own; their lines and log records go out whole.
     _output: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -217,19 +225,52 @@ class Tuner:
             )
 
     def tick(self, policy: Policy, now: float) -> TickResult:
+        """One policy's tick (a round of one)."""
+        return self.round([policy], now)[0]
+
+    def round(self, policies: list[Policy], now: float) -> list[TickResult]:
+        """The ticks of the policies due at `now`, their budgets allocated jointly."""
         assert self.source is not None
-        result = reconcile(
-            policy.spec,
-            self.config.endpoints,
-            self.source,
-            self.actuator,
-            self.states.get(policy.name, ReconcileState()),
-            now,
-            metrics=self.metrics,
-            namespace="local",
-            autoscaler=policy.name,
-            healer=self.healer,
-        )
+        planned: dict[str, reconcile.Plan | TickResult] = {}
+        for policy in policies:
+            planned[policy.name] = reconcile.plan(
+                policy.spec,
+                self.config.endpoints,
+                self.source,
+                self.actuator,
+                self.states.get(policy.name, ReconcileState()),
+                now,
+                healer=self.healer,
+            )
+        for name, plan in planned.items():
+            if isinstance(plan, reconcile.Plan) and plan.spec.budget is not None:
+                key = reconcile.budget_key(NAMESPACE, plan.spec)
+                self.ledger.claim(key, reconcile.budget_limits(plan.spec), plan.claim(name))
+            elif isinstance(plan, reconcile.Plan):
+                self.ledger.forget(NAMESPACE, name)
+
+        def releases_first(policy: Policy) -> int:
+            plan = planned[policy.name]
+            if not isinstance(plan, reconcile.Plan):
+                return 0
+            return plan.decision.desired_instances - plan.current
+
+        results = {}
+        for policy in sorted(policies, key=releases_first):
+            results[policy.name] = self._finish(policy, planned[policy.name])
+        return [results[policy.name] for policy in policies]
+
+    def _finish(self, policy: Policy, plan: reconcile.Plan | TickResult) -> TickResult:
+        if isinstance(plan, TickResult):
+            result = plan
+        elif plan.spec.budget is None:
+            result = reconcile.finish(plan, self.actuator)
+        else:
+            key = reconcile.budget_key(NAMESPACE, plan.spec)
+            result = reconcile.finish(plan, self.actuator, self.ledger.grant(key, policy.name))
+            self.ledger.settle(key, policy.name, result.holding)
+        if self.metrics is not None:
+            self.metrics.record(result, NAMESPACE, policy.name)
         self.states[policy.name] = result.state
         with self._output:
             self.echo(result.line())
@@ -253,11 +294,11 @@ class Tuner:
         loops = [
             threading.Thread(
                 target=self._loop,
-                args=(policy, stop, failures),
-                name=f"tune {policy.name}",
+                args=(group, stop, failures),
+                name=f"tune {', '.join(policy.name for policy in group)}",
                 daemon=True,
             )
-            for policy in self.config.policies
+            for group in self.groups()
         ]
         for loop in loops:
             loop.start()
@@ -265,8 +306,8 @@ class Tuner:
             stop.wait(duration_s)
         finally:
             stop.set()
-            # A tick ends within the actuator's load deadline plus a few bounded reads.
-            join_s = self.actuator.load_deadline_s + 60
+            # A round ends within the actuator's load deadline (per member) plus bounded reads.
+            join_s = self.actuator.load_deadline_s * max(len(self.config.policies), 1) + 60
             for loop in loops:
                 loop.join(timeout=join_s)
                 if loop.is_alive():
@@ -274,18 +315,32 @@ class Tuner:
         if failures:
             raise failures[0]
 
-    def _loop(self, policy: Policy, stop: threading.Event, failures: list[BaseException]) -> None:
-        interval_s = policy.spec.interval_seconds
-        due = time.monotonic()
+    def groups(self) -> list[list[Policy]]:
+        """The policies that tick together: a budget's members, and each other policy alone."""
+        groups: dict[Any, list[Policy]] = {}
+        for policy in self.config.policies:
+            budget = policy.spec.budget
+            key = ("budget", budget.name) if budget is not None else ("policy", policy.name)
+            groups.setdefault(key, []).append(policy)
+        return list(groups.values())
+
+    def _loop(
+        self, group: list[Policy], stop: threading.Event, failures: list[BaseException]
+    ) -> None:
+        due = {policy.name: time.monotonic() for policy in group}
         try:
             while not stop.is_set():
-                self.tick(policy, time.time())
-                # Keep the period: the next tick is due one interval after this one was; a
-                # tick that overran it is followed one interval after it ended.
-                due += interval_s
-                if due < time.monotonic():
-                    due = time.monotonic() + interval_s
-                stop.wait(due - time.monotonic())
+                ready = [p for p in group if due[p.name] <= time.monotonic()]
+                if ready:
+                    self.round(ready, time.time())
+                for policy in ready:
+                    # Keep the period: the next tick is due one interval after this one was;
+                    # a tick that overran it is followed one interval after it ended.
+                    interval_s = policy.spec.interval_seconds
+                    due[policy.name] += interval_s
+                    if due[policy.name] < time.monotonic():
+                        due[policy.name] = time.monotonic() + interval_s
+                stop.wait(max(0.0, min(due.values()) - time.monotonic()))
         except Exception as error:  # handed to run(), which raises it
             failures.append(error)
             stop.set()

@@ -13,6 +13,8 @@ The scopes of this project: `SOURCE_SCOPE` (PrometheusSource: `string.Template`s
 `$selector` and `$window`), `RULES_SCOPE` (recording rules: every series, 1m, by namespace
 and model), the dashboards' scope (their variables and `$__rate_interval`, in generate.py)
 and `ADAPTER_SCOPE` (prometheus-adapter's `<<.LabelMatchers>>` and `<<.GroupBy>>`).
+The budgets' signals (`budget_*`) read the operator's own gauges, one series per namespace
+and budget.
 
 Durations are Triton's cumulative microseconds: a rate of them is microseconds per second,
 so `/ 1e6` gives seconds of work per second of wall time, which by Little's law is the
@@ -53,6 +55,14 @@ STREAMS_IN_FLIGHT = "tritonscale_model_streams_in_flight"
 
 # ---- the operator's metrics ----------------------------------------------------------
 CURRENT_INSTANCES = "tritonscale_current_instances"
+# Per (namespace, budget): tritonscale.control.operator_metrics exports them.
+BUDGET_LIMIT = "tritonscale_budget_instances_limit"
+BUDGET_USED = "tritonscale_budget_instances_used"
+BUDGET_WANTED = "tritonscale_budget_instances_wanted"
+BUDGET_EXHAUSTED = "tritonscale_budget_exhausted"
+BUDGET_DEMAND_RATIO = "tritonscale_budget_demand_ratio"
+BUDGET_GPU_MEMORY_LIMIT = "tritonscale_budget_gpu_memory_limit_bytes"
+BUDGET_GPU_MEMORY_USED = "tritonscale_budget_gpu_memory_used_bytes"
 
 
 @dataclass(frozen=True)
@@ -210,6 +220,23 @@ def gpu_memory_fraction_dcgm(scope: Scope) -> str:
     return scope.aggregate("max", f"{used} / ({used} + {free})")
 
 
+def budget_demand_ratio(scope: Scope) -> str:
+    """What a budget's members' loads ask for over what a pod holds (above 1: more pods)."""
+    return scope.aggregate("max", scope.series(BUDGET_DEMAND_RATIO))
+
+
+def budget_exhausted(scope: Scope) -> str:
+    """1 while a budget refuses its members instances (or a full GPU does)."""
+    return scope.aggregate("max", scope.series(BUDGET_EXHAUSTED))
+
+
+def budget_usage(scope: Scope) -> str:
+    """The share of a budget's instances its members hold or were granted."""
+    used = scope.aggregate("max", scope.series(BUDGET_USED))
+    limit = scope.aggregate("max", scope.series(BUDGET_LIMIT))
+    return f"{used}\n  /{scope.on()} {limit}"
+
+
 # ---- the recording rules -------------------------------------------------------------
 @dataclass(frozen=True)
 class RecordingRule:
@@ -305,25 +332,22 @@ def recording_rules(scope: Scope = RULES_SCOPE) -> list[RecordingRule]:
 
 
 # ---- the prometheus-adapter rule (the chart's HPA) ------------------------------------
-ADAPTER_METRIC = "triton_queue_compute_ratio"
+ADAPTER_METRIC = BUDGET_DEMAND_RATIO
 # Why the rule is what it is; the README prints it above the rule.
 ADAPTER_RULE_NOTE = (
-    "Per pod, the queue/compute ratio of the pod's model that queues most, 0 while idle: a "
-    "sum over the pod's models would let idle models dilute a queueing one, and a BLS "
-    "parent's compute time (mostly waiting for its children) dilute everything."
+    "The HPA adds pods only when instances cannot help: when what the models' loads ask for is "
+    "more than a pod's instance budget (or its full GPU) holds. The operator exports that "
+    "ratio per namespace and budget; the rule serves it as an External metric, the highest "
+    "series of a budget (a standby operator may still hold an older one)."
 )
 
 
 def adapter_rule(scope: Scope = ADAPTER_SCOPE) -> dict[str, object]:
-    """The prometheus-adapter rule that serves `triton_queue_compute_ratio` per pod
-    (ADAPTER_RULE_NOTE says how)."""
-    per_model = Scope(scope.selector, scope.window, (*scope.by, "model"))
-    overrides = {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+    """The prometheus-adapter external rule that serves `tritonscale_budget_demand_ratio`
+    (ADAPTER_RULE_NOTE says why)."""
     return {
-        "seriesQuery": f'{QUEUE_DURATION}{{namespace!="",pod!=""}}',
-        "resources": {"overrides": overrides},
-        "name": {"matches": f"^{QUEUE_DURATION}$", "as": ADAPTER_METRIC},
-        "metricsQuery": scope.aggregate(
-            "max", f"\n  {queue_compute_ratio(per_model, idle_as_zero=True)}\n"
-        ),
+        "seriesQuery": f'{BUDGET_DEMAND_RATIO}{{namespace!="",budget!=""}}',
+        "resources": {"overrides": {"namespace": {"resource": "namespace"}}},
+        "name": {"matches": f"^{BUDGET_DEMAND_RATIO}$", "as": ADAPTER_METRIC},
+        "metricsQuery": budget_demand_ratio(scope),
     }

@@ -1,0 +1,185 @@
+"""Pods join at the right size: the readinessGate `tritonscale.io/instances-ready`.
+
+The chart gives each Triton pod that readinessGate, so the kubelet keeps a new pod out of the
+Service's endpoints (not Ready) until the operator sets the pod's condition of that type True.
+A pod waits while Triton answers in it but the gate is closed (`TritonPod.waiting_for_instances`).
+
+- Each autoscaler's tick brings the waiting pods it selects to the count it decided (the count
+  its peers run), then asks `judge`: the pod is admitted once, for every autoscaler that
+  selects it and acts (neither paused nor dryRun) and has decided a count, the pod's live count
+  of that model is that count.
+- A pod that no autoscaler selects is admitted at once (the operator's watch of the pods does
+  it): nothing is there to match, and it must not wait forever. So is a pod whose autoscalers
+  act on nothing (paused, dryRun) or have decided nothing yet (the first pod of a new release:
+  its autoscalers size it once it serves).
+- The condition is set True once and never set back: an admitted pod stays in the Service while
+  its counts change (Triton changes them in place, serving meanwhile).
+
+`judge` and `gate_patch` are pure; `PodStatusWriter` sends the patch (the RBAC: `patch` on
+`pods/status`, nothing else of a pod).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tritonscale.core.selectors import selector_matches
+from tritonscale.core.spec import AutoscalerSpec, InvalidSpec, LabelSelector
+from tritonscale.drivers.pods import INSTANCES_READY, TritonPod
+
+NO_AUTOSCALER = "NoAutoscaler"
+INSTANCES_MATCH = "InstancesMatch"
+INSTANCES_PENDING = "InstancesPending"
+USER_AGENT = "tritonscale-operator"
+
+
+@dataclass(frozen=True)
+class Autoscaler:
+    """What admission needs of one autoscaler."""
+
+    name: str
+    model: str
+    selector: LabelSelector
+    desired: int | None  # the count it last decided (status.desiredInstances); None: none yet
+    acting: bool  # neither paused nor dryRun: it brings the pods to `desired`
+
+    @classmethod
+    def from_object(
+        cls, name: str, spec: Mapping[str, Any], status: Mapping[str, Any]
+    ) -> Autoscaler | None:
+        """None for a spec that cannot be read: it selects nothing."""
+        try:
+            parsed = AutoscalerSpec.from_dict(dict(spec))
+        except InvalidSpec:
+            return None
+        desired = status.get("desiredInstances")
+        return cls.of(name, parsed, desired if isinstance(desired, int) else None)
+
+    @classmethod
+    def of(cls, name: str, spec: AutoscalerSpec, desired: int | None) -> Autoscaler:
+        return cls(name, spec.model, spec.selector, desired, not (spec.paused or spec.dry_run))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    admit: bool
+    reason: str  # NoAutoscaler, InstancesMatch, InstancesPending
+    message: str
+
+
+def selecting(pod: TritonPod, autoscalers: Iterable[Autoscaler]) -> list[Autoscaler]:
+    """The autoscalers whose selector matches the pod, by name."""
+    chosen = [a for a in autoscalers if selector_matches(a.selector, pod.labels)]
+    return sorted(chosen, key=lambda a: a.name)
+
+
+def judge(
+    pod: TritonPod, autoscalers: Iterable[Autoscaler], live: Mapping[str, int | None]
+) -> Verdict:
+    """Whether the pod may join: `live` is its count of each model (None: not readable)."""
+    chosen = selecting(pod, autoscalers)
+    if not chosen:
+        return Verdict(True, NO_AUTOSCALER, f"no autoscaler selects {pod.name}")
+    waiting, matched = [], []
+    for autoscaler in chosen:
+        if not autoscaler.acting or autoscaler.desired is None:
+            continue  # it brings the pods to no count: nothing to wait for
+        count = live.get(autoscaler.model)
+        if count == autoscaler.desired:
+            matched.append(f"{autoscaler.model}={count}")
+        else:
+            have = "unreadable" if count is None else str(count)
+            waiting.append(
+                f"{autoscaler.model} {have}, {autoscaler.name} wants {autoscaler.desired}"
+            )
+    if waiting:
+        return Verdict(False, INSTANCES_PENDING, f"{pod.name} waits: " + "; ".join(waiting))
+    if not matched:
+        return Verdict(
+            True, INSTANCES_MATCH, f"the autoscalers of {pod.name} have no count to match yet"
+        )
+    return Verdict(
+        True, INSTANCES_MATCH, f"{pod.name} runs its peers' counts: " + ", ".join(matched)
+    )
+
+
+def gate_patch(pod: TritonPod, verdict: Verdict, now: float) -> list[dict[str, Any]]:
+    """The JSON patch of pods/status that sets the gate's condition True.
+
+    A JSON patch, not a merge patch: a merge patch would replace the whole conditions list,
+    and with it the kubelet's own conditions. A `test` of the pod's resourceVersion makes it
+    apply to the pod as it was read, or not at all (the API server answers 409 or 422, and the
+    next look tries again): the index is right, and a second writer cannot add the condition
+    twice. Where the condition exists, a `test` of its type guards the index too.
+    """
+    condition = {
+        "type": INSTANCES_READY,
+        "status": "True",
+        "reason": verdict.reason,
+        "message": verdict.message,
+        "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+    }
+    ops: list[dict[str, Any]] = []
+    if pod.resource_version is not None:
+        ops.append(
+            {"op": "test", "path": "/metadata/resourceVersion", "value": pod.resource_version}
+        )
+    if pod.gate_condition is not None:
+        at = f"/status/conditions/{pod.gate_condition}"
+        ops.append({"op": "test", "path": f"{at}/type", "value": INSTANCES_READY})
+        ops.append({"op": "replace", "path": at, "value": condition})
+    else:
+        ops.append({"op": "add", "path": "/status/conditions/-", "value": condition})
+    return ops
+
+
+class PodStatusWriter:
+    """Sends `gate_patch` to the API server with the `kubernetes` client.
+
+    Credentials as kopf finds them (in-cluster service account, then kubeconfig), unless an
+    `api_client` is given.
+    """
+
+    def __init__(self, api_client: Any = None) -> None:
+        self._api_client = api_client
+        # The pods (by uid) whose gate this process opened: a second look at a pod before its
+        # new status arrives (a watch event, a tick) sends nothing again.
+        self._opened: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _core(self) -> Any:
+        from kubernetes import client, config
+
+        if self._api_client is None:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            self._api_client = client.ApiClient()
+            self._api_client.user_agent = USER_AGENT
+        return client.CoreV1Api(self._api_client)
+
+    def open_gate(self, pod: TritonPod, verdict: Verdict, now: float) -> str | None:
+        """Set the pod's condition True; the reason it failed, in one line, or None."""
+        from kubernetes.client.exceptions import ApiException
+
+        key = pod.uid or f"{pod.namespace}/{pod.name}"
+        with self._lock:
+            if key in self._opened:
+                return None
+        try:
+            self._core().patch_namespaced_pod_status(
+                pod.name, pod.namespace, gate_patch(pod, verdict, now)
+            )
+        except ApiException as error:
+            # 409/422: the pod changed since it was read; the next look tries again.
+            return f"patching {pod.namespace}/{pod.name}'s status failed: {error.status} {error.reason}"
+        except Exception as error:  # noqa: BLE001 - the connection's trouble, reported by the caller
+            return f"patching {pod.namespace}/{pod.name}'s status failed: {error}"
+        with self._lock:
+            self._opened.add(key)
+        return None

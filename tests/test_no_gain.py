@@ -1,0 +1,141 @@
+"""Instances that do not help are given back (NoGain), on the real server, by `tritonscale tune`.
+
+Two copies of a test-only model (tests/contention_models/shared_lock) on a server of this
+module's own, each under the same closed-loop load (6 requests in flight, 20 ms each):
+
+- `free`: each instance serves its requests on its own: more instances, more throughput;
+- `locked`: every instance takes one OS file lock around its 20 ms, so the instances run one
+  at a time: more instances add nothing, and each waits inside `execute`, busy in Triton's eyes.
+
+Both look the same to the busy and queue signals at one instance (busy 1.0, 5 queued), so the
+policy adds instances to both. The check of each increase (tritonscale.core.gain) keeps the
+free model's and reverts the locked model's, once, and holds it there. The driver runs in
+rounds called by the test (no timing assertions: counts and reasons).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.contention import ClosedLoop, contention_repository
+from tests.tooling import require_local_triton
+from tritonscale.control.tick import TickResult
+from tritonscale.drivers.tune import Tuner, parse_config
+from tritonscale.local.triton_server import LocalTriton
+from tritonscale.triton.actuator import Actuator
+
+LOCKED, FREE = "locked", "free"
+IN_FLIGHT = 6
+INTERVAL_S = 2
+MAX_ROUNDS = 60  # a hang guard: about two minutes
+ROUNDS_HELD = 8  # rounds watched after the verdict
+
+SPEC = {
+    "minInstances": 1,
+    "maxInstances": 4,
+    "metricsWindowSeconds": 4,
+    "intervalSeconds": INTERVAL_S,
+    "behavior": {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "policies": [{"type": "Instances", "value": 2, "periodSeconds": INTERVAL_S}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": 30,
+            "policies": [{"type": "Instances", "value": 1, "periodSeconds": 10}],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory) -> Iterator[LocalTriton]:
+    require_local_triton()
+    repository = contention_repository(
+        tmp_path_factory.mktemp("contention"), {LOCKED: True, FREE: False}
+    )
+    with LocalTriton(
+        repository, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=5
+    ) as server:
+        yield server
+
+
+def test_the_operator_gives_back_instances_that_do_not_help_and_scales_those_that_do(
+    triton: LocalTriton,
+) -> None:
+    config = parse_config(
+        {
+            "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
+            "policies": [
+                {"name": LOCKED, "spec": {"model": LOCKED, **SPEC}},
+                {"name": FREE, "spec": {"model": FREE, **SPEC}},
+            ],
+        }
+    )
+    results: dict[str, list[TickResult]] = {LOCKED: [], FREE: []}
+    lines: list[str] = []
+    tuner = Tuner(
+        config,
+        actuator=Actuator(triton.repository_key),
+        echo=lines.append,
+        heal=False,
+        on_tick=lambda name, result: results[name].append(result),
+    )
+
+    def verdict() -> int | None:
+        """The index of the locked model's first NoGain revert, if any yet."""
+        return next(
+            (
+                i
+                for i, r in enumerate(results[LOCKED])
+                if r.reason == "NoGain" and r.decision and r.decision.direction == "down"
+            ),
+            None,
+        )
+
+    with ClosedLoop(triton, {LOCKED: IN_FLIGHT, FREE: IN_FLIGHT}) as load:
+        for _ in range(MAX_ROUNDS):
+            tuner.round(config.policies, time.time())
+            found = verdict()
+            if found is not None and len(results[LOCKED]) - found > ROUNDS_HELD:
+                break
+            time.sleep(INTERVAL_S)
+        else:
+            pytest.fail(
+                f"no NoGain verdict on {LOCKED} within {MAX_ROUNDS} rounds:\n"
+                + "\n".join(lines[-20:])
+            )
+    assert not load.errors, load.errors[:3]
+
+    locked = results[LOCKED]
+    first = verdict()
+    assert first is not None
+    revert = locked[first]
+    # The increase was real (the pods ran more than one instance), then reverted to 1, once.
+    assert max(r.current_instances or 0 for r in locked[: first + 1]) > 1
+    assert revert.desired_instances == 1
+    assert "bought nothing" in revert.message
+    reverts = [r for r in locked if r.reason == "NoGain" and r.decision.direction == "down"]
+    assert len(reverts) == 1, [r.line() for r in reverts]
+    # Held there: the busy and queue signals still ask for more, and get nothing.
+    held = locked[first + 1 :]
+    assert len(held) >= ROUNDS_HELD
+    assert {r.current_instances for r in held} == {1}
+    assert {r.desired_instances for r in held} == {1}
+    # (A reload restarts Triton's counters, and a round slowed by a busy machine may find its
+    # window short: the scrape source then warms up, which holds the count too.)
+    assert {r.reason for r in held} <= {"NoGain", "WarmingUp"}, [r.line() for r in held]
+    judged = [r for r in held if r.reason == "NoGain"]
+    assert judged, [r.line() for r in held]
+    assert all((r.decision.recommended_instances or 0) > 1 for r in judged)
+    limited = [c for c in judged[-1].conditions if c["type"] == "ScalingLimited"][0]
+    assert (limited["status"], limited["reason"]) == ("True", "NoGain")
+
+    # The model that benefits was scaled, and kept what it got.
+    free = results[FREE]
+    assert max(r.current_instances or 0 for r in free) >= 2
+    assert "NoGain" not in {r.reason for r in free}
+    assert free[-1].current_instances >= 2

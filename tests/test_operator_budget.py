@@ -1,0 +1,132 @@
+"""The Kubernetes driver's budget ledger against kmock and a real Triton.
+
+Two InstanceGroupAutoscalers on two copies of tests/contention_models/shared_lock share a
+budget of 5 instances per pod; each model's load asks for 4. kopf ticks each object on its own
+timer, in worker threads: the operator's ledger keeps the pods within the budget all the same,
+the refused autoscaler says BudgetExhausted (condition, one Warning event, status.budget), and
+the budget's metrics are served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from tests.contention import ClosedLoop, contention_repository
+from tests.operator_harness import (
+    IGA,
+    NAMESPACE,
+    PODS,
+    TRITON_LABELS,
+    Emulator,
+    autoscaler,
+    condition,
+    events_for,
+    eventually_async,
+    http_get,
+    register_resources,
+    running_operator,
+    status_of,
+    triton_pod,
+)
+from tests.tooling import require_local_triton
+from tritonscale.drivers import kopf_operator as kopf_driver
+from tritonscale.local.triton_server import LocalTriton
+
+pytestmark = pytest.mark.kmock(cls=Emulator)
+
+BUSY, LIGHT = "busy", "light"
+BUDGET = 5
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory) -> Iterator[LocalTriton]:
+    require_local_triton()
+    repository = contention_repository(
+        tmp_path_factory.mktemp("budget"), {BUSY: False, LIGHT: False}
+    )
+    with LocalTriton(
+        repository, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=5
+    ) as server:
+        yield server
+
+
+@pytest.fixture
+def api(kmock: Emulator) -> Emulator:
+    return register_resources(kmock)
+
+
+def live_counts(triton: LocalTriton) -> dict[str, int]:
+    counts = {}
+    for model in (BUSY, LIGHT):
+        config = requests.get(f"http://{triton.http_url}/v2/models/{model}/config", timeout=5)
+        config.raise_for_status()
+        counts[model] = sum(group.get("count", 1) for group in config.json()["instance_group"])
+    return counts
+
+
+async def test_autoscalers_ticking_apart_share_one_budget(
+    api: Emulator, triton: LocalTriton
+) -> None:
+    api.objects[PODS, NAMESPACE, "triton-0"] = triton_pod(
+        "triton-0", "127.0.0.1", triton.http_port, triton.metrics_port
+    )
+    for model in (BUSY, LIGHT):
+        spec: dict[str, Any] = {
+            "selector": {"matchLabels": TRITON_LABELS},
+            "model": model,
+            "maxInstances": 4,
+            "intervalSeconds": 1,
+            "metricsWindowSeconds": 3,
+            "budget": {"name": "pods", "instancesPerPod": BUDGET},
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": 120}},
+        }
+        api.objects[IGA, NAMESPACE, model] = autoscaler(model, spec, generation=1)
+    config = kopf_driver.DriverConfig(repository_key=triton.repository_key)
+
+    totals: list[int] = []
+
+    async def refused_status() -> dict[str, Any] | None:
+        """The status of an autoscaler the budget refused, once the budget is all used."""
+        totals.append(sum((await asyncio.to_thread(live_counts, triton)).values()))
+        for model in (BUSY, LIGHT):
+            status = status_of(api, model)
+            reason = status.get("lastDecision", {}).get("reason")
+            if reason == "BudgetExhausted" and totals[-1] == BUDGET:
+                return status
+        return None
+
+    with ClosedLoop(triton, {BUSY: 8, LIGHT: 3}) as load:
+        async with running_operator(api, config) as operator:
+            refused = await eventually_async(
+                refused_status,
+                lambda status: status is not None,
+                "an autoscaler refused by the budget, with the budget used",
+                timeout_s=90,
+            )
+            for _ in range(5):  # a few more ticks of both, still within the budget
+                await asyncio.sleep(1)
+                totals.append(sum((await asyncio.to_thread(live_counts, triton)).values()))
+            _, text = await http_get(operator.metrics_url)
+    assert not load.errors, load.errors[:3]
+
+    assert max(totals) <= BUDGET, totals
+    limited = condition(refused, "ScalingLimited")
+    assert (limited["status"], limited["reason"]) == ("True", "BudgetExhausted")
+    assert "the budget pods allows" in limited["message"]
+    assert refused["budget"]["instancesPerPod"] == BUDGET
+    assert refused["budget"]["usedInstances"] <= BUDGET
+    assert refused["budget"]["exhausted"] is True
+    warned = [
+        e
+        for model in (BUSY, LIGHT)
+        for e in events_for(api, model)
+        if e["type"] == "Warning" and e["reason"] == "BudgetExhausted"
+    ]
+    assert warned, "no BudgetExhausted event"
+    assert 'tritonscale_budget_exhausted{budget="pods",namespace="ml"} 1.0' in text
+    assert 'tritonscale_budget_instances_limit{budget="pods",namespace="ml"} 5.0' in text

@@ -1,0 +1,122 @@
+"""A joint budget on the real server, through `tritonscale tune`'s rounds.
+
+Two copies of the test-only model tests/contention_models/shared_lock (20 ms a request, one
+request per instance at a time) share a budget of 5 instances per pod. Each wants 4 under its
+load: `busy` has 8 requests in flight, `light` 3. The rounds are allocated jointly: the pods
+never run more than 5 instances of the two together, the one with more requests queued per
+instance gets more, and the one refused says BudgetExhausted. No timing assertions: counts,
+reasons and conditions, checked on the live server after every round.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.contention import ClosedLoop, contention_repository
+from tests.tooling import require_local_triton
+from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.control.tick import TickResult
+from tritonscale.drivers.tune import Tuner, parse_config
+from tritonscale.local.triton_server import LocalTriton
+from tritonscale.triton.actuator import Actuator
+
+BUSY, LIGHT = "busy", "light"
+BUDGET = 5
+INTERVAL_S = 2
+ROUNDS = 14
+
+SPEC = {
+    "minInstances": 1,
+    "maxInstances": 4,
+    "metricsWindowSeconds": 4,
+    "intervalSeconds": INTERVAL_S,
+    "budget": {"name": "pods", "instancesPerPod": BUDGET},
+    "behavior": {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 0,
+            "policies": [{"type": "Instances", "value": 2, "periodSeconds": INTERVAL_S}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": 60,
+            "policies": [{"type": "Instances", "value": 1, "periodSeconds": 10}],
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory) -> Iterator[LocalTriton]:
+    require_local_triton()
+    repository = contention_repository(
+        tmp_path_factory.mktemp("budget"), {BUSY: False, LIGHT: False}
+    )
+    with LocalTriton(
+        repository, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=5
+    ) as server:
+        yield server
+
+
+def test_tune_keeps_the_pods_within_the_budget_and_gives_the_busier_model_more(
+    triton: LocalTriton, tmp_path: Path
+) -> None:
+    config = parse_config(
+        {
+            "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
+            "policies": [
+                {"name": BUSY, "spec": {"model": BUSY, **SPEC}},
+                {"name": LIGHT, "spec": {"model": LIGHT, **SPEC}},
+            ],
+        }
+    )
+    actuator = Actuator(triton.repository_key)
+    endpoint = config.endpoints[0]
+    results: dict[str, list[TickResult]] = {BUSY: [], LIGHT: []}
+    metrics = OperatorMetrics()
+    log_path = tmp_path / "decisions.jsonl"
+    live_totals = []
+    with log_path.open("w") as log:
+        tuner = Tuner(
+            config,
+            actuator=actuator,
+            metrics=metrics,
+            decision_log=log,
+            echo=lambda line: None,
+            heal=False,
+            on_tick=lambda name, result: results[name].append(result),
+        )
+        with ClosedLoop(triton, {BUSY: 8, LIGHT: 3}) as load:
+            for _ in range(ROUNDS):
+                tuner.round(config.policies, time.time())
+                live = {m: actuator.live_count(endpoint, m) for m in (BUSY, LIGHT)}
+                live_totals.append(sum(live.values()))
+                time.sleep(INTERVAL_S)
+        assert not load.errors, load.errors[:3]
+
+    # Never more than the budget on the pod, and all of it used.
+    assert max(live_totals) == BUDGET, live_totals
+    assert all(r.budget is not None and r.budget.used <= BUDGET for r in results[BUSY])
+    # Both wanted 4; the busier one (more queued per instance) got the room first.
+    final = {name: results[name][-1].current_instances for name in (BUSY, LIGHT)}
+    assert final[BUSY] > final[LIGHT] >= 1, final
+    refused = [r for name in (BUSY, LIGHT) for r in results[name] if r.reason == "BudgetExhausted"]
+    assert refused, "no tick said BudgetExhausted"
+    limited = [c for c in refused[-1].conditions if c["type"] == "ScalingLimited"][0]
+    assert (limited["status"], limited["reason"]) == ("True", "BudgetExhausted")
+    assert "the budget pods allows" in refused[-1].message
+    last = results[LIGHT][-1].budget
+    assert last is not None and last.exhausted and last.wanted > BUDGET
+    assert last.demand_ratio > 1  # the pods are too few: the HPA's signal
+
+    # The decision log and the operator's metrics say it too.
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert any(record["reason"] == "BudgetExhausted" for record in records)
+    assert records[-1]["budget"]["instancesPerPod"] == BUDGET
+    labels = {"namespace": "local", "budget": "pods"}
+    assert metrics.registry.get_sample_value("tritonscale_budget_exhausted", labels) == 1
+    assert metrics.registry.get_sample_value("tritonscale_budget_instances_limit", labels) == 5
+    assert metrics.registry.get_sample_value("tritonscale_budget_instances_used", labels) == 5
