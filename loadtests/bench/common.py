@@ -1,15 +1,15 @@
-"""What the benchmarks share: a local Triton, instance counts, an asyncio load generator,
+"""What the benchmarks share: a local Triton, instance counts, the load generators,
 progress lines, JSON results and plots.
 
-The load generator is `tritonclient.grpc.aio` with a fixed number of requests in flight
-(closed loop): one process, no gevent, so that at these rates the generator is not the
-bottleneck (bench/loadgen_headroom.py measures how far that holds).
+The load generators are tritonscale.local.loadgen's, over `tritonclient.grpc.aio`: `measure`
+keeps a fixed number of requests in flight (closed loop), `OpenLoopLoad` sends at a rate;
+one process, no gevent, so that at these rates the generator is not the bottleneck
+(bench/loadgen_headroom.py measures how far that holds).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -17,14 +17,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tritonclient.grpc.aio as grpc_aio
-from tritonclient.utils import np_to_triton_dtype
 
+from tritonscale.local.loadgen import Inputs, Measurement, OpenLoopLoad, measure
 from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint
@@ -32,7 +30,8 @@ from tritonscale.triton.endpoints import Endpoint
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "reports" / "bench"
 
-Inputs = dict[str, np.ndarray]
+# The load generators live in tritonscale.local.loadgen (the demo uses them too).
+__all__ = ["Inputs", "Measurement", "OpenLoopLoad", "measure"]
 
 
 def pipeline_inputs(rows: int = 1) -> Callable[[np.random.Generator], Inputs]:
@@ -45,104 +44,6 @@ def pair_inputs(rng: np.random.Generator) -> Inputs:
 
 def stream_count_inputs(count: int = 4) -> Callable[[np.random.Generator], Inputs]:
     return lambda rng: {"IN": np.array([count], dtype=np.int32)}
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One closed-loop run: `concurrency` requests in flight for `seconds`."""
-
-    model: str
-    concurrency: int
-    seconds: float
-    requests: int
-    failures: int
-    throughput_rps: float
-    p50_ms: float | None
-    p95_ms: float | None
-    p99_ms: float | None
-    first_error: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
-
-
-def _percentile(latencies: list[float], q: float) -> float | None:
-    return float(np.percentile(latencies, q)) * 1000.0 if latencies else None
-
-
-async def _closed_loop(
-    url: str,
-    model: str,
-    make: Callable[[np.random.Generator], Inputs],
-    concurrency: int,
-    warmup_s: float,
-    seconds: float,
-) -> Measurement:
-    client = grpc_aio.InferenceServerClient(url)
-    latencies: list[float] = []
-    failures = 0
-    first_error: str | None = None
-    started = time.perf_counter()
-    measure_from = started + warmup_s
-    measure_to = measure_from + seconds
-
-    def build(arrays: Inputs) -> list[grpc_aio.InferInput]:
-        inputs = []
-        for name, array in arrays.items():
-            tensor = grpc_aio.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        return inputs
-
-    async def worker(index: int) -> None:
-        nonlocal failures, first_error
-        rng = np.random.default_rng(index)
-        while time.perf_counter() < measure_to:
-            inputs = build(make(rng))
-            sent = time.perf_counter()
-            try:
-                await client.infer(model, inputs, client_timeout=30)
-                ok = True
-            except Exception as error:  # counted: a failure is a result, not a crash
-                ok = False
-                first_error = first_error or " ".join(str(error).split())[:200]
-                await asyncio.sleep(0.01)
-            done = time.perf_counter()
-            if measure_from <= done < measure_to:
-                if ok:
-                    latencies.append(done - sent)
-                else:
-                    failures += 1
-
-    try:
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    finally:
-        await client.close()
-    return Measurement(
-        model=model,
-        concurrency=concurrency,
-        seconds=seconds,
-        requests=len(latencies),
-        failures=failures,
-        throughput_rps=len(latencies) / seconds,
-        p50_ms=_percentile(latencies, 50),
-        p95_ms=_percentile(latencies, 95),
-        p99_ms=_percentile(latencies, 99),
-        first_error=first_error,
-    )
-
-
-def measure(
-    url: str,
-    model: str,
-    make: Callable[[np.random.Generator], Inputs],
-    *,
-    concurrency: int,
-    seconds: float,
-    warmup_s: float = 1.0,
-) -> Measurement:
-    """Requests/s and latency of `model` with `concurrency` requests always in flight."""
-    return asyncio.run(_closed_loop(url, model, make, concurrency, warmup_s, seconds))
 
 
 # ---- the server and its instance counts ---------------------------------------------
