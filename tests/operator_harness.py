@@ -2,7 +2,18 @@
 
 kopf runs in its own thread and event loop (`running_operator`), exactly as
 `tritonscale operator` runs it (`kopf_driver.run`), with a pre-filled credentials vault
-pointing at kmock; the emulator runs on the test's loop. See ARCHITECTURE.md's kmock traps.
+pointing at kmock; the emulator runs on the test's loop. What kopf needs from kmock (0.8)
+that it does not give by itself:
+
+- discovery for every resource kopf uses (`register_resources`), or kopf silently watches
+  nothing and posts no events;
+- a `resourceVersion` on pre-created objects, or kopf's finalizer patch fails;
+- names for `generateName` objects (`Emulator`), or kopf's second event collides;
+- blocking calls (joining kopf's thread) through `asyncio.to_thread`, so that the emulator
+  on the test's loop keeps answering.
+
+kmock has no label selectors, schema validation or resourceVersion bumps: those are tested
+elsewhere (selectors in test_operator_pods.py, the CRD schema in test_crd.py).
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from kopf._cogs.structs import credentials
 from prometheus_client.parser import text_string_to_metric_families
 
 from tritonscale.drivers import kopf_operator as kopf_driver
-from tritonscale.local.triton_server import free_port
+from tritonscale.local.ports import free_port
 
 IGA = "tritonscale.io/v1alpha1/instancegroupautoscalers"
 PODS = "v1/pods"

@@ -11,7 +11,8 @@ import requests
 import tritonclient.http as httpclient
 
 from tests.tooling import require_local_triton
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.ports import free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import ActuationError, Actuator, instance_count, with_instances
 from tritonscale.triton.endpoints import Endpoint
 

@@ -1,10 +1,12 @@
-"""The InstanceGroupAutoscaler CRD: its schema, defaults and CEL rules, against the Python spec.
+"""The InstanceGroupAutoscaler CRD, generated from tritonscale.core.spec, does what the models do.
 
 No API server runs here, so the test does what one would do with an object, in its order:
 apply the structural schema's defaults, validate against the openAPIV3Schema (with
 jsonschema, after a minimal translation), then evaluate every `x-kubernetes-validations`
 rule with a real CEL interpreter (cel-python). The same objects go through
-`AutoscalerSpec.from_dict`, and the two must agree.
+`AutoscalerSpec.from_dict`, and the two must agree: this checks the generator's translation
+(charts/tools/crd.py), and that the generated file is current is checked in
+tests/chart/test_chart_generated.py.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.chart.helm import load_tool
 from tests.test_spec import INVALID, minimal
-from tritonscale.core import spec as spec_module
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_PATH = ROOT / "charts" / "tritonscale" / "crds" / "instancegroupautoscalers.yaml"
 EXAMPLES = sorted((ROOT / "operator" / "examples").glob("*.yaml"))
-VALUES_PATH = ROOT / "charts" / "tritonscale" / "values.yaml"
 
 CRD = yaml.safe_load(CRD_PATH.read_text())
 VERSION = CRD["spec"]["versions"][0]
@@ -91,7 +94,7 @@ def to_json_schema(schema: Any) -> Any:
 def rules_at(schema: dict[str, Any], value: Any, path: str = "") -> Iterator[tuple[str, dict, Any]]:
     """Every (path, rule, self) that the API server would evaluate on this value."""
     for rule in schema.get("x-kubernetes-validations", []):
-        yield path, rule, value
+        yield path + rule.get("fieldPath", ""), rule, value
     if isinstance(value, dict):
         for key, item in value.items():
             if key in schema.get("properties", {}):
@@ -110,14 +113,19 @@ def evaluate(expression: str, self_value: Any) -> Any:
     return result
 
 
-def crd_errors(obj: dict[str, Any]) -> list[str]:
-    """What the API server would say about this object (empty: it is accepted)."""
-    obj = apply_defaults(SCHEMA, copy.deepcopy(obj))
+def schema_errors(obj: dict[str, Any]) -> list[str]:
+    """What the openAPIV3Schema says about this (defaulted) object."""
     validator = jsonschema.Draft202012Validator(to_json_schema(SCHEMA))
-    errors = [
+    return [
         f"{'.'.join(str(p) for p in error.absolute_path)}: {error.message}"
         for error in validator.iter_errors(obj)
     ]
+
+
+def crd_errors(obj: dict[str, Any]) -> list[str]:
+    """What the API server would say about this object (empty: it is accepted)."""
+    obj = apply_defaults(SCHEMA, copy.deepcopy(obj))
+    errors = schema_errors(obj)
     if errors:
         return errors  # CEL rules assume the schema's types; the server stops here too
     for path, rule, value in rules_at(SCHEMA, obj):
@@ -195,29 +203,31 @@ def test_every_cel_rule_and_message_compiles() -> None:
     assert count >= 5
 
 
-def test_the_label_patterns_are_the_specs() -> None:
-    selector = SCHEMA["properties"]["spec"]["properties"]["selector"]["properties"]
-    key = selector["matchExpressions"]["items"]["properties"]["key"]["pattern"]
-    values = selector["matchExpressions"]["items"]["properties"]["values"]["items"]["pattern"]
-    assert key == spec_module.LABEL_KEY_PATTERN
-    assert values == spec_module.LABEL_VALUE_PATTERN
-    assert (
-        selector["matchLabels"]["additionalProperties"]["pattern"]
-        == spec_module.LABEL_VALUE_PATTERN
-    )
+def test_the_spec_schema_is_structural_and_bounds_every_list_map_and_string() -> None:
+    # The API server refuses a CRD that is not structural, and a CEL rule whose cost it
+    # cannot bound: every list needs maxItems, every map maxProperties, every string maxLength.
+    assert load_tool("crd").problems(SCHEMA["properties"]["spec"]) == []
+
+
+def test_the_bound_check_finds_an_unbounded_list() -> None:
+    unbounded = {"type": "object", "properties": {"calls": {"type": "array", "items": {}}}}
+    assert load_tool("crd").problems(unbounded) == [
+        "spec.calls: a list needs maxItems (CEL cost)",
+        "spec.calls[]: no type",
+    ]
 
 
 # ---------------------------------------------------------------------------------------
-# Defaults: the CRD's, the dataclasses' and the chart's are one set.
+# Defaults: the API server's structural defaulting and pydantic's give the same spec.
 
 
-def test_the_crd_and_the_dataclasses_default_a_minimal_spec_alike() -> None:
+def test_the_crd_and_the_models_default_a_minimal_spec_alike() -> None:
     given = minimal()
     defaulted = apply_defaults(SCHEMA["properties"]["spec"], copy.deepcopy(given))
     assert AutoscalerSpec.from_dict(given).to_dict() == defaulted
 
 
-def test_the_crd_and_the_dataclasses_default_a_partial_behavior_alike() -> None:
+def test_the_crd_and_the_models_default_a_partial_behavior_alike() -> None:
     # HPA semantics: a scaleDown with only policies keeps its window and selectPolicy.
     given = minimal(
         behavior={
@@ -228,14 +238,6 @@ def test_the_crd_and_the_dataclasses_default_a_partial_behavior_alike() -> None:
     defaulted = apply_defaults(SCHEMA["properties"]["spec"], copy.deepcopy(given))
     assert defaulted["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
     assert AutoscalerSpec.from_dict(given).to_dict() == defaulted
-
-
-def test_the_charts_autoscaler_defaults_are_the_crds() -> None:
-    values = yaml.safe_load(VALUES_PATH.read_text())
-    chart_defaults = values["autoscalers"]["defaults"]
-    crd_defaults = apply_defaults(SCHEMA["properties"]["spec"], minimal())
-    for key, value in chart_defaults.items():
-        assert crd_defaults[key] == value, f"values.yaml autoscalers.defaults.{key}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -276,6 +278,8 @@ CRD_GAPS = {
     # Structural schemas cannot constrain map keys, and a CEL `matches` over keys of
     # unbounded length risks the API server's rule-cost limit.
     "a label key has Kubernetes' syntax",
+    # JSON has no infinity: the API server never receives one (a YAML policy file can hold it).
+    "infinity is not a number here",
 }
 
 
@@ -292,7 +296,31 @@ def test_an_object_from_dict_refuses_is_refused_by_the_crd_too(case: Any) -> Non
 
 def test_the_crds_min_max_message_is_the_specs() -> None:
     errors = crd_errors(an_object(minimal(minInstances=5, maxInstances=2)))
-    assert errors == [".spec: spec.minInstances (5) must be <= spec.maxInstances (2)"]
+    # The API server cannot afford to name the numbers (string(int) has no bounded cost);
+    # from_dict adds them: spec: minInstances must be <= maxInstances (minInstances is 5, ...).
+    assert errors == [".spec: minInstances must be <= maxInstances"]
+
+
+# The invalid specs that pass the schema and meet a CEL rule: the same rule text runs in
+# from_dict (tritonscale.core.rules), so the message is the same too (from_dict may add the
+# values of the fields a rule `shows`).
+REFUSED_BY_A_RULE = [
+    case
+    for case in INVALID
+    if isinstance(case.spec, dict)
+    and case.name not in CRD_GAPS
+    and not schema_errors(apply_defaults(SCHEMA, an_object(copy.deepcopy(case.spec))))
+]
+
+
+def test_the_rules_are_met_by_several_invalid_specs() -> None:
+    assert len(REFUSED_BY_A_RULE) >= 6, [case.name for case in REFUSED_BY_A_RULE]
+
+
+@pytest.mark.parametrize("case", REFUSED_BY_A_RULE, ids=[case.name for case in REFUSED_BY_A_RULE])
+def test_where_a_cel_rule_refuses_the_api_server_and_from_dict_say_the_same(case: Any) -> None:
+    errors = crd_errors(an_object(case.spec))
+    assert any(("." + case.message).startswith(error) for error in errors), errors
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,9 @@ from tritonclient.utils import InferenceServerException
 
 from tests.dashboard_load import stream_load
 from tests.tooling import missing, require_local_triton
+from tritonscale.local.ports import free_port
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.metrics import queries
 from tritonscale.reports import dashboards as boards
 
@@ -150,6 +151,7 @@ def test_the_readme_shows_the_adapter_rule_of_the_signals_module() -> None:
     assert "sum by (<<.GroupBy>>, model)" in query and query.startswith("max by (<<.GroupBy>>)")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
 def test_each_dashboard_has_its_identity_and_variables(name: str) -> None:
     board = DASHBOARDS[name]
@@ -177,6 +179,7 @@ def _cells(panel: dict) -> set[tuple[int, int]]:
     }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
 def test_panels_fit_the_grid_without_overlapping(name: str) -> None:
     taken: set[tuple[int, int]] = set()
@@ -187,6 +190,7 @@ def test_panels_fit_the_grid_without_overlapping(name: str) -> None:
         taken |= cells
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
 def test_every_panel_has_a_title_description_unit_datasource_and_a_query(name: str) -> None:
     for panel in boards.panels(DASHBOARDS[name]):
@@ -205,6 +209,7 @@ def test_every_panel_has_a_title_description_unit_datasource_and_a_query(name: s
             assert target["refId"], where
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("query", QUERIES, ids=query_id)
 def test_every_query_uses_the_variables_and_rate_interval(query: boards.Query) -> None:
     # Every range is Grafana's $__rate_interval (no fixed window that breaks at another
@@ -222,11 +227,13 @@ def test_every_query_uses_the_variables_and_rate_interval(query: boards.Query) -
             assert 'pod=~"$pod"' in selector and "model=~" in selector, selector
 
 
+@pytest.mark.unit
 def test_the_gpu_only_list_names_exactly_the_queries_on_gpu_metrics() -> None:
     on_gpu = {key(q) for q in QUERIES if re.search(r"nv_gpu_|DCGM_|\"gpu_", q.expr)}
     assert on_gpu == GPU_ONLY
 
 
+@pytest.mark.unit
 def test_substitution_fills_variables_and_builtins_like_grafana() -> None:
     expr = 'rate(x{namespace=~"$namespace", model=~"${model}", pod=~"[[pod]]"}[$__rate_interval])'
     assert (
@@ -244,6 +251,7 @@ def test_substitution_fills_variables_and_builtins_like_grafana() -> None:
         boards.parse_duration("15 minutes")
 
 
+@pytest.mark.unit
 def test_variable_defaults_are_all_or_the_chosen_models() -> None:
     overview = boards.variable_defaults(DASHBOARDS["triton-overview"])
     assert overview == {"namespace": ".*", "pod": ".*", "model": ".*"}

@@ -24,8 +24,9 @@ from tests.tooling import in_ci, missing, require_local_triton
 from tritonscale.control.tick import FAILED_GET_METRICS, TickResult
 from tritonscale.drivers.tune import Tuner, parse_config
 from tritonscale.local.demo import DemoError, DemoResult, Phase, run_demo, summary_lines
+from tritonscale.local.ports import free_port
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import local_endpoints
 

@@ -28,6 +28,7 @@ from tritonscale.triton import healing
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.healing import Healer
+from tritonscale.triton.loads import LoadsInFlight
 
 
 def start(repository: Path = DEFAULT_MODEL_REPOSITORY, models: list[str] | None = None):
@@ -218,17 +219,16 @@ class FakeClock:
         return self.now
 
 
-class CountingSession(requests.Session):
-    """A real session that counts the load calls it sends."""
+class CountingLoads(LoadsInFlight):
+    """The real loads, counted as they are sent."""
 
     def __init__(self) -> None:
         super().__init__()
         self.loads = 0
 
-    def request(self, method, url, *args, **kwargs):  # type: ignore[override]
-        if method.upper() == "POST" and url.endswith("/load"):
-            self.loads += 1
-        return super().request(method, url, *args, **kwargs)
+    def run(self, pod, model, what, send):  # type: ignore[override]
+        self.loads += 1
+        return super().run(pod, model, what, send)
 
 
 def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
@@ -238,11 +238,11 @@ def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
     shutil.copytree(DEFAULT_MODEL_REPOSITORY / "add_sub", tmp_path / "add_sub")
     triton = start(tmp_path)
     try:
-        clock, session = FakeClock(), CountingSession()
+        clock, counted = FakeClock(), CountingLoads()
         doctor = Healer(
             repository_key=triton.repository_key,
             clock=clock,
-            session=session,
+            loads=counted,
             backoff_initial_s=10,
             backoff_max_s=40,
             max_attempts=3,
@@ -260,7 +260,7 @@ def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
         # Attempts at t=0, t=10 (after 10 s) and t=30 (after 20 s); then only "ask a person".
         failed, waiting, exhausted = healing.RELOAD_FAILED, healing.WAITING, healing.EXHAUSTED
         assert seen == [failed, failed, waiting, failed, exhausted, exhausted, exhausted, exhausted]
-        assert session.loads == 3
+        assert counted.loads == 3
         final = doctor.check(at, "add_sub")
         assert final.reason == healing.HEALING_EXHAUSTED and final.needs_person
         assert caplog.text.count("a person must look") == 1  # logged once, not at every check
@@ -271,23 +271,25 @@ def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
             "message": final.message,
         }
         assert "3 reloads in the last 600 s" in final.message and "\n" not in final.message
-        assert session.loads == 3
+        assert counted.loads == 3
 
         # Once the window has passed, one more attempt is allowed (and fails again).
         clock.now += 600
         assert doctor.check(at, "add_sub").action == healing.RELOAD_FAILED
-        assert session.loads == 4
+        assert counted.loads == 4
     finally:
         triton.stop()
 
 
+@pytest.mark.unit
 def test_backoff_doubles_up_to_its_cap() -> None:
     doctor = Healer(repository_key="k", backoff_initial_s=10, backoff_max_s=60)
     assert [doctor.backoff_s(n) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 60, 60]
 
 
+@pytest.mark.unit
 def test_an_unreachable_pod_is_not_healing_s_business() -> None:
-    from tritonscale.local.triton_server import free_port
+    from tritonscale.local.ports import free_port
 
     doctor = Healer(repository_key="k")
     result = doctor.check(Endpoint("gone", f"127.0.0.1:{free_port()}"), "add_sub")
@@ -295,6 +297,7 @@ def test_an_unreachable_pod_is_not_healing_s_business() -> None:
     assert result.event_type == "Warning"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("probe", ["sometimes", ""])
 def test_an_unknown_probe_mode_is_refused(probe: str) -> None:
     with pytest.raises(ValueError, match="probe must be off, on-suspicion or always"):
@@ -311,12 +314,10 @@ def test_a_healthy_server_is_never_reloaded_whatever_the_model(triton: LocalTrit
     ).json()
     models = sorted(row["name"] for row in index)
     assert len(models) >= 12
-    session = CountingSession()
-    doctor = Healer(
-        repository_key=triton.repository_key, probe=healing.PROBE_ALWAYS, session=session
-    )
+    counted = CountingLoads()
+    doctor = Healer(repository_key=triton.repository_key, probe=healing.PROBE_ALWAYS, loads=counted)
     at = endpoint(triton)
     for _ in range(2):
         results = {model: doctor.check(at, model) for model in models}
         assert {m: r.reason for m, r in results.items()} == dict.fromkeys(models, healing.HEALTHY)
-    assert session.loads == 0
+    assert counted.loads == 0

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.tooling import require_local_triton
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.ports import free_port
+from tritonscale.local.triton_server import LocalTriton
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = REPO_ROOT / "loadtests" / "bls.py"

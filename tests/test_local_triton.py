@@ -20,7 +20,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
-from tritonscale.local.triton_server import LocalTriton, LocalTritonError, free_port
+from tritonscale.local.ports import free_port
+from tritonscale.local.triton_server import LocalTriton, LocalTritonError
 
 ECHO_CONFIG = """
 name: "{name}"
@@ -108,6 +109,29 @@ class TestStartup:
             server = LocalTriton(tmp_path, http_port=port, grpc_port=0, metrics_port=0)
             with pytest.raises(LocalTritonError, match=f"HTTP port {port} is already in use"):
                 server.start()
+
+    @pytest.mark.unit
+    @pytest.mark.parametrize(
+        ("addresses", "message"),
+        [
+            pytest.param(
+                {"http_address": "localhost:8000"},
+                "HTTP address 'localhost:8000' is not an IP address (e.g. 127.0.0.1 or 0.0.0.0)",
+                id="not an IP address",
+            ),
+            pytest.param(
+                {"grpc_address": "192.0.2.7"},  # TEST-NET-1: never an address of this machine
+                "cannot listen on gRPC address 192.0.2.7: Cannot assign requested address",
+                id="an address of another machine",
+            ),
+        ],
+    )
+    def test_an_address_it_cannot_listen_on_is_one_line(
+        self, tmp_path: Path, addresses: dict[str, str], message: str
+    ) -> None:
+        with pytest.raises(LocalTritonError) as raised:
+            LocalTriton(tmp_path, http_port=0, grpc_port=0, metrics_port=0, **addresses)
+        assert str(raised.value) == message
 
     def test_a_missing_repository_is_a_clear_error(self, tmp_path: Path) -> None:
         with pytest.raises(LocalTritonError, match="model repository not found"):

@@ -38,7 +38,7 @@ from tests.operator_harness import (
 )
 from tests.tooling import missing
 from tritonscale import cli
-from tritonscale.local.triton_server import free_port
+from tritonscale.local.ports import free_port
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 

@@ -53,6 +53,7 @@ def api(kmock: Emulator) -> Emulator:
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 async def test_an_autoscaler_without_ready_pods_gets_status_conditions_and_one_warning(
     api: Emulator,
 ) -> None:
@@ -101,6 +102,7 @@ async def test_an_autoscaler_without_ready_pods_gets_status_conditions_and_one_w
         )
 
 
+@pytest.mark.unit
 async def test_an_invalid_spec_is_a_condition_and_one_warning_not_a_crash(api: Emulator) -> None:
     spec = {
         "selector": {"matchLabels": TRITON_LABELS},
@@ -118,7 +120,10 @@ async def test_an_invalid_spec_is_a_condition_and_one_warning_not_a_crash(api: E
         )
         active = condition(status, "ScalingActive")
         assert (active["status"], active["reason"]) == ("False", "InvalidSpec")
-        assert active["message"] == "spec.minInstances (5) must be <= spec.maxInstances (2)"
+        assert (
+            active["message"]
+            == "spec: minInstances must be <= maxInstances (minInstances is 5, maxInstances is 2)"
+        )
         assert status["observedGeneration"] == 1
 
         # Looked at again and again (every 0.5 s here), it stays one condition and one event.
@@ -127,7 +132,10 @@ async def test_an_invalid_spec_is_a_condition_and_one_warning_not_a_crash(api: E
         )
         warnings = [e for e in events_for(api, "broken") if e["type"] == "Warning"]
         assert [(e["reason"], e["message"]) for e in warnings] == [
-            ("InvalidSpec", "spec.minInstances (5) must be <= spec.maxInstances (2)")
+            (
+                "InvalidSpec",
+                "spec: minInstances must be <= maxInstances (minInstances is 5, maxInstances is 2)",
+            )
         ]
         assert operator.thread.is_alive()
 

@@ -6,9 +6,12 @@ from typing import Any
 
 import pytest
 
+from tritonscale.core.spec import LabelSelector
 from tritonscale.drivers.pods import TritonPod, ready_endpoints
 
-SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
+pytestmark = pytest.mark.unit
+
+SELECTOR = LabelSelector.from_dict({"matchLabels": {"app.kubernetes.io/component": "triton"}})
 
 
 def pod_body(
@@ -91,7 +94,9 @@ def test_pods_come_out_sorted_by_name_so_the_actuator_walks_them_in_a_stable_ord
 
 
 def test_match_expressions_select_as_in_kubernetes() -> None:
-    selector = {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["cpu"]}]}
+    selector = LabelSelector.from_dict(
+        {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["cpu"]}]}
+    )
     gpu = TritonPod.from_body(pod_body(name="gpu", labels={"tier": "gpu"}))
     cpu = TritonPod.from_body(pod_body(name="cpu", labels={"tier": "cpu"}))
     unlabelled = TritonPod.from_body(pod_body(name="bare", labels={}))

@@ -18,6 +18,8 @@ from tritonscale.core.policy import Decision, PolicyState, decide, max_snapshot_
 from tritonscale.core.signals import GpuSignals, MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec
 
+pytestmark = pytest.mark.unit
+
 MODEL = "pipeline_async"
 CHILDREN = ("branch_embed", "branch_classify", "branch_rank")
 NOW = 1_000_000.0

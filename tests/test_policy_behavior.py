@@ -22,6 +22,8 @@ from tritonscale.core.behavior import (
 from tritonscale.core.policy import Decision, decide
 from tritonscale.core.spec import AutoscalerSpec, ScalingPolicy, ScalingRules
 
+pytestmark = pytest.mark.unit
+
 START = 1_000_000.0
 
 
@@ -34,6 +36,15 @@ def spec_with(**overrides: Any) -> AutoscalerSpec:
     }
     d.update(overrides)
     return AutoscalerSpec.from_dict(d)
+
+
+def one_policy(kind: str, value: int, period_seconds: int) -> ScalingRules:
+    """A direction with one rate policy and no stabilization window."""
+    return ScalingRules(
+        stabilizationWindowSeconds=0,
+        selectPolicy="Max",
+        policies=(ScalingPolicy(type=kind, value=value, periodSeconds=period_seconds),),
+    )
 
 
 class Loop:
@@ -76,7 +87,7 @@ class TestScaleUpFast:
         assert (second.desired_instances, second.reason) == (10, "HighUtilization")
 
     def test_percent_rounds_up_so_that_one_instance_can_grow(self) -> None:
-        rules = ScalingRules(0, "Max", (ScalingPolicy("Percent", 10, 60),))
+        rules = one_policy("Percent", 10, 60)
         assert scale_up_limit(rules, (), 1, START) == 2
         # 10 * 110% is exactly 11 (floats would say 11.000000000000002 and allow 12).
         assert scale_up_limit(rules, (), 10, START) == 11
@@ -140,13 +151,13 @@ class TestScaleDownSlowly:
         assert loop.counts[-1] == 7
 
     def test_percent_down_rounds_down(self) -> None:
-        rules = ScalingRules(0, "Max", (ScalingPolicy("Percent", 50, 60),))
+        rules = one_policy("Percent", 50, 60)
         assert scale_down_limit(rules, (), 3, START) == 1
         assert scale_down_limit(rules, (), 1, START) == 0  # min bounds it, not the policy
 
     def test_a_scale_up_inside_the_period_adds_back_to_the_budget(self) -> None:
         # HPA: the period starts from current - added + removed.
-        rules = ScalingRules(0, "Max", (ScalingPolicy("Instances", 1, 60),))
+        rules = one_policy("Instances", 1, 60)
         events = (ScaleEvent(START - 10, +3),)
         assert scale_down_limit(rules, events, 6, START) == 2
 

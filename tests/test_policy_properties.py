@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,8 @@ from tests.test_policy import MODEL, signals, snapshot
 from tritonscale.core.policy import PolicyState, decide, max_snapshot_age_s
 from tritonscale.core.signals import GpuSignals, MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec
+
+pytestmark = pytest.mark.unit
 
 START = 1_000_000.0
 # database=None: no .hypothesis/ folder in the tree; a failure prints its reproducing example.

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 from tests.tooling import missing
 from tritonscale.cli import main
+from tritonscale.local.ports import free_port
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.reports.report import PLOTS, ReportError, write_report
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

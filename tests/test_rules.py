@@ -59,6 +59,7 @@ def _alert_cases() -> dict[str, list[list]]:
     return cases
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("alert", ALERTS, ids=lambda rule: rule["alert"])
 def test_every_alert_is_tested_firing_and_quiet(alert: dict) -> None:
     cases = _alert_cases().get(alert["alert"], [])
@@ -66,6 +67,7 @@ def test_every_alert_is_tested_firing_and_quiet(alert: dict) -> None:
     assert any(not expected for expected in cases), f"{alert['alert']}: no test where it is quiet"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("alert", ALERTS, ids=lambda rule: rule["alert"])
 def test_every_alert_says_what_happened_and_what_to_do(alert: dict) -> None:
     assert alert["labels"]["severity"] in ("critical", "warning")
@@ -76,6 +78,7 @@ def test_every_alert_says_what_happened_and_what_to_do(alert: dict) -> None:
     assert re.search(r"\b(check|open|raise|fix|look)\b", annotations["description"], re.I)
 
 
+@pytest.mark.unit
 def test_the_recording_rules_are_the_ones_the_signals_define() -> None:
     # The generated group holds exactly queries.recording_rules(), expression for expression
     # (tests/test_dashboards.py checks the file byte for byte against the generator).
@@ -84,12 +87,14 @@ def test_the_recording_rules_are_the_ones_the_signals_define() -> None:
     ]
 
 
+@pytest.mark.unit
 def test_no_rule_relabels_series_for_a_development_setup() -> None:
     # Labels a local setup needs come from its scrape config, not from production rules.
     for rule in ALERTS + RECORDS:
         assert "label_replace" not in rule["expr"], rule.get("alert") or rule.get("record")
 
 
+@pytest.mark.unit
 def test_recording_rules_follow_the_naming_convention() -> None:
     for rule in RECORDS:
         assert re.fullmatch(r"triton:[a-z_]+:[a-z0-9_]+", rule["record"]), rule["record"]

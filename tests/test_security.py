@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import re
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +43,9 @@ INTRUDER_CONFIG = (
     'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ] '
     'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]'
 )
-INTRUDER_CODE = b"import os\nos.system('touch /tmp/tritonscale-intruder-was-here')\n"
+# What the intruder's model would leave behind if Triton ever ran it.
+INTRUDER_MARK = Path(tempfile.gettempdir()) / "tritonscale-intruder-was-here"
+INTRUDER_CODE = f"import os\nos.system('touch {INTRUDER_MARK}')\n".encode()
 
 
 def near_misses(key: str) -> dict[str, dict[str, str]]:
@@ -93,7 +96,7 @@ def assert_nothing_changed(triton: LocalTriton, config_before: dict) -> None:
     assert add_sub_config(triton) == config_before
     assert requests.get(f"{base}/v2/models/intruder/ready", timeout=10).status_code != 200
     assert not (triton.model_repository / "intruder").exists()
-    assert not Path("/tmp/tritonscale-intruder-was-here").exists()
+    assert not INTRUDER_MARK.exists()
 
 
 class TestEveryRepositoryCallRefusesStrangers:

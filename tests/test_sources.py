@@ -13,8 +13,9 @@ import tritonclient.grpc as grpcclient
 from tests.tooling import missing, require_local_triton
 from tritonscale.core.signals import MetricsUnavailable
 from tritonscale.local.loadgen import ClosedLoopLoad, make_inputs
+from tritonscale.local.ports import free_port
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.metrics import queries
 from tritonscale.metrics.prometheus import DEFAULT_QUERIES, PrometheusSource, pod_matcher
 from tritonscale.metrics.scrape import ScrapeSource, counter_increase
@@ -132,16 +133,19 @@ def test_a_bad_query_is_one_line_naming_it(pipeline: LocalTriton, prometheus) ->
         source.snapshot(PIPELINE, [_endpoint(pipeline)], 5)
 
 
+@pytest.mark.unit
 def test_unknown_query_keys_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown query keys: request_rat"):
         PrometheusSource("http://127.0.0.1:9", queries={"request_rat": "x"})
 
 
+@pytest.mark.unit
 def test_the_default_queries_name_every_signal() -> None:
     assert "nv_inference_request_success" in DEFAULT_QUERIES["request_rate"]
     assert "DCGM_FI_DEV_GPU_UTIL" in DEFAULT_QUERIES["gpu_utilization_dcgm"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("key", "signal"),
     [
@@ -212,6 +216,7 @@ def test_the_pod_set_becomes_a_label_matcher(endpoints: list[Endpoint], expected
     assert pod_matcher(endpoints) == expected
 
 
+@pytest.mark.unit
 def test_a_pod_set_without_addresses_needs_a_configured_matcher() -> None:
     assert pod_matcher([Endpoint("a", "a:8000")], default='job="triton"') == 'job="triton"'
     with pytest.raises(MetricsUnavailable, match="which pods"):
@@ -221,6 +226,7 @@ def test_a_pod_set_without_addresses_needs_a_configured_matcher() -> None:
 # ---- ScrapeSource -----------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_counter_increase_counts_a_reset_from_zero() -> None:
     assert counter_increase([5, 7, 10]) == 5
     # A restart: 10 -> 2 counts the 2 done since.

@@ -1,4 +1,8 @@
-"""AutoscalerSpec.from_dict / to_dict, and the label-selector helpers the drivers use."""
+"""AutoscalerSpec.from_dict / to_dict, and the label-selector helpers the drivers use.
+
+The CRD is generated from the same models (tests/test_crd.py holds what the API server
+would say); here: Python's defaults and its one-line messages.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,15 @@ from typing import Any
 import pytest
 
 from tritonscale.core.selectors import selector_matches, selector_to_string
-from tritonscale.core.spec import AutoscalerSpec, InvalidSpec, ScalingPolicy
+from tritonscale.core.spec import AutoscalerSpec, InvalidSpec, LabelSelector, ScalingPolicy
+
+pytestmark = pytest.mark.unit
 
 SELECTOR = {"matchLabels": {"app.kubernetes.io/component": "triton"}}
+
+
+def policy(kind: str, value: int, period_seconds: int) -> ScalingPolicy:
+    return ScalingPolicy(type=kind, value=value, periodSeconds=period_seconds)
 
 
 def minimal(**overrides: Any) -> dict[str, Any]:
@@ -34,9 +44,9 @@ class TestDefaults:
         assert spec.tolerance == 0.1
         up, down = spec.behavior.scale_up, spec.behavior.scale_down
         assert (up.stabilization_window_seconds, up.select_policy) == (0, "Max")
-        assert up.policies == (ScalingPolicy("Instances", 4, 15), ScalingPolicy("Percent", 100, 15))
+        assert up.policies == (policy("Instances", 4, 15), policy("Percent", 100, 15))
         assert (down.stabilization_window_seconds, down.select_policy) == (300, "Max")
-        assert down.policies == (ScalingPolicy("Instances", 1, 60),)
+        assert down.policies == (policy("Instances", 1, 60),)
         assert (spec.metrics_window_seconds, spec.interval_seconds) == (60, 15)
         assert (spec.paused, spec.dry_run) == (False, False)
 
@@ -52,7 +62,7 @@ class TestDefaults:
         )
         # Had the policies replaced the whole block, the window would have become 0.
         assert spec.behavior.scale_down.stabilization_window_seconds == 300
-        assert spec.behavior.scale_down.policies == (ScalingPolicy("Percent", 50, 30),)
+        assert spec.behavior.scale_down.policies == (policy("Percent", 50, 30),)
         assert spec.behavior.scale_up == AutoscalerSpec.from_dict(minimal()).behavior.scale_up
 
     def test_to_dict_reads_back_to_the_same_spec(self) -> None:
@@ -68,12 +78,32 @@ class TestDefaults:
         assert AutoscalerSpec.from_dict(spec.to_dict()) == spec
         assert spec.to_dict()["targets"]["utilization"] == 0.5
 
-    def test_the_spec_is_hashable_and_does_not_share_the_callers_selector(self) -> None:
+    def test_the_spec_does_not_share_the_callers_selector(self) -> None:
         given = minimal()
         spec = AutoscalerSpec.from_dict(given)
         given["selector"]["matchLabels"]["extra"] = "x"
-        assert "extra" not in spec.selector["matchLabels"]
-        assert hash(spec) == hash(AutoscalerSpec.from_dict(minimal()))
+        assert "extra" not in spec.selector.match_labels
+        assert spec == AutoscalerSpec.from_dict(minimal())
+
+    def test_a_null_is_left_out_as_the_api_server_prunes_it(self) -> None:
+        # Kubernetes drops null values of non-nullable fields before it applies defaults.
+        spec = AutoscalerSpec.from_dict(minimal(maxInstances=None, targets={"utilization": None}))
+        assert spec == AutoscalerSpec.from_dict(minimal())
+        with pytest.raises(InvalidSpec, match=r"^spec\.model is required$"):
+            AutoscalerSpec.from_dict(minimal(model=None))
+
+    def test_the_spec_is_frozen(self) -> None:
+        spec = AutoscalerSpec.from_dict(minimal())
+        with pytest.raises(ValueError, match="frozen"):
+            spec.max_instances = 3  # type: ignore[misc]
+
+
+def known_keys(*path: str) -> str:
+    """The keys of the full spec at `path`, sorted, as the message lists them."""
+    node = AutoscalerSpec.from_dict(minimal()).to_dict()
+    for key in path:
+        node = node[key]
+    return ", ".join(sorted(node))
 
 
 @dataclass(frozen=True)
@@ -87,32 +117,29 @@ INVALID = [
     Invalid(
         "min above max names both values",
         minimal(minInstances=5, maxInstances=2),
-        "spec.minInstances (5) must be <= spec.maxInstances (2)",
+        "spec: minInstances must be <= maxInstances (minInstances is 5, maxInstances is 2)",
     ),
     Invalid(
         "min above the default max names the default",
         minimal(minInstances=9),
-        "spec.minInstances (9) must be <= spec.maxInstances (8)",
+        "spec: minInstances must be <= maxInstances (minInstances is 9, maxInstances is 8)",
     ),
     Invalid(
         "an unknown key is named",
         minimal(maxInstance=3),
-        "spec.maxInstance is not a known field (known: behavior, calls, dryRun, instanceKind, "
-        "intervalSeconds, maxInstances, metricsWindowSeconds, minInstances, model, paused, "
-        "selector, targets, tolerance)",
+        f"spec.maxInstance is not a known field (known: {known_keys()})",
     ),
     Invalid(
         "an unknown nested key is named by its path",
         minimal(targets={"utilisation": 0.5}),
-        "spec.targets.utilisation is not a known field (known: gpuMemoryCeiling, "
-        "gpuUtilizationCeiling, pendingPerInstance, queueComputeRatio, utilization)",
+        f"spec.targets.utilisation is not a known field (known: {known_keys('targets')})",
     ),
     Invalid("the model is required", {"selector": SELECTOR}, "spec.model is required"),
     Invalid("the selector is required", {"model": "m"}, "spec.selector is required"),
     Invalid(
         "an empty selector would select every pod",
         minimal(selector={}),
-        "spec.selector must hold matchLabels or matchExpressions (an empty one selects every pod)",
+        "spec.selector: must hold matchLabels or matchExpressions (an empty selector selects every pod)",
     ),
     Invalid(
         "zero instances is below the minimum",
@@ -147,15 +174,28 @@ INVALID = [
     Invalid(
         "the instance kind is an enum",
         minimal(instanceKind="GPU"),
-        "spec.instanceKind must be one of '', 'KIND_CPU', 'KIND_GPU', got 'GPU'",
+        "spec.instanceKind must be one of '', 'KIND_CPU' or 'KIND_GPU', got 'GPU'",
     ),
     Invalid(
         "a model cannot call itself",
         minimal(calls=["pipeline_async"]),
-        "spec.calls[0] ('pipeline_async') must differ from spec.model ('pipeline_async')",
+        "spec.calls: must not name the model itself (pipeline_async)",
+    ),
+    Invalid("a child is listed once", minimal(calls=["a", "a"]), "spec.calls lists 'a' twice"),
+    Invalid(
+        "an empty model name is no name",
+        minimal(model=""),
+        "spec.model must not be empty",
     ),
     Invalid(
-        "a child is listed once", minimal(calls=["a", "a"]), "spec.calls[1] ('a') is listed twice"
+        "a list is bounded (the CEL rules' cost is)",
+        minimal(calls=[f"branch_{i}" for i in range(33)]),
+        "spec.calls may hold at most 32 items, got 33",
+    ),
+    Invalid(
+        "infinity is not a number here",
+        minimal(targets={"pendingPerInstance": float("inf")}),
+        "spec.targets.pendingPerInstance must be a number, got inf",
     ),
     Invalid(
         "calls is a list, not one name",
@@ -165,14 +205,14 @@ INVALID = [
     Invalid(
         "selectPolicy is an enum",
         minimal(behavior={"scaleUp": {"selectPolicy": "Maximum"}}),
-        "spec.behavior.scaleUp.selectPolicy must be one of 'Max', 'Min', 'Disabled', got 'Maximum'",
+        "spec.behavior.scaleUp.selectPolicy must be one of 'Max', 'Min' or 'Disabled', got 'Maximum'",
     ),
     Invalid(
         "a policy type is an enum",
         minimal(
             behavior={"scaleUp": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 15}]}}
         ),
-        "spec.behavior.scaleUp.policies[0].type must be one of 'Instances', 'Percent', got 'Pods'",
+        "spec.behavior.scaleUp.policies[0].type must be one of 'Instances' or 'Percent', got 'Pods'",
     ),
     Invalid(
         "a policy needs a period",
@@ -198,20 +238,20 @@ INVALID = [
     Invalid(
         "no policies needs selectPolicy Disabled",
         minimal(behavior={"scaleUp": {"policies": []}}),
-        "spec.behavior.scaleUp.policies must hold at least one policy unless "
-        "spec.behavior.scaleUp.selectPolicy is 'Disabled' (it is 'Max')",
+        "spec.behavior.scaleUp: policies must hold at least one policy unless selectPolicy is "
+        "Disabled (it is Max)",
     ),
     Invalid(
         "In needs values",
         minimal(selector={"matchExpressions": [{"key": "tier", "operator": "In"}]}),
-        "spec.selector.matchExpressions[0].values must not be empty when operator is 'In'",
+        "spec.selector.matchExpressions[0]: values must not be empty when operator is In",
     ),
     Invalid(
         "Exists takes no values",
         minimal(
             selector={"matchExpressions": [{"key": "tier", "operator": "Exists", "values": ["a"]}]}
         ),
-        "spec.selector.matchExpressions[0].values must be empty when operator is 'Exists'",
+        "spec.selector.matchExpressions[0]: values must be empty when operator is Exists",
     ),
     Invalid(
         "a label key has Kubernetes' syntax",
@@ -236,9 +276,18 @@ def test_an_invalid_spec_is_one_clear_line(case: Invalid) -> None:
     assert isinstance(raised.value, ValueError)
 
 
+def test_a_key_that_would_break_the_line_is_quoted() -> None:
+    with pytest.raises(InvalidSpec) as raised:
+        AutoscalerSpec.from_dict(minimal(**{"max\nInstances": 3}))
+    assert str(raised.value).startswith("spec.'max\\nInstances' is not a known field")
+
+
 def test_the_path_prefix_names_where_the_spec_came_from() -> None:
     # The local driver reads a list of policies from a file and names them so.
-    with pytest.raises(InvalidSpec, match=r"^policies\[2\]\.minInstances \(3\) must be <= "):
+    with pytest.raises(
+        InvalidSpec,
+        match=r"^policies\[2\]: minInstances must be <= maxInstances \(minInstances is 3, ",
+    ):
         AutoscalerSpec.from_dict(minimal(minInstances=3, maxInstances=2), path="policies[2]")
 
 
@@ -330,7 +379,8 @@ class TestLabelSelector:
 
     @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
     def test_selector_matches(self, case: Case) -> None:
-        assert selector_matches(case.selector, case.labels) is case.matches
+        selector = LabelSelector.from_dict(case.selector, path="selector")
+        assert selector_matches(selector, case.labels) is case.matches
 
     def test_the_string_form_is_the_kubernetes_query_syntax_sorted_by_key(self) -> None:
         selector = {
@@ -345,7 +395,7 @@ class TestLabelSelector:
                 {"key": "draining", "operator": "DoesNotExist"},
             ],
         }
-        assert selector_to_string(selector) == (
+        assert selector_to_string(LabelSelector.from_dict(selector, path="selector")) == (
             "app.kubernetes.io/component=triton,app.kubernetes.io/name=tritonscale,"
             "!draining,gpu,tier notin (canary,gpu),zone in (a,b)"
         )
@@ -353,5 +403,8 @@ class TestLabelSelector:
     def test_a_checked_selector_keeps_its_meaning(self) -> None:
         selector = {"matchExpressions": [{"key": "tier", "operator": "Exists"}]}
         spec = AutoscalerSpec.from_dict(minimal(selector=selector))
-        assert spec.selector == selector
+        assert spec.selector.to_dict() == {
+            "matchLabels": {},
+            "matchExpressions": [{"key": "tier", "operator": "Exists", "values": []}],
+        }
         assert selector_to_string(spec.selector) == "tier"

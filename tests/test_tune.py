@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from tests.tooling import require_local_triton
 from tritonscale.cli import main
 from tritonscale.drivers.tune import load_config
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.ports import free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint
 
@@ -43,6 +44,7 @@ def _run_cli(tmp_path: Path, text: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -63,7 +65,7 @@ def _run_cli(tmp_path: Path, text: str) -> tuple[int, str]:
                     ]
                 )
             ),
-            "policies[0].spec.minInstances (5) must be <= policies[0].spec.maxInstances (2)",
+            "policies[0].spec: minInstances must be <= maxInstances (minInstances is 5, maxInstances is 2)",
             id="min above max names both fields",
         ),
         pytest.param(
@@ -115,12 +117,14 @@ def test_a_bad_policy_file_is_one_line_naming_file_and_field(
     assert output.count("\n") == 1 and "Traceback" not in output
 
 
+@pytest.mark.unit
 def test_a_missing_policy_file_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["tune", "--config", str(tmp_path / "nope.yaml")])
     assert result.exit_code != 0 and "cannot read it" in result.output
     assert result.output.count("\n") == 1
 
 
+@pytest.mark.unit
 def test_the_example_policies_are_valid() -> None:
     config = load_config(EXAMPLE)
     assert [p.spec.model for p in config.policies] == [

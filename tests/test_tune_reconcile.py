@@ -19,7 +19,8 @@ from tritonscale.control.tick import (
     NO_READY_PODS,
     ReconcileState,
 )
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.ports import free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint
@@ -85,7 +86,10 @@ def test_an_invalid_spec_is_an_error_result_naming_the_field(actuator, pods) -> 
     bad = spec(minInstances=5, maxInstances=2)
     result = reconcile(bad, pods, ScrapeSource(), actuator, ReconcileState(), 1000.0)
     assert result.reason == INVALID_SPEC
-    assert "spec.minInstances (5) must be <= spec.maxInstances (2)" in result.message
+    assert (
+        "spec: minInstances must be <= maxInstances (minInstances is 5, maxInstances is 2)"
+        in result.message
+    )
     assert _live(actuator, pods) == 1
 
 

@@ -6,6 +6,7 @@ commands raise `click.ClickException` (or an error type listed in `USER_ERRORS`)
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -13,14 +14,44 @@ import time
 from pathlib import Path
 
 import click
-import requests
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 from tritonscale.drivers.tune import TuneConfigError
+from tritonscale.local.ports import LOOPBACK
 from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
+from tritonscale.triton.loads import DEFAULT_LOAD_DEADLINE_S
+
+# `--load-deadline` of the operator and of tune: how long a tick waits for one load.
+LOAD_DEADLINE_HELP = (
+    "Seconds a tick waits for one load of a model on a pod (a normal reload takes about "
+    "0.4-3.5 s); past it the old instances keep serving, the tick reports ReloadTimeout, and "
+    "no other load goes to that pod until Triton has answered the first."
+)
 
 # Errors that are the user's to fix (bad input, a busy port, a missing binary): one line.
 USER_ERRORS: tuple[type[Exception], ...] = (LocalTritonError, TuneConfigError)
+
+
+# What each optional extra of the package brings that a command imports. The base install
+# (the operator's image) runs `operator` and `tune`; the other commands name the extra they
+# miss in one line rather than failing on an import deep inside.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "server": ("pytriton", "numpy"),
+    "load": ("tritonclient", "grpc", "numpy"),
+    "reports": ("matplotlib",),
+}
+
+
+def require_extras(*extras: str) -> None:
+    """Stop the current command with one line naming the first extra that is not installed."""
+    for extra in extras:
+        absent = [name for name in EXTRA_MODULES[extra] if importlib.util.find_spec(name) is None]
+        if absent:
+            command = click.get_current_context().command_path
+            raise click.ClickException(
+                f"'{command}' needs the {extra} extra ({', '.join(absent)} not installed): "
+                f"pip install 'tritonscale[{extra}]'"
+            )
 
 
 class _Group(click.Group):
@@ -58,6 +89,21 @@ def _stop_on_signals() -> None:
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=8001, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=8002, show_default=True)
 @click.option(
+    "--http-address",
+    default=LOOPBACK,
+    show_default=True,
+    help="Address the HTTP server binds; 0.0.0.0 lets other machines reach it.",
+)
+@click.option(
+    "--grpc-address", default=LOOPBACK, show_default=True, help="Address the gRPC server binds."
+)
+@click.option(
+    "--metrics-address",
+    default=LOOPBACK,
+    show_default=True,
+    help="Address the metrics server binds.",
+)
+@click.option(
     "--model",
     "models",
     multiple=True,
@@ -68,26 +114,34 @@ def serve(
     http_port: int,
     grpc_port: int,
     metrics_port: int,
+    http_address: str,
+    grpc_address: str,
+    metrics_address: str,
     models: tuple[str, ...],
 ) -> None:
     """Run a local tritonserver on a model repository until Ctrl-C or SIGTERM."""
+    require_extras("server")
     _stop_on_signals()
     server = LocalTriton(
         model_repository,
         http_port=http_port,
         grpc_port=grpc_port,
         metrics_port=metrics_port,
+        http_address=http_address,
+        grpc_address=grpc_address,
+        metrics_address=metrics_address,
         models=list(models) or None,
     )
     click.echo(f"starting tritonserver on {server.model_repository} ...")
     try:
         with server:
-            names = models or _loaded_models(server)
+            names = models or server.ready_models()
             click.echo(
                 f"ready in {server.startup_s:.1f} s: {len(names)} models ({', '.join(names)})\n"
                 f"  HTTP    http://{server.http_url}\n"
                 f"  gRPC    {server.grpc_url}\n"
-                f"  metrics {server.metrics_url}"
+                f"  metrics {server.metrics_url}\n"
+                f"  log     {server.log_path}"
             )
             if os.environ.get(REPOSITORY_KEY_ENV):
                 click.echo(f"model-repository API key: from ${REPOSITORY_KEY_ENV}")
@@ -169,6 +223,15 @@ def serve(
     help="Triton's metrics port on a pod that names no container port 'metrics'.",
 )
 @click.option(
+    "--load-deadline",
+    "load_deadline_s",
+    show_envvar=True,
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_LOAD_DEADLINE_S,
+    show_default=True,
+    help=LOAD_DEADLINE_HELP,
+)
+@click.option(
     "--verbose", is_flag=True, show_envvar=True, help="Log at debug level, every tick included."
 )
 def operator(
@@ -181,6 +244,7 @@ def operator(
     prometheus_url: str | None,
     triton_http_port: int,
     triton_metrics_port: int,
+    load_deadline_s: float,
     verbose: bool,
 ) -> None:
     """Run the Kubernetes operator: one control loop per InstanceGroupAutoscaler object.
@@ -205,6 +269,7 @@ def operator(
         prometheus_url=prometheus_url or None,
         triton_http_port=triton_http_port,
         triton_metrics_port=triton_metrics_port,
+        load_deadline_s=load_deadline_s,
     )
     try:
         kopf_driver.run(
@@ -218,17 +283,6 @@ def operator(
         )
     except kopf_driver.OperatorError as error:
         raise click.ClickException(str(error)) from None
-
-
-def _loaded_models(server: LocalTriton) -> list[str]:
-    index = requests.post(
-        f"http://{server.http_url}/v2/repository/index",
-        json={"ready": True},
-        headers=server.repository_headers,
-        timeout=5,
-    )
-    index.raise_for_status()
-    return sorted(row["name"] for row in index.json())
 
 
 @main.group()
@@ -275,6 +329,7 @@ def preview(
     dashboards_dir: Path | None,
 ) -> None:
     """Draw each dashboard's panels from a live Prometheus into one PNG per dashboard."""
+    require_extras("reports")
     # Imported here: the module pulls in matplotlib, which no other command needs.
     from tritonscale.reports import dashboards as dashboard_files
 
@@ -340,6 +395,7 @@ def report(
     out: Path,
 ) -> None:
     """One HTML page with plots of a run: throughput, latency, queue time, instances."""
+    require_extras("reports")
     from tritonscale.reports.report import ReportError, write_report
 
     if (start is None) != (end is None):
@@ -383,12 +439,25 @@ def report(
     type=click.FloatRange(min=0, min_open=True),
     help="Stop after this many seconds (default: until Ctrl-C or SIGTERM).",
 )
+@click.option(
+    "--load-deadline",
+    "load_deadline_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_LOAD_DEADLINE_S,
+    show_default=True,
+    help=LOAD_DEADLINE_HELP,
+)
 def tune(
-    config_path: Path, metrics_port: int, decision_log: Path | None, duration: float | None
+    config_path: Path,
+    metrics_port: int,
+    decision_log: Path | None,
+    duration: float | None,
+    load_deadline_s: float,
 ) -> None:
     """The local driver: run the policies of a YAML file against static Triton URLs."""
     from tritonscale.control.operator_metrics import OperatorMetrics
     from tritonscale.drivers import tune as tuning
+    from tritonscale.triton.actuator import Actuator
 
     config = tuning.load_config(config_path)
     _stop_on_signals()
@@ -405,7 +474,11 @@ def tune(
     click.echo(f"tuning {names} on {len(config.endpoints)} Triton(s), metrics from {config.source}")
     log = decision_log.open("a") if decision_log else None
     try:
-        tuning.Tuner(config, metrics=metrics, decision_log=log, echo=click.echo).run(duration)
+        actuator = Actuator(load_deadline_s=load_deadline_s)
+        tuner = tuning.Tuner(
+            config, actuator=actuator, metrics=metrics, decision_log=log, echo=click.echo
+        )
+        tuner.run(duration)
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
     finally:
@@ -426,6 +499,7 @@ def tune(
 def demo(out: Path) -> None:
     """The control loop on one machine in about four minutes: Triton, metrics, tune, and an
     open-loop load above what one instance each serves, first with the operator paused."""
+    require_extras("server", "load", "reports")
     from tritonscale.local import demo as demonstration
 
     _stop_on_signals()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from tests.chart.helm import REPO_ROOT, Result, load_tool, run_helm, template_args
+from tests.chart.helm import REPO_ROOT, Result, load_tool, package_chart, run_helm, template_args
 from tests.tooling import missing
 
 
@@ -44,3 +45,13 @@ def render(helm4: str) -> Callable[..., Result]:
         return result
 
     return _render
+
+
+@pytest.fixture(scope="session")
+def packaged_chart(helm: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chart packaged by each Helm major in turn (`helm package`): the .tgz a user installs.
+
+    Tests that install the chart on a real cluster take this fixture, so that they install
+    what a user gets from a chart repository, not the folder with its links.
+    """
+    return package_chart(helm, tmp_path_factory.mktemp("packaged-chart"))

@@ -47,14 +47,35 @@ def run_helm(binary: str, *args: str) -> Result:
 
 
 def template_args(
-    *values_files: str, sets: tuple[str, ...] = (), extra: tuple[str, ...] = ()
+    *values_files: str,
+    sets: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+    chart: Path = CHART,
 ) -> tuple[str, ...]:
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, *extra]
+    """`helm template` of the chart folder (or of a packaged .tgz) with ci/ values files."""
+    args = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, *extra]
     for name in values_files:
         args += ["-f", str(CHART / "ci" / name)]
     for item in sets:
         args += ["--set", item]
     return tuple(args)
+
+
+def package_chart(helm: str, destination: Path) -> Path:
+    """`helm package` the chart into destination: the .tgz a user installs from a repository.
+
+    Helm follows the links in files/, so the archive holds the linked files' contents.
+    """
+    destination.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [helm, "package", str(CHART), "--destination", str(destination)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    (archive,) = destination.glob("tritonscale-*.tgz")
+    return archive
 
 
 def by_kind(objects: list[dict], kind: str) -> list[dict]:

@@ -385,15 +385,10 @@ class TestMonitoring:
                 ]["labels"]
             assert monitor["spec"]["selector"]["matchLabels"].items() <= target.items()
 
-    def test_prometheus_rule_carries_the_rules_file_or_is_left_out(
-        self, render, tmp_path: Path
-    ) -> None:
+    def test_prometheus_rule_carries_the_rules_file(self, render, tmp_path: Path) -> None:
         objects = render("monitoring-values.yaml").objects
         rules_file = CHART / "files" / "rules" / "tritonscale.rules.yaml"
         rules = by_kind(objects, "PrometheusRule")
-        if not rules_file.is_file():
-            assert rules == []
-            return
         assert len(rules) == 1
         assert rules[0]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
         assert rules[0]["spec"]["groups"] == yaml.safe_load(rules_file.read_text())["groups"]
@@ -467,10 +462,6 @@ class TestHpaLocustAndHelmTest:
 
     def test_locust_runs_the_load_test_against_the_service(self, helm4: str) -> None:
         result = run_helm(helm4, *template_args("locust-values.yaml"))
-        if not (CHART / "files" / "loadtests" / "bls.py").is_file():
-            assert result.returncode != 0
-            assert "locust.enabled is true but the chart holds no loadtests/bls.py" in result.stderr
-            return
         assert result.returncode == 0, result.stderr
         objects = result.objects
         job = one(objects, "Job", "-locust-master")  # headless: one run, never restarted
@@ -478,6 +469,9 @@ class TestHpaLocustAndHelmTest:
         assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
         master = container(job, "locust")
         workers = one(objects, "Deployment", "-locust-worker")
+        # Locust's own image (loadtests/Dockerfile), not the operator's: that one has no Locust.
+        for locust in (master, container(workers, "locust")):
+            assert locust["image"] == "ghcr.io/tritonscale/tritonscale-locust:0.1.0"
         assert workers["spec"]["replicas"] == 4
         assert "--locustfile=/mnt/locust/bls.py" in master["args"]
         assert f"--host=http://demo-tritonscale-triton.{NAMESPACE}.svc:8000" in master["args"]
@@ -490,6 +484,60 @@ class TestHpaLocustAndHelmTest:
         assert service["spec"]["selector"].items() <= master_labels.items()
         files = one(objects, "ConfigMap", "-locustfiles")
         assert files["data"]["bls.py"] == (CHART / "files" / "loadtests" / "bls.py").read_text()
+
+
+def images(objects: list[dict]) -> dict[str, str]:
+    """{object kind/name/container: image} over every container and init container."""
+    found = {}
+    for obj in objects:
+        spec = obj.get("spec", {})
+        pod = spec.get("template", {}).get("spec", spec) if obj["kind"] != "Pod" else spec
+        for key in ("initContainers", "containers"):
+            for item in pod.get(key) or []:
+                found[f"{obj['kind']}/{obj['metadata']['name']}/{item['name']}"] = item["image"]
+    return found
+
+
+class TestImages:
+    def test_global_image_registry_replaces_the_registry_of_every_image(self, render) -> None:
+        objects = render(
+            "locust-values.yaml",
+            "image-repository-values.yaml",
+            sets=("global.imageRegistry=mirror.example.com",),
+        ).objects
+        found = images(objects)
+        assert len(found) >= 5  # Triton, its model copier, the operator, Locust x2, helm test
+        assert {name: ref.split("/")[0] for name, ref in found.items()} == {
+            name: "mirror.example.com" for name in found
+        }
+        assert "mirror.example.com/nvidia/tritonserver:24.10-py3" in found.values()
+        assert "mirror.example.com/tritonscale/tritonscale-locust:0.1.0" in found.values()
+
+    def test_without_it_each_image_keeps_its_own_registry(self, render) -> None:
+        found = set(images(render("locust-values.yaml").objects).values())
+        assert found == {
+            "nvcr.io/nvidia/tritonserver:24.10-py3",
+            "ghcr.io/tritonscale/tritonscale-operator:0.1.0",
+            "ghcr.io/tritonscale/tritonscale-locust:0.1.0",
+        }
+
+    def test_a_registry_with_a_space_is_refused(self, helm4: str) -> None:
+        result = run_helm(helm4, *template_args(sets=("global.imageRegistry=a b",)))
+        assert result.returncode != 0 and "imageRegistry" in result.stderr
+
+
+def test_notes_name_the_images_and_how_to_build_and_push_them(helm4: str) -> None:
+    done = subprocess.run(
+        [helm4, "install", "demo", str(CHART), "--dry-run=client", "-n", NAMESPACE]
+        + ["--set", "locust.enabled=true", "--set", "global.imageRegistry=mirror.example.com"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.split("NOTES:", 1)[1]
+    assert "operator   mirror.example.com/tritonscale/tritonscale-operator:0.1.0" in notes
+    assert "Locust     mirror.example.com/tritonscale/tritonscale-locust:0.1.0" in notes
+    assert "make push REGISTRY=<registry>/tritonscale" in notes
 
 
 def test_notes_say_how_to_reach_triton_and_the_dashboards(helm4: str) -> None:
@@ -544,8 +592,6 @@ def test_the_longest_release_name_keeps_names_valid_and_distinct(helm4: str) -> 
 
 
 def test_locust_with_its_web_ui_keeps_the_master_running(render) -> None:
-    if not (CHART / "files" / "loadtests" / "bls.py").is_file():
-        pytest.skip("loadtests/bls.py is not in the chart yet")
     objects = render(sets=("locust.enabled=true",)).objects
     master = one(objects, "Deployment", "-locust-master")
     assert master["spec"]["replicas"] == 1

@@ -29,18 +29,6 @@ NOT_KUBERNETES_KINDS = {
     "PrometheusRule",
 }
 KUBERNETES_VERSIONS = ["1.29", ".".join(latest_version().split(".")[:2])]
-LOCUSTFILE_PRESENT = (CHART / "files" / "loadtests" / "bls.py").is_file()
-
-
-def expect_render_failure(values_file: str) -> str | None:
-    """The message a values file must fail with in the chart's current state, else None."""
-    if values_file == "locust-values.yaml" and not LOCUSTFILE_PRESENT:
-        return "locust.enabled is true but the chart holds no loadtests/bls.py"
-    return None
-
-
-# The files that render in the chart's current state (the others fail as expected above).
-RENDERABLE = [name for name in CI_VALUES if expect_render_failure(name) is None]
 
 
 @pytest.mark.parametrize("values_file", CI_VALUES)
@@ -59,11 +47,6 @@ def test_template_renders_the_same_objects_under_helm_3_and_4(
     helm3 = run_helm(
         tools["helm3"], *template_args(values_file, sets=FIXED_KEY, extra=("--include-crds",))
     )
-    if message := expect_render_failure(values_file):
-        for result in (helm4, helm3):
-            assert result.returncode != 0
-            assert message in result.stderr
-        return
     assert helm4.returncode == 0, helm4.stderr
     assert helm3.returncode == 0, helm3.stderr
     assert helm4.objects == helm3.objects
@@ -82,7 +65,7 @@ def validation_error(obj_json: str, version: str) -> str | None:
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize("values_file", RENDERABLE)
+@pytest.mark.parametrize("values_file", CI_VALUES)
 def test_every_object_is_valid_kubernetes(helm4: str, values_file: str, version: str) -> None:
     result = run_helm(helm4, *template_args(values_file, sets=FIXED_KEY, extra=("--include-crds",)))
     assert result.returncode == 0, result.stderr
@@ -92,7 +75,7 @@ def test_every_object_is_valid_kubernetes(helm4: str, values_file: str, version:
     assert len(checked) >= 10  # the Deployments, Services, ConfigMaps, RBAC and CRDs at least
 
 
-@pytest.mark.parametrize("values_file", RENDERABLE)
+@pytest.mark.parametrize("values_file", CI_VALUES)
 def test_every_object_carries_the_chart_labels(helm4: str, values_file: str) -> None:
     result = run_helm(helm4, *template_args(values_file, sets=FIXED_KEY))
     for obj in result.objects:

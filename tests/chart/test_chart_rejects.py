@@ -119,6 +119,11 @@ COMBINATION_CASES = [
         ("operator.replicaCount=2",),
         "tritonscale: operator.replicaCount is 2 but operator.peering.enabled is false",
     ),
+    (
+        "a locustfile the chart does not hold",
+        ("locust.enabled=true", "locust.locustfile=soak.py"),
+        "tritonscale: locust.enabled is true but the chart holds no loadtests/soak.py",
+    ),
 ]
 
 

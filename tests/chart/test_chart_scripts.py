@@ -21,7 +21,8 @@ import pytest
 
 from tests.chart.helm import CHART, by_kind, one
 from tests.tooling import require_local_triton
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.ports import free_port
+from tritonscale.local.triton_server import LocalTriton
 
 SCRIPTS = CHART / "files" / "scripts"
 

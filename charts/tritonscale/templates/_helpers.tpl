@@ -67,12 +67,13 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* An image reference from {registry, repository, tag, digest}: the digest wins over the tag; an empty tag is the chart's appVersion. Call with (dict "image" .Values.x.image "root" .). */}}
+{{/* An image reference from {registry, repository, tag, digest}: global.imageRegistry, when set, replaces every image's registry (as in Bitnami's charts); the digest wins over the tag; an empty tag is the chart's appVersion. Call with (dict "image" .Values.x.image "root" .). */}}
 {{- define "tritonscale.image" -}}
 {{- $image := .image -}}
+{{- $registry := default $image.registry (dig "imageRegistry" "" (default dict .root.Values.global)) -}}
 {{- $ref := $image.repository -}}
-{{- if $image.registry -}}
-{{- $ref = printf "%s/%s" $image.registry $image.repository -}}
+{{- if $registry -}}
+{{- $ref = printf "%s/%s" $registry $image.repository -}}
 {{- end -}}
 {{- if $image.digest -}}
 {{- printf "%s@%s" $ref $image.digest -}}
@@ -100,7 +101,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- . | lower | replace "_" "-" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The models of the chart's copy of models/: the folders of files/models that hold a config.pbtxt, sorted. */}}
+{{/* The models of models/ (files/models links to it): the folders of files/models that hold a config.pbtxt, sorted. */}}
 {{- define "tritonscale.modelNames" -}}
 {{- $names := list -}}
 {{- range $path, $_ := .Files.Glob "files/models/*/config.pbtxt" -}}
@@ -170,7 +171,7 @@ tritonscale: triton.modelRepository.source is "image" but triton.modelRepository
 {{- else if and (eq $repo.source "uri") (not (regexMatch "^(s3|gs|as)://." $repo.uri)) -}}
 tritonscale: triton.modelRepository.source is "uri" but triton.modelRepository.uri ({{ $repo.uri | quote }}) does not start with s3://, gs:// or as://.
 {{- else if and (eq $repo.source "configMap") (eq (len (fromJsonArray (include "tritonscale.modelNames" .))) 0) -}}
-tritonscale: triton.modelRepository.source is "configMap" but the chart holds no models (files/models is empty): run `make chart-sync`.
+tritonscale: triton.modelRepository.source is "configMap" but the chart holds no models (files/models, a link to the repository's models/, is empty or missing).
 {{- end -}}
 {{- end -}}
 
@@ -213,9 +214,6 @@ tritonscale: triton.pdb.enabled is true but neither triton.pdb.minAvailable nor 
 {{- if gt (int $spec.minInstances) (int $spec.maxInstances) -}}
 {{- $lines = append $lines (printf "tritonscale: autoscalers.models.%s: minInstances (%v) is above maxInstances (%v)." $model $spec.minInstances $spec.maxInstances) -}}
 {{- end -}}
-{{- if lt (int $spec.minInstances) 1 -}}
-{{- $lines = append $lines (printf "tritonscale: autoscalers.models.%s: minInstances (%v) must be at least 1." $model $spec.minInstances) -}}
-{{- end -}}
 {{- end -}}
 {{- join "\n" $lines -}}
 {{- end -}}
@@ -256,7 +254,7 @@ tritonscale: operator.replicaCount is {{ .Values.operator.replicaCount }} but op
 
 {{- define "tritonscale.validateValues.locust" -}}
 {{- if and .Values.locust.enabled (not (.Files.Get (printf "files/loadtests/%s" .Values.locust.locustfile))) -}}
-tritonscale: locust.enabled is true but the chart holds no loadtests/{{ .Values.locust.locustfile }} (files/loadtests is synced from loadtests/ by `make chart-sync`).
+tritonscale: locust.enabled is true but the chart holds no loadtests/{{ .Values.locust.locustfile }} (files/loadtests links to loadtests/).
 {{- end -}}
 {{- end -}}
 

@@ -9,10 +9,13 @@
 A tick: read the live counts on the ready pods (the highest is `current`, so that a restarted
 or lagging pod converges to what the others serve; disagreements are reported), read the children's counts (`spec.calls`), take a metrics snapshot, ask
 `policy.decide`, then, unless paused, dry-running or backing off, bring every pod whose
-count differs from the decision to it (`Actuator.apply`, one pod at a time). Errors are
-results, not exceptions: `TickResult.errors` holds each with its HPA-style reason
-(FailedGetMetrics, FailedRescale, NoReadyPods, InvalidSpec) and one line. Failed loads back
-off exponentially per autoscaler (`Backoff`, in the state, on the caller's clock).
+count differs from the decision to it (`Actuator.apply`: the first pod alone, then the others
+in parallel). Errors are results, not exceptions: `TickResult.errors` holds each with its
+HPA-style reason (FailedGetMetrics, FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec)
+and one line. A load that does not finish within the actuator's deadline ends the tick's
+wait with ReloadTimeout; while it is in flight no other load goes to that pod, and each tick
+says so (ReloadTimeout again). Failed and timed-out loads back off exponentially per
+autoscaler (`Backoff`, in the state, on the caller's clock).
 
 Nothing here imports kopf; the clock is the `now` argument (unix seconds).
 """
@@ -33,6 +36,7 @@ from tritonscale.control.tick import (
     FAILED_RESCALE,
     INVALID_SPEC,
     NO_READY_PODS,
+    RELOAD_TIMEOUT,
     SUCCEEDED_RESCALE,
     Backoff,
     ReconcileState,
@@ -236,10 +240,20 @@ def _run(
     applied: list[PodResult] = []
     backoff, last_scale = state.backoff, state.last_scale_time
     desired = decision.desired_instances
+    # A load that outlived its deadline on an earlier tick: nothing more goes to that pod
+    # until Triton has answered it (a second load would only wait behind the first).
+    in_flight = [load for e in endpoints if (load := actuator.in_flight(e, spec.model))]
+    if in_flight:
+        message = actuator.in_flight_reason(in_flight[0])
+        errors.append(TickError(RELOAD_TIMEOUT, message))
+        able = policy.Condition(False, RELOAD_TIMEOUT, message)
+    busy = {load.pod for load in in_flight}
     # Pods that did not answer are left out (reported in notes); with instanceKind set every
     # pod is visited, since the kind may differ where the count does not.
     pending = [
-        e for e in endpoints if e.name in live and (live[e.name] != desired or spec.instance_kind)
+        e
+        for e in endpoints
+        if e.name in live and e.name not in busy and (live[e.name] != desired or spec.instance_kind)
     ]
     if spec.paused:
         pass
@@ -262,12 +276,17 @@ def _run(
             failures = [p for p in applied if not p.ok]
             if failures:
                 backoff = backoff.failed(now, backoff_base_s, backoff_cap_s)
-                message = (
-                    f"the load of {spec.model} with {desired} instances failed on {failures[0].pod}: "
-                    f"{failures[0].reason}"
-                )
-                errors.append(TickError(FAILED_RESCALE, message))
-                able = policy.Condition(False, FAILED_RESCALE, message)
+                first = failures[0]
+                if first.pending:
+                    reason, message = RELOAD_TIMEOUT, first.reason
+                else:
+                    reason = FAILED_RESCALE
+                    message = (
+                        f"the load of {spec.model} with {desired} instances failed on "
+                        f"{first.pod}: {first.reason}"
+                    )
+                errors.append(TickError(reason, message))
+                able = policy.Condition(False, reason, message)
             else:
                 backoff = Backoff()
                 if applied:

@@ -20,6 +20,8 @@ from tritonscale.triton.healing import HealingResult
 
 FAILED_GET_METRICS = "FailedGetMetrics"
 FAILED_RESCALE = "FailedRescale"
+# A load did not finish within its deadline (or one sent earlier is still in flight).
+RELOAD_TIMEOUT = "ReloadTimeout"
 NO_READY_PODS = "NoReadyPods"
 INVALID_SPEC = "InvalidSpec"
 DRY_RUN = "DryRun"
@@ -31,7 +33,7 @@ BACKOFF_CAP_S = 300.0
 
 @dataclass(frozen=True)
 class TickError:
-    reason: str  # FailedGetMetrics, FailedRescale, NoReadyPods, InvalidSpec
+    reason: str  # FailedGetMetrics, FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec
     message: str  # one line
 
 

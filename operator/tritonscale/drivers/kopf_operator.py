@@ -12,6 +12,13 @@ State lives in the object's status (`status.policyState`, `status.backoff`, the 
 so a restarted or failed-over operator carries on where the last one stopped. An invalid
 spec is a status condition (ScalingActive False, InvalidSpec) and one Warning event, never
 an exception: kopf would retry it forever, and a fixed spec is picked up on the next tick.
+
+Objects tick independently: kopf runs each object's timer as a task of its own, its sync
+handler in a worker thread. A tick is bounded: a load waits at most the actuator's
+deadline (`--load-deadline`), and a load still in flight from an earlier tick is not waited
+for again (the tick reports ReloadTimeout and sends nothing more to that pod). So one
+object's hung reload holds one worker thread for at most the deadline, once, and never
+delays another object's tick.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import kopf
 
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.reconcile import reconcile
-from tritonscale.control.tick import FAILED_RESCALE, ReconcileState, TickResult
+from tritonscale.control.tick import FAILED_RESCALE, RELOAD_TIMEOUT, ReconcileState, TickResult
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.drivers import pods
 from tritonscale.metrics.prometheus import PrometheusSource
@@ -36,6 +43,7 @@ from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.metrics.source import MetricsSource
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.healing import Healer
+from tritonscale.triton.loads import DEFAULT_LOAD_DEADLINE_S
 
 GROUP, VERSION, PLURAL = "tritonscale.io", "v1alpha1", "instancegroupautoscalers"
 # How often each object's timer wakes to see whether its interval has passed. The spec's
@@ -59,6 +67,8 @@ class DriverConfig:
     # How often an object whose spec cannot be read is looked at again (it has no
     # intervalSeconds to trust); a change of its spec is looked at at once.
     invalid_spec_recheck_s: float = 15.0
+    # How long a tick waits for one load of a model on a pod (tritonscale.triton.loads).
+    load_deadline_s: float = DEFAULT_LOAD_DEADLINE_S
 
 
 @dataclass
@@ -86,12 +96,16 @@ def make_runtime(config: DriverConfig, metrics: OperatorMetrics | None = None) -
         source: MetricsSource = PrometheusSource(config.prometheus_url)
     else:
         source = ScrapeSource()
+    actuator = Actuator(
+        repository_key=config.repository_key, load_deadline_s=config.load_deadline_s
+    )
     return Runtime(
         config=config,
         source=source,
-        actuator=Actuator(repository_key=config.repository_key),
+        actuator=actuator,
         metrics=metrics if metrics is not None else OperatorMetrics(),
-        healer=Healer(repository_key=config.repository_key),
+        # The actuator's loads: neither piles a load on one the other left in flight.
+        healer=Healer(repository_key=actuator.repository_key, loads=actuator.loads),
     )
 
 
@@ -194,18 +208,22 @@ def _changed(status: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
 def _post_events(body: kopf.Body, result: TickResult, memo: kopf.Memo, logger: Any) -> None:
     """A Normal event per change of count, a Warning per failure.
 
-    A failure that persists (no pods, Prometheus down, a bad spec) is reported when it
-    starts, not on every tick: kopf's events are not aggregated as the kubelet's are, and a
-    Warning every interval would flood the namespace's events. Each failed load is new.
+    A failure that persists (no pods, Prometheus down, a bad spec, a load still in flight)
+    is reported when it starts, not on every tick: kopf's events are not aggregated as the
+    kubelet's are, and a Warning every interval would flood the namespace's events. Each
+    failed load, and each load that outlived its deadline, is new.
     """
     logger.debug(result.line())
     if result.applied_ok and result.decision is not None:
         kopf.info(body, reason="SucceededRescale", message=result.decision.message)
         logger.info(result.line())
     previous: Collection[str] = memo.get("failing", ())
-    failed_load = any(not pod.ok for pod in result.applied)
+    new_this_tick = {
+        FAILED_RESCALE: any(not pod.ok and not pod.pending for pod in result.applied),
+        RELOAD_TIMEOUT: any(pod.pending for pod in result.applied),
+    }
     for error in result.errors:
-        if error.reason not in previous or (error.reason == FAILED_RESCALE and failed_load):
+        if error.reason not in previous or new_this_tick.get(error.reason, False):
             kopf.warn(body, reason=error.reason, message=error.message)
             logger.warning(result.line())
     memo.failing = frozenset(error.reason for error in result.errors)

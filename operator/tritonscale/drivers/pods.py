@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tritonscale.core.selectors import selector_matches
+from tritonscale.core.spec import LabelSelector
 from tritonscale.triton.endpoints import Endpoint
 
 DEFAULT_HTTP_PORT = 8000
@@ -86,7 +87,7 @@ def _named_ports(spec: Mapping[str, Any]) -> dict[str, int]:
 
 def ready_endpoints(
     pods: Iterable[TritonPod],
-    selector: Mapping[str, Any],
+    selector: LabelSelector,
     http_port: int = DEFAULT_HTTP_PORT,
     metrics_port: int = DEFAULT_METRICS_PORT,
 ) -> list[Endpoint]:

@@ -16,7 +16,8 @@ with the InstanceGroupAutoscaler's `spec` shape (docs/instancegroupautoscaler.md
 Top-level keys starting with `x-` are ignored (a place for YAML anchors shared by the
 specs). `spec.selector` may be left out here (the URLs name the pods); it is ignored when given.
 Every policy runs every `spec.intervalSeconds` through `reconcile.reconcile`, the same tick
-as the Kubernetes driver. Each tick prints one line; `--decision-log` appends one JSON
+as the Kubernetes driver, in a thread of its own: one policy's slow tick (a load waiting for
+its deadline) never delays another's. Each tick prints one line; `--decision-log` appends one JSON
 object per tick (`TickResult.to_dict()` plus `autoscaler`): time `t` (unix s) and `time`,
 `model`, `current`, `desired`, `recommended`, `direction`, `reason`, `message`, `observed`,
 `requestRate`, `live` (pod -> count), `children`, `applied` (pod, before, after, ok,
@@ -45,6 +46,7 @@ from tritonscale.metrics.prometheus import PrometheusSource
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.metrics.source import MetricsSource
 from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.client import free_thread_hub
 from tritonscale.triton.endpoints import Endpoint, local_endpoints
 from tritonscale.triton.healing import Healer
 
@@ -187,7 +189,8 @@ def load_config(path: str | Path) -> TuneConfig:
 
 @dataclass
 class Tuner:
-    """The loop: each policy ticks every intervalSeconds; `run` until `stop` or the duration."""
+    """The loop: each policy ticks every intervalSeconds, in a thread of its own; `run` until
+    `stop` or the duration."""
 
     config: TuneConfig
     actuator: Actuator = field(default_factory=Actuator)
@@ -201,12 +204,17 @@ class Tuner:
     healer: Healer | None = None
     heal: bool = True
     states: dict[str, ReconcileState] = field(default_factory=dict)
+    # The policies tick in threads of their own; their lines and log records go out whole.
+    _output: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.source is None:
             self.source = self.config.make_source()
         if self.heal and self.healer is None:
-            self.healer = Healer(repository_key=self.actuator.repository_key)
+            # The actuator's loads: neither piles a load on one the other left in flight.
+            self.healer = Healer(
+                repository_key=self.actuator.repository_key, loads=self.actuator.loads
+            )
 
     def tick(self, policy: Policy, now: float) -> TickResult:
         assert self.source is not None
@@ -223,33 +231,69 @@ class Tuner:
             healer=self.healer,
         )
         self.states[policy.name] = result.state
-        self.echo(result.line())
-        if self.on_tick is not None:
-            self.on_tick(policy.name, result)
-        if self.decision_log is not None:
-            self.decision_log.write(
-                json.dumps({"autoscaler": policy.name, **result.to_dict()}) + "\n"
-            )
-            self.decision_log.flush()
+        with self._output:
+            self.echo(result.line())
+            if self.on_tick is not None:
+                self.on_tick(policy.name, result)
+            if self.decision_log is not None:
+                self.decision_log.write(
+                    json.dumps({"autoscaler": policy.name, **result.to_dict()}) + "\n"
+                )
+                self.decision_log.flush()
         return result
 
     def run(self, duration_s: float | None = None, stop: threading.Event | None = None) -> None:
+        """Tick every policy on its own schedule until `stop` is set or `duration_s` has passed.
+
+        A tick that fails with an exception (a bug: Triton's and Prometheus's troubles are
+        results) stops the others and is raised here.
+        """
         stop = stop or threading.Event()
-        started = time.monotonic()
-        due = {policy.name: started for policy in self.config.policies}
-        while not stop.is_set():
-            now_mono = time.monotonic()
-            if duration_s is not None and now_mono - started >= duration_s:
-                return
-            for policy in self.config.policies:
-                if due[policy.name] <= now_mono and not stop.is_set():
-                    self.tick(policy, time.time())
-                    # Keep the period: the next tick is due one interval after this one was.
-                    due[policy.name] += policy.spec.interval_seconds
-                    if due[policy.name] < time.monotonic():
-                        due[policy.name] = time.monotonic() + policy.spec.interval_seconds
-            wait = min(due.values()) - time.monotonic()
-            if duration_s is not None:
-                wait = min(wait, started + duration_s - time.monotonic())
-            if wait > 0:
-                stop.wait(wait)
+        failures: list[BaseException] = []
+        loops = [
+            threading.Thread(
+                target=self._loop,
+                args=(policy, stop, failures),
+                name=f"tune {policy.name}",
+                daemon=True,
+            )
+            for policy in self.config.policies
+        ]
+        for loop in loops:
+            loop.start()
+        try:
+            stop.wait(duration_s)
+        finally:
+            stop.set()
+            # A tick ends within the actuator's load deadline plus a few bounded reads.
+            join_s = self.actuator.load_deadline_s + 60
+            for loop in loops:
+                loop.join(timeout=join_s)
+                if loop.is_alive():
+                    self.echo(f"{loop.name}: its tick did not end within {join_s:g} s of the stop")
+        if failures:
+            raise failures[0]
+
+    def _current(self, policy: Policy) -> Policy:
+        return next((p for p in self.config.policies if p.name == policy.name), policy)
+
+    def _loop(self, policy: Policy, stop: threading.Event, failures: list[BaseException]) -> None:
+        due = time.monotonic()
+        try:
+            while not stop.is_set():
+                # The policy as the config holds it now: a config replaced while the loop runs
+                # (the demo pauses and resumes its policies) applies from the next tick.
+                policy = self._current(policy)
+                self.tick(policy, time.time())
+                interval_s = policy.spec.interval_seconds
+                # Keep the period: the next tick is due one interval after this one was; a
+                # tick that overran it is followed one interval after it ended.
+                due += interval_s
+                if due < time.monotonic():
+                    due = time.monotonic() + interval_s
+                stop.wait(due - time.monotonic())
+        except Exception as error:  # handed to run(), which raises it
+            failures.append(error)
+            stop.set()
+        finally:
+            free_thread_hub()

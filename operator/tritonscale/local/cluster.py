@@ -34,7 +34,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -46,6 +45,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from tritonscale.local.ports import free_port, port_is_taken
 
 GO_MODULE_DIR = Path(__file__).resolve().parent / "controlplane"
 # Binary name -> Go package, as `go build` takes it from inside GO_MODULE_DIR.
@@ -375,23 +376,6 @@ def _kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
 # ------------------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _port_taken(port: int) -> bool:
-    with socket.socket() as sock:
-        # As the Go servers do: a port in TIME_WAIT is free for them, so it is for us.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
 def _last_meaningful_line(log: Path) -> str:
     """What a person needs from a dead component's log: its last error, else its last line."""
     try:
@@ -531,7 +515,7 @@ class ControlPlane:
     def _pick_ports(self) -> None:
         self.ports = {}
         for role, port in self.requested_ports.items():
-            if port and _port_taken(port):
+            if port and port_is_taken(port):
                 raise ClusterError(f"port {port} ({role}) is already in use on 127.0.0.1")
             self.ports[role] = port or free_port()
 

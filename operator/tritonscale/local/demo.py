@@ -34,8 +34,9 @@ from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.tick import TickResult
 from tritonscale.drivers.tune import TuneConfig, Tuner, load_config
 from tritonscale.local.loadgen import OpenLoopLoad, OpenLoopStats, measure
+from tritonscale.local.ports import free_port, port_is_taken
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import local_endpoints
 
@@ -174,7 +175,7 @@ def _prometheus(
         yield None
         return
     # Prometheus's usual port when it is free, so that a person finds it; else any.
-    port = port if port and _port_free(port) else free_port()
+    port = port if port and not port_is_taken(port) else free_port()
     # Triton's series in the local driver's namespace, as the recording rules expect them.
     labels = {"triton": {"namespace": "local"}}
     with LocalPrometheus(
@@ -184,20 +185,11 @@ def _prometheus(
         yield server
 
 
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def paused(config: TuneConfig, is_paused: bool) -> TuneConfig:
     """The same policies with `spec.paused` set (observe and report, never act) or cleared."""
-    policies = [replace(p, spec=replace(p.spec, paused=is_paused)) for p in config.policies]
+    policies = [
+        replace(p, spec=p.spec.model_copy(update={"paused": is_paused})) for p in config.policies
+    ]
     return replace(config, policies=policies)
 
 
@@ -220,7 +212,7 @@ def run_demo(
     config = load_config(policies)
     http_port, grpc_port, triton_metrics_port = ports
     for port in ports:
-        if not _port_free(port):
+        if port_is_taken(port):
             raise DemoError(
                 f"port {port} is in use (another tritonserver?): the demo runs its own Triton on "
                 f"{', '.join(map(str, ports))} so that you can curl it; stop the other one first"
@@ -294,7 +286,7 @@ def _run(
     load_history = out_dir / "load.csv"
     metrics = OperatorMetrics()
     metrics_server = None
-    if metrics_port and _port_free(metrics_port):
+    if metrics_port and not port_is_taken(metrics_port):
         metrics_server = metrics.serve(metrics_port, addr="127.0.0.1")
         echo(f"operator metrics: http://127.0.0.1:{metrics_port}/metrics")
     started = time.time()

@@ -20,7 +20,7 @@ from typing import Any
 import requests
 import yaml
 
-from tritonscale.local.triton_server import free_port
+from tritonscale.local.ports import free_port
 from tritonscale.metrics.prometheus_api import PrometheusApiError, prometheus_get
 
 PROMETHEUS_BINARY = "prometheus"

@@ -5,19 +5,20 @@ Python backend and one backend stub per Python version. `LocalTriton` assembles 
 backend folder with the stub for the running Python, starts the server in explicit model
 control mode with every model loaded and the model-repository API locked behind a header,
 waits until each model is ready, and stops the whole process group on exit so that no
-stub outlives the server. Tests, the demo, the benchmarks and `tritonscale serve` use it.
+stub outlives the server. It listens on loopback unless told otherwise. Tests, the demo, the
+benchmarks and `tritonscale serve` use it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import ipaddress
 import os
 import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,9 +26,10 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import requests
-
 from tritonscale import GRPC_REPOSITORY_KEY_HEADER, REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+from tritonscale.local.ports import LOOPBACK, free_port, port_is_taken
+from tritonscale.triton.client import TritonClient, TritonError
+from tritonscale.triton.endpoints import Endpoint
 
 # Triton's APIs locked behind the repository key (as the chart does): loading code, and the
 # ones that change the server's state. Inference, health, metadata, config and statistics
@@ -42,21 +44,34 @@ class LocalTritonError(RuntimeError):
     """The local server could not start or stay up; the message is one line for a person."""
 
 
-def free_port() -> int:
-    """A TCP port that nothing listens on right now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# Where the Python backend keeps its shared-memory regions (one per model instance).
+SHARED_MEMORY = Path("/dev/shm")
 
 
-def _port_is_taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return True
-        return False
+def _listen_address(name: str, address: str) -> str:
+    """address, when this machine can listen on it; else a one-line error naming the option."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        raise LocalTritonError(
+            f"{name} address {address!r} is not an IP address (e.g. 127.0.0.1 or 0.0.0.0)"
+        ) from None
+    try:
+        free_port(address)
+    except OSError as error:
+        raise LocalTritonError(
+            f"cannot listen on {name} address {address}: {error.strerror or error}"
+        ) from None
+    return address
+
+
+def _url_host(address: str) -> str:
+    """How a client on this machine reaches a server bound to address."""
+    if address == "0.0.0.0":
+        return LOOPBACK
+    if address == "::":
+        return "[::1]"
+    return f"[{address}]" if ":" in address else address
 
 
 def _package_dir(name: str) -> Path | None:
@@ -74,7 +89,7 @@ class TritonInstall:
         if package is None:
             raise LocalTritonError(
                 "tritonserver not found: install the server extra "
-                "(pip install -e '.[server]', which brings nvidia-pytriton==0.7.0)"
+                "(pip install 'tritonscale[server]', which brings nvidia-pytriton==0.7.0)"
             )
         root = package / "tritonserver"
         self.binary = root / "bin" / "tritonserver"
@@ -108,8 +123,10 @@ class TritonInstall:
 class LocalTriton:
     """A tritonserver process on `model_repository`; use it as a context manager.
 
-    Ports default to Triton's own (8000/8001/8002); pass 0 for a free port each.
-    `models=None` loads every model of the repository (`--load-model=*`).
+    Ports default to Triton's own (8000/8001/8002); pass 0 for a free port each. Each
+    server listens on loopback (127.0.0.1) unless given another address, e.g. 0.0.0.0 to be
+    reached from other machines. `models=None` loads every model of the repository
+    (`--load-model=*`).
     """
 
     def __init__(
@@ -119,6 +136,9 @@ class LocalTriton:
         http_port: int = 8000,
         grpc_port: int = 8001,
         metrics_port: int = 8002,
+        http_address: str = LOOPBACK,
+        grpc_address: str = LOOPBACK,
+        metrics_address: str = LOOPBACK,
         repository_key: str | None = None,
         models: list[str] | None = None,
         summary_latencies: bool = True,
@@ -128,9 +148,12 @@ class LocalTriton:
         extra_args: list[str] | None = None,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
-        self.http_port = http_port or free_port()
-        self.grpc_port = grpc_port or free_port()
-        self.metrics_port = metrics_port or free_port()
+        self.http_address = _listen_address("HTTP", http_address)
+        self.grpc_address = _listen_address("gRPC", grpc_address)
+        self.metrics_address = _listen_address("metrics", metrics_address)
+        self.http_port = http_port or free_port(http_address)
+        self.grpc_port = grpc_port or free_port(grpc_address)
+        self.metrics_port = metrics_port or free_port(metrics_address)
         self.repository_key = (
             repository_key or os.environ.get(REPOSITORY_KEY_ENV) or secrets.token_urlsafe(24)
         )
@@ -139,6 +162,8 @@ class LocalTriton:
         self.exit_timeout_s = exit_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.extra_args = list(extra_args or [])
+        # The Python backend names its /dev/shm regions with this prefix: this server's own.
+        self.shm_prefix = f"tritonscale_{secrets.token_hex(6)}_"
         self._workdir: Path | None = None
         self._log_path = Path(log_path) if log_path else None
         self._log_file = None
@@ -148,15 +173,15 @@ class LocalTriton:
     # ---- addresses -------------------------------------------------------------------
     @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"{_url_host(self.http_address)}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{_url_host(self.grpc_address)}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{_url_host(self.metrics_address)}:{self.metrics_port}/metrics"
 
     @property
     def repository_headers(self) -> dict[str, str]:
@@ -180,9 +205,13 @@ class LocalTriton:
             f"--model-repository={self.model_repository}",
             f"--backend-directory={backend_directory}",
             "--model-control-mode=explicit",
+            f"--http-address={self.http_address}",
             f"--http-port={self.http_port}",
+            f"--grpc-address={self.grpc_address}",
             f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.metrics_address}",
             f"--metrics-port={self.metrics_port}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             f"--http-restricted-api={restricted}",
             f"--grpc-restricted-protocol={restricted}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
@@ -204,12 +233,18 @@ class LocalTriton:
         if not any(entry.is_dir() for entry in self.model_repository.iterdir()):
             raise LocalTritonError(f"model repository has no models: {self.model_repository}")
         install = TritonInstall()
-        for name, port in (
-            ("HTTP", self.http_port),
-            ("gRPC", self.grpc_port),
-            ("metrics", self.metrics_port),
+        for name, address, port in (
+            ("HTTP", self.http_address, self.http_port),
+            ("gRPC", self.grpc_address, self.grpc_port),
+            ("metrics", self.metrics_address, self.metrics_port),
         ):
-            if _port_is_taken(port):
+            try:
+                taken = port_is_taken(port, address)
+            except OSError as error:
+                raise LocalTritonError(
+                    f"cannot listen on {name} port {port} at {address}: {error.strerror or error}"
+                ) from None
+            if taken:
                 raise LocalTritonError(
                     f"{name} port {port} is already in use (another tritonserver?); "
                     f"choose another with --{name.lower()}-port"
@@ -243,48 +278,54 @@ class LocalTriton:
         self.startup_s = time.monotonic() - started
         return self
 
+    def _repository_index(self) -> list[dict]:
+        """Triton's model index, on a connection closed right after the answer.
+
+        A keep-alive connection left open holds Triton's shutdown until its exit timeout,
+        unloading no model: the client is closed as soon as it has answered.
+        """
+        endpoint = Endpoint("local", self.http_url)
+        with TritonClient(endpoint, self.repository_key, timeout_s=5) as triton:
+            return triton.repository_index()
+
+    def ready_models(self) -> list[str]:
+        """The names of the models that are ready, sorted."""
+        return sorted(
+            row["name"] for row in self._repository_index() if row.get("state") == "READY"
+        )
+
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
-        base = f"http://{self.http_url}"
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise LocalTritonError(
                     f"tritonserver exited with code {self.process.returncode}: {self._last_error()}"
                 )
             try:
-                index = requests.post(
-                    f"{base}/v2/repository/index",
-                    json={},
-                    headers=self.repository_headers,
-                    timeout=2,
-                )
-            except requests.RequestException:
+                states = self._repository_index()
+            except TritonError:  # not listening yet, or not answering yet
                 time.sleep(0.25)
                 continue
-            if index.status_code == 200:
-                states = index.json()
-                wanted = self.models
-                rows = [row for row in states if wanted is None or row["name"] in wanted]
-                failed = [row for row in rows if row.get("state") == "UNAVAILABLE"]
-                if failed:
-                    row = failed[0]
-                    # Python backend reasons carry a traceback after the first line.
-                    reason = (row.get("reason") or "no reason given").strip().splitlines()[0]
-                    raise LocalTritonError(
-                        f"model '{row['name']}' failed to load: {reason} (log: {self.log_path})"
-                    )
-                absent = sorted(set(wanted or ()) - {row["name"] for row in states})
-                if absent:
-                    raise LocalTritonError(
-                        f"model '{absent[0]}' not found in {self.model_repository}"
-                    )
-                # A folder Triton could not read is listed without a state.
-                unread = [row["name"] for row in rows if "state" not in row]
-                if unread:
-                    raise LocalTritonError(self._poll_failure(unread[0]))
-                loading = [row for row in rows if row["state"] != "READY"]
-                if rows and not loading:
-                    return
+            wanted = self.models
+            rows = [row for row in states if wanted is None or row["name"] in wanted]
+            failed = [row for row in rows if row.get("state") == "UNAVAILABLE"]
+            if failed:
+                row = failed[0]
+                # Python backend reasons carry a traceback after the first line.
+                reason = (row.get("reason") or "no reason given").strip().splitlines()[0]
+                raise LocalTritonError(
+                    f"model '{row['name']}' failed to load: {reason} (log: {self.log_path})"
+                )
+            absent = sorted(set(wanted or ()) - {row["name"] for row in states})
+            if absent:
+                raise LocalTritonError(f"model '{absent[0]}' not found in {self.model_repository}")
+            # A folder Triton could not read is listed without a state.
+            unread = [row["name"] for row in rows if "state" not in row]
+            if unread:
+                raise LocalTritonError(self._poll_failure(unread[0]))
+            loading = [row for row in rows if row["state"] != "READY"]
+            if rows and not loading:
+                return
             time.sleep(0.25)
         raise LocalTritonError(
             f"tritonserver not ready after {self.startup_timeout_s:.0f} s; log: {self.log_path}"
@@ -313,6 +354,10 @@ class LocalTriton:
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def shm_regions(self) -> list[Path]:
+        """This server's shared-memory regions in /dev/shm; none should outlive a stop."""
+        return sorted(SHARED_MEMORY.glob(f"{self.shm_prefix}*"))
 
     def stop(self) -> None:
         """SIGTERM, wait for Triton's own unload timeout, then kill the whole group."""

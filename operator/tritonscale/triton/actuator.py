@@ -1,11 +1,21 @@
-"""The actuator: set a model's instance count on every ready Triton pod, one pod at a time.
+"""The actuator: set a model's instance count on every ready Triton pod.
 
 For each pod it reads the live config (`GET v2/models/{m}/config`) and, where the instance
 count differs from the desired one, loads the model again with the live config as a JSON
 override in which only `instance_group` changed (`POST v2/repository/models/{m}/load`).
-Triton swaps the instances in place and keeps serving meanwhile. It waits until the model
-is READY with the new count before it touches the next pod, so a bad config stops at the
-first pod. A rejected load leaves Triton serving the old config; the pod's result says why.
+Triton swaps the instances in place and keeps serving meanwhile. A rejected load leaves
+Triton serving the old config; the pod's result says why.
+
+The rollout: the first pod that needs the change goes alone, and must be READY with the
+new count before any other pod is touched, so that a config Triton refuses, or a model that
+does not come back, stops at one pod. Once one pod has taken the change, the config is known
+good and the others go together, at most `parallel_pods` (4) at a time, each on its own: a
+slow or hung pod does not hold back the others' counts.
+
+Each load is a bounded wait (`load_deadline_s`, see tritonscale.triton.loads): past its
+deadline the pod's result is `pending`, the old instances keep serving (Triton does that by
+itself), and no other load of the model goes to that pod while the first one is in flight
+(`in_flight`).
 
 Note: after a load with a config override, a later plain load keeps the override; to go
 back to the repository's config, send that config as an override.
@@ -17,29 +27,31 @@ execution: it is sent as a header and never appears in a log line, message or ex
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-
-from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+from tritonscale import REPOSITORY_KEY_ENV
+from tritonscale.triton.client import TritonClient, TritonError, free_thread_hub
 from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.loads import (
+    DEFAULT_LOAD_DEADLINE_S,
+    DEFAULT_LOAD_TIMEOUT_S,
+    LoadInFlight,
+    LoadsInFlight,
+)
 
 log = logging.getLogger(__name__)
 
+# The actuator's error: one line naming the pod and the reason (`.pod`, `.reason`).
+ActuationError = TritonError
 
-class ActuationError(Exception):
-    """Triton could not be read or refused a load; one line naming the pod and the reason."""
-
-    def __init__(self, pod: str, reason: str) -> None:
-        super().__init__(f"{pod}: {reason}")
-        self.pod = pod
-        self.reason = reason
+# Pods loaded at the same time once the first pod has taken a change.
+PARALLEL_PODS = 4
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,9 @@ class PodResult:
     ok: bool
     reason: str  # "" when ok, else one line
     seconds: float  # load + wait for READY
+    # The load had not finished at its deadline (sent now, or on an earlier tick and still
+    # in flight): the old instances serve, and Triton may still finish it.
+    pending: bool = False
 
 
 def instance_count(config: Mapping[str, Any]) -> int:
@@ -90,15 +105,21 @@ def repository_key_from_env() -> str | None:
     return os.environ.get(REPOSITORY_KEY_ENV) or None
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    first = " ".join(text.strip().split("\n")[0].split())
-    return first[:limit] if first else "no reason given"
+def still_in_flight(load: LoadInFlight, age_s: float) -> str:
+    """The one line for a pod whose load of a model, sent `age_s` ago, has not finished yet."""
+    return (
+        f"the load of {load.model} with {load.what} on {load.pod} sent {age_s:.0f} s ago has "
+        f"not finished (deadline {load.deadline_s:g} s); the old instances serve, and no "
+        "other load goes to that pod until it ends"
+    )
 
 
 class Actuator:
     """Reads and sets instance counts through Triton's HTTP API.
 
     `repository_key` unlocks the model-repository API; None reads TRITONSCALE_REPOSITORY_KEY.
+    `load_deadline_s` bounds the wait for one load (and READY after it); `load_timeout_s`
+    how long its request stays open past that. `loads` may be shared with a Healer.
     `clock`/`sleep` are injectable for tests.
     """
 
@@ -107,18 +128,22 @@ class Actuator:
         repository_key: str | None = None,
         *,
         timeout_s: float = 5.0,
-        load_timeout_s: float = 120.0,
-        ready_timeout_s: float = 60.0,
+        load_deadline_s: float = DEFAULT_LOAD_DEADLINE_S,
+        load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        parallel_pods: int = PARALLEL_PODS,
+        loads: LoadsInFlight | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        if parallel_pods < 1:
+            raise ValueError(f"parallel_pods must be >= 1, not {parallel_pods}")
         self._key = repository_key if repository_key is not None else repository_key_from_env()
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
-        self.ready_timeout_s = ready_timeout_s
+        self.parallel_pods = parallel_pods
+        self.loads = loads or LoadsInFlight(deadline_s=load_deadline_s, clock=clock)
         self._clock = clock
         self._sleep = sleep
-        self._session = requests.Session()
 
     def __repr__(self) -> str:  # never show the key
         return f"Actuator(repository_key={'set' if self._key else 'unset'})"
@@ -126,23 +151,20 @@ class Actuator:
     @property
     def repository_key(self) -> str:
         """The key this actuator sends (for a Healer on the same pods); never log it."""
-        return self._key
+        return self._key or ""
+
+    @property
+    def load_deadline_s(self) -> float:
+        return self.loads.deadline_s
+
+    def client(self, endpoint: Endpoint) -> TritonClient:
+        """A client for one pod, with this actuator's key and timeout; close it after use."""
+        return TritonClient(endpoint, self._key, timeout_s=self.timeout_s)
 
     # ---- reading -------------------------------------------------------------------
     def live_config(self, endpoint: Endpoint, model: str) -> dict[str, Any]:
-        url = f"{endpoint.base_url}/v2/models/{model}/config"
-        try:
-            response = self._session.get(url, timeout=self.timeout_s)
-        except requests.RequestException as error:
-            raise ActuationError(
-                endpoint.name, f"cannot reach Triton at {endpoint.base_url}: {type(error).__name__}"
-            ) from None
-        if response.status_code != 200:
-            raise ActuationError(
-                endpoint.name,
-                f"reading {model}'s config: HTTP {response.status_code}: {_error_text(response)}",
-            )
-        return response.json()
+        with self.client(endpoint) as triton:
+            return triton.model_config(model)
 
     def live_count(self, endpoint: Endpoint, model: str) -> int:
         return instance_count(self.live_config(endpoint, model))
@@ -156,38 +178,56 @@ class Actuator:
         for endpoint in endpoints:
             try:
                 counts[endpoint.name] = self.live_count(endpoint, model)
-            except ActuationError as error:
+            except TritonError as error:
                 failures[endpoint.name] = error.reason
         return counts, failures
 
     def is_ready(self, endpoint: Endpoint, model: str) -> bool:
-        try:
-            response = self._session.get(
-                f"{endpoint.base_url}/v2/models/{model}/ready", timeout=self.timeout_s
-            )
-        except requests.RequestException:
-            return False
-        return response.status_code == 200
+        with self.client(endpoint) as triton:
+            try:
+                return triton.is_model_ready(model)
+            except TritonError:
+                return False
+
+    def in_flight(self, endpoint: Endpoint, model: str) -> LoadInFlight | None:
+        """A load of `model` on this pod that outlived its deadline and is still in flight."""
+        return self.loads.in_flight(endpoint.name, model)
+
+    def in_flight_reason(self, load: LoadInFlight) -> str:
+        """The one line that says a load is still in flight, and since when."""
+        return still_in_flight(load, self._clock() - load.started)
 
     # ---- acting --------------------------------------------------------------------
     def apply(
         self, endpoints: Sequence[Endpoint], model: str, desired: int, kind: str = ""
     ) -> list[PodResult]:
-        """Bring every pod to `desired` instances, one pod at a time; stop at the first failure.
+        """Bring every pod to `desired` instances: the first pod that needs it alone, then
+        the others, `parallel_pods` at a time. Results are in the pods' order.
 
-        Pods already at the count are skipped (no result). A failure ends the rollout: the
-        pods after it keep their count until the next tick.
+        Pods already at the count are skipped (no result). A failure (or a load past its
+        deadline) on the first pod ends the rollout: the pods after it keep their count
+        until the next tick.
         """
         if desired < 1:
             raise ValueError(f"desired instances must be >= 1, got {desired}")
-        results = []
-        for endpoint in endpoints:
-            result = self.apply_one(endpoint, model, desired, kind)
-            if result is None:
+        results: list[PodResult] = []
+        rest = list(endpoints)
+        while rest:
+            first = self.apply_one(rest.pop(0), model, desired, kind)
+            if first is None:
                 continue
-            results.append(result)
-            if not result.ok:
-                break
+            results.append(first)
+            if not first.ok:
+                return results
+            break
+        if rest:
+            with ThreadPoolExecutor(
+                max_workers=min(self.parallel_pods, len(rest)), thread_name_prefix="apply"
+            ) as pool:
+                others = pool.map(
+                    lambda pod: self._apply_in_worker(pod, model, desired, kind), rest
+                )
+                results += [result for result in others if result is not None]
         return results
 
     def apply_one(
@@ -197,17 +237,25 @@ class Actuator:
         started = self._clock()
         try:
             config = self.live_config(endpoint, model)
-        except ActuationError as error:
+        except TritonError as error:
             return PodResult(endpoint.name, None, None, False, error.reason, 0.0)
         before = instance_count(config)
         live_kind = (config.get("instance_group") or [{}])[0].get("kind", "")
         if before == desired and (not kind or kind == live_kind):
             return None
+        earlier = self.in_flight(endpoint, model)
+        if earlier is not None:
+            reason = still_in_flight(earlier, started - earlier.started)
+            return PodResult(endpoint.name, before, before, False, reason, 0.0, pending=True)
         override = with_instances(config, desired, kind)
+        what = f"{desired} instance{'' if desired == 1 else 's'}" + (f" of {kind}" if kind else "")
         try:
-            self._load(endpoint, model, override)
-            self._wait_ready(endpoint, model, desired)
-        except ActuationError as error:
+            late = self.loads.run(
+                endpoint.name, model, what, lambda: self._load(endpoint, model, override)
+            )
+            if late is None:
+                self._wait_ready(endpoint, model, desired, until=started + self.load_deadline_s)
+        except TritonError as error:
             after = self._count_or_none(endpoint, model)
             seconds = self._clock() - started
             log.warning(
@@ -215,55 +263,51 @@ class Actuator:
             )
             return PodResult(endpoint.name, before, after, False, error.reason, seconds)
         seconds = self._clock() - started
+        if late is not None:
+            reason = (
+                f"the load of {model} with {what} on {endpoint.name} did not finish within "
+                f"its deadline of {self.load_deadline_s:g} s; the old instances keep serving"
+            )
+            log.warning("%s: %s %d -> %d: %s", endpoint.name, model, before, desired, reason)
+            return PodResult(endpoint.name, before, before, False, reason, seconds, pending=True)
         log.info(
             "%s: %s %d -> %d instances in %.2f s", endpoint.name, model, before, desired, seconds
         )
         return PodResult(endpoint.name, before, desired, True, "", seconds)
 
-    def _load(self, endpoint: Endpoint, model: str, config: Mapping[str, Any]) -> None:
-        headers = {REPOSITORY_KEY_HEADER: self._key} if self._key else {}
-        body = {"parameters": {"config": json.dumps(config)}}
+    def _apply_in_worker(
+        self, endpoint: Endpoint, model: str, desired: int, kind: str
+    ) -> PodResult | None:
         try:
-            response = self._session.post(
-                f"{endpoint.base_url}/v2/repository/models/{model}/load",
-                json=body,
-                headers=headers,
-                timeout=self.load_timeout_s,
-            )
-        except requests.RequestException as error:
-            raise ActuationError(
-                endpoint.name, f"loading {model}: cannot reach Triton: {type(error).__name__}"
-            ) from None
-        if response.status_code != 200:
-            raise ActuationError(
-                endpoint.name, f"Triton refused to load {model}: {_error_text(response)}"
-            )
+            return self.apply_one(endpoint, model, desired, kind)
+        finally:
+            free_thread_hub()  # the pool's threads end with the rollout
 
-    def _wait_ready(self, endpoint: Endpoint, model: str, desired: int) -> None:
-        deadline = self._clock() + self.ready_timeout_s
-        while True:
-            if self.is_ready(endpoint, model):
-                count = self._count_or_none(endpoint, model)
-                if count == desired:
-                    return
-            if self._clock() > deadline:
-                raise ActuationError(
-                    endpoint.name,
-                    f"{model} not READY with {desired} instances after {self.ready_timeout_s:.0f} s",
-                )
-            self._sleep(0.1)
+    def _load(self, endpoint: Endpoint, model: str, config: Mapping[str, Any]) -> None:
+        """One load request (in the load's own thread, see LoadsInFlight.run)."""
+        with self.client(endpoint) as triton:
+            triton.load(model, config, timeout_s=self.load_timeout_s)
+
+    def _wait_ready(self, endpoint: Endpoint, model: str, desired: int, until: float) -> None:
+        """Triton answers a load once the model is READY; this checks it, until `until`."""
+        with self.client(endpoint) as triton:
+            while True:
+                try:
+                    ready = triton.is_model_ready(model)
+                    if ready and instance_count(triton.model_config(model)) == desired:
+                        return
+                except TritonError:
+                    pass  # not readable yet: looked at again until the deadline
+                if self._clock() >= until:
+                    raise TritonError(
+                        endpoint.name,
+                        f"{model} not READY with {desired} instances within the load's "
+                        f"deadline of {self.load_deadline_s:g} s",
+                    )
+                self._sleep(0.1)
 
     def _count_or_none(self, endpoint: Endpoint, model: str) -> int | None:
         try:
             return self.live_count(endpoint, model)
-        except ActuationError:
+        except TritonError:
             return None
-
-
-def _error_text(response: requests.Response) -> str:
-    try:
-        body = response.json()
-        text = body.get("error", "") if isinstance(body, dict) else ""
-    except ValueError:
-        text = response.text
-    return _one_line(text or f"HTTP {response.status_code}")

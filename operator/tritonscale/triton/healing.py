@@ -36,13 +36,15 @@ docs/reliability.md.
 
 It never reloads in a loop: per (pod, model) an exponential back-off between attempts and at
 most `max_attempts` within `window_s`; then every check answers `HealingExhausted` (a
-person must look) until the window has passed. The repository key is sent as a header and
-never appears in a log line, a message or a result. The clock is injectable.
+person must look) until the window has passed. A reload is a load with a deadline, like the
+actuator's (tritonscale.triton.loads, shared with the actuator): one that does not finish in
+time is a failed attempt, and while it is in flight the model is not touched on that pod
+(`ModelLoading`). The repository key is sent as a header and never appears in a log line, a
+message or a result. The clock is injectable.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -51,11 +53,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
+import numpy as np
+import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import triton_to_np_dtype
 
-from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+from tritonscale import REPOSITORY_KEY_ENV
+from tritonscale.triton.client import TritonClient, TritonError, TritonUnreachable
 from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.loads import DEFAULT_LOAD_TIMEOUT_S, LoadsInFlight
 
 logger = logging.getLogger(__name__)
 
@@ -84,20 +90,21 @@ CONDITION_TYPE = "ModelHealthy"
 
 PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS = "off", "on-suspicion", "always"
 
-_TRITON_DTYPES = {
-    "TYPE_BOOL": ("BOOL", False),
-    "TYPE_UINT8": ("UINT8", 0),
-    "TYPE_UINT16": ("UINT16", 0),
-    "TYPE_UINT32": ("UINT32", 0),
-    "TYPE_UINT64": ("UINT64", 0),
-    "TYPE_INT8": ("INT8", 0),
-    "TYPE_INT16": ("INT16", 0),
-    "TYPE_INT32": ("INT32", 0),
-    "TYPE_INT64": ("INT64", 0),
-    "TYPE_FP16": ("FP16", 0.0),
-    "TYPE_FP32": ("FP32", 0.0),
-    "TYPE_FP64": ("FP64", 0.0),
-    "TYPE_STRING": ("BYTES", ""),
+# The config's data types (TYPE_*) that a probe can send, as the inference API names them.
+_PROBE_DATATYPES = {
+    "TYPE_BOOL": "BOOL",
+    "TYPE_UINT8": "UINT8",
+    "TYPE_UINT16": "UINT16",
+    "TYPE_UINT32": "UINT32",
+    "TYPE_UINT64": "UINT64",
+    "TYPE_INT8": "INT8",
+    "TYPE_INT16": "INT16",
+    "TYPE_INT32": "INT32",
+    "TYPE_INT64": "INT64",
+    "TYPE_FP16": "FP16",
+    "TYPE_FP32": "FP32",
+    "TYPE_FP64": "FP64",
+    "TYPE_STRING": "BYTES",
 }
 
 
@@ -168,6 +175,8 @@ class Healer:
 
     One instance serves every pod and model of a driver; its state lives in memory (a
     restarted operator starts with a fresh budget, which is bounded by `max_attempts` too).
+    `loads` is the actuator's (`Actuator.loads`), so that neither piles a load on one the
+    other left in flight; without it the healer keeps its own.
     """
 
     def __init__(
@@ -181,9 +190,10 @@ class Healer:
         max_attempts: int = 3,
         window_s: float = 1800.0,
         persistent_checks: int = 3,
-        load_timeout_s: float = 120.0,
+        timeout_s: float = 10.0,
+        load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        loads: LoadsInFlight | None = None,
         clock: Callable[[], float] = time.monotonic,
-        session: requests.Session | None = None,
     ) -> None:
         if probe not in (PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS):
             raise ValueError(f"probe must be off, on-suspicion or always, not {probe!r}")
@@ -197,9 +207,10 @@ class Healer:
         self.max_attempts = max_attempts
         self.window_s = window_s
         self.persistent_checks = persistent_checks
+        self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
+        self.loads = loads or LoadsInFlight()
         self.clock = clock
-        self._http = session or requests.Session()
         self._history: dict[tuple[str, str], _History] = {}
 
     def __repr__(self) -> str:  # the key stays out of reprs, hence out of tracebacks' locals
@@ -213,16 +224,20 @@ class Healer:
         """
         pod = endpoint.name
         history = self._history.setdefault((pod, model), _History())
+        in_flight = self.loads.in_flight(pod, model)
+        if in_flight is not None:
+            why = f"a load of {model} on {pod} ({in_flight.what}) is in flight; not touched"
+            return HealingResult(pod, model, NONE, MODEL_LOADING, why)
         try:
-            problem = self._diagnose(endpoint, model, history)
-        except requests.RequestException as error:
+            with self._client(endpoint) as triton:
+                problem = self._diagnose(triton, endpoint, model, history)
+        except TritonError as error:
             return HealingResult(
                 pod,
                 model,
                 NONE,
                 POD_UNREACHABLE,
-                f"{model} on {pod}: Triton unreachable ({type(error).__name__}); "
-                "left to the pod's probes",
+                f"{model} on {pod}: {error.reason}; left to the pod's probes",
             )
         if problem is None:
             return HealingResult(
@@ -240,24 +255,23 @@ class Healer:
 
     # ---- diagnosis ---------------------------------------------------------------------
     def _diagnose(
-        self, endpoint: Endpoint, model: str, history: _History
+        self, triton: TritonClient, endpoint: Endpoint, model: str, history: _History
     ) -> tuple[str, str] | None:
-        base, pod = endpoint.base_url, endpoint.name
-        ready = self._http.get(f"{base}/v2/models/{model}/ready", timeout=10)
-        if ready.status_code != 200:
-            state = self._repository_state(base, model)
+        pod = endpoint.name
+        if not triton.is_model_ready(model):
+            state = self._repository_state(triton, model)
             if state in ("LOADING", "UNLOADING"):
                 return MODEL_LOADING, f"{model} on {pod} is {state.lower()}; not touched"
             return MODEL_NOT_READY, f"{model} on {pod} is not ready ({state or 'absent'})"
 
         failed = succeeded = 0.0
         if endpoint.metrics_url:
-            failed, succeeded = self._counter_increase(endpoint.metrics_url, model, history)
+            failed, succeeded = self._counter_increase(triton.metrics_text(), model, history)
         history.rising = history.rising + 1 if failed else 0
         suspicion = f"{failed:.0f} backend failures since the last check" if failed else None
         probed = blamed = False
         if self.probe == PROBE_ALWAYS or (suspicion and self.probe == PROBE_ON_SUSPICION):
-            probed, verdict, blamed = self._probe(base, pod, model)
+            probed, verdict, blamed = self._probe(triton, pod, model)
             if blamed:
                 history.rising = 0  # a model it calls is broken: that one is healed instead
             if verdict is not None and verdict[0] == PROBE_TIMEOUT and succeeded:
@@ -281,22 +295,16 @@ class Healer:
             return STUB_UNHEALTHY, f"{model} on {pod}: {suspicion} and no success"
         return None
 
-    def _repository_state(self, base: str, model: str) -> str | None:
-        index = self._http.post(
-            f"{base}/v2/repository/index", json={}, headers=self._headers(), timeout=10
-        )
-        if index.status_code != 200:
-            return None
-        for row in index.json():
-            if row.get("name") == model:
-                return row.get("state")
-        return None
+    def _repository_state(self, triton: TritonClient, model: str) -> str | None:
+        try:
+            return triton.model_state(model)
+        except TritonUnreachable:
+            raise
+        except TritonError:
+            return None  # the index refused us (a wrong key): the state is unknown
 
-    def _counter_increase(
-        self, metrics_url: str, model: str, history: _History
-    ) -> tuple[float, float]:
+    def _counter_increase(self, text: str, model: str, history: _History) -> tuple[float, float]:
         """(BACKEND failures, successes) of `model` since the last check; (0, 0) the first time."""
-        text = self._http.get(metrics_url, timeout=10).text
         failures = successes = 0.0
         for family in text_string_to_metric_families(text):
             # The parser names a counter's family without, and its samples with, "_total".
@@ -319,12 +327,9 @@ class Healer:
             return 0.0, 0.0  # counters reset: the model was reloaded since
         return failed, succeeded
 
-    def _live_config(self, base: str, model: str) -> dict[str, Any]:
-        response = self._http.get(f"{base}/v2/models/{model}/config", timeout=10)
-        response.raise_for_status()
-        return response.json()
-
-    def _probe(self, base: str, pod: str, model: str) -> tuple[bool, tuple[str, str] | None, bool]:
+    def _probe(
+        self, triton: TritonClient, pod: str, model: str
+    ) -> tuple[bool, tuple[str, str] | None, bool]:
         """Inferences of zeros: (whether any was sent, a verdict if one of our stubs is broken,
         whether an answer blamed the broken stub of another model, one this one calls).
 
@@ -332,27 +337,27 @@ class Healer:
         instances and one dead stub: fail, ok, fail, ok...), so instances + 1 probes in a row
         reach every instance, dead ones included.
         """
-        config = self._live_config(base, model)
-        body = _probe_body(config)
-        if body is None:
+        config = triton.model_config(model)
+        inputs = _probe_inputs(config)
+        if inputs is None:
             return False, None, False  # decoupled models cannot be asked over plain HTTP
         instances = sum(int(g.get("count", 1)) for g in config.get("instance_group") or [{}])
         blamed = False
         for _ in range(max(1, instances) + 1):
             try:
-                answer = self._http.post(
-                    f"{base}/v2/models/{model}/infer", json=body, timeout=self.probe_timeout_s
-                )
-            except requests.Timeout:
+                triton.infer(model, inputs, timeout_s=self.probe_timeout_s)
+                continue
+            except TritonUnreachable as unanswered:
+                if not unanswered.timed_out:
+                    raise  # the pod is gone, not the model
                 timeout = (
                     PROBE_TIMEOUT,
                     f"{model} on {pod}: a probe inference got no answer in "
                     f"{self.probe_timeout_s:g} s",
                 )
                 return True, timeout, blamed
-            if answer.status_code == 200:
-                continue
-            error = _error_text(answer)
+            except TritonError as refusal:
+                error = refusal.answer or refusal.reason
             # A parent's error names its child's stub: only our own stubs are our business.
             if "Stub process '" in error and "is not healthy" in error:
                 if f"Stub process '{model}_" in error:
@@ -395,7 +400,7 @@ class Healer:
         history.failures = history.successes = None  # a reload resets the counters
         history.rising = 0
         started = time.monotonic()
-        failure = self._reload(endpoint.base_url, model, history.generation)
+        failure = self._reload(endpoint, model, history.generation)
         reload_s = time.monotonic() - started
         attempts += 1
         if failure is None:
@@ -413,26 +418,36 @@ class Healer:
             pod, model, RELOAD_FAILED, HEALING_FAILED, message, attempts, reload_s, cause=reason
         )
 
-    def _reload(self, base: str, model: str, generation: int) -> str | None:
+    def _reload(self, endpoint: Endpoint, model: str, generation: int) -> str | None:
         """Load the live config with the heal parameter bumped; None on success, else why."""
+        config: dict[str, Any] | None
         try:
-            live = self._http.get(f"{base}/v2/models/{model}/config", timeout=10)
-            if live.status_code == 200:
-                body = {"parameters": {"config": json.dumps(_bumped(live.json(), generation))}}
-            else:
-                body = {}  # not loaded: load the repository's config (the actuator resizes it)
-            response = self._http.post(
-                f"{base}/v2/repository/models/{model}/load",
-                json=body,
-                headers=self._headers(),
-                timeout=self.load_timeout_s,
+            with self._client(endpoint) as triton:
+                config = _bumped(triton.model_config(model), generation)
+        except TritonUnreachable as error:
+            return self._scrub(error.reason)
+        except TritonError:
+            config = None  # not loaded: load the repository's config (the actuator resizes it)
+
+        def send() -> None:
+            with self._client(endpoint) as triton:
+                triton.load(model, config, timeout_s=self.load_timeout_s)
+
+        try:
+            late = self.loads.run(endpoint.name, model, "a fresh set of instances", send)
+        except TritonError as error:
+            return self._scrub(error.reason)
+        if late is not None:
+            return (
+                f"the reload did not finish within its deadline of {late.deadline_s:g} s "
+                "(the old instances keep serving meanwhile)"
             )
-        except requests.RequestException as error:
-            return self._scrub(f"{type(error).__name__}: {error}")
-        if response.status_code != 200:
-            return self._scrub(f"HTTP {response.status_code}: {_error_text(response)}")
-        ready = self._http.get(f"{base}/v2/models/{model}/ready", timeout=10)
-        if ready.status_code != 200:
+        with self._client(endpoint) as triton:
+            try:
+                ready = triton.is_model_ready(model)
+            except TritonError:
+                ready = False
+        if not ready:
             return f"{model} is not ready after the reload"
         return None
 
@@ -445,8 +460,8 @@ class Healer:
         now = self.clock()
         return sum(1 for t in history.attempts if now - t < self.window_s)
 
-    def _headers(self) -> Mapping[str, str]:
-        return {REPOSITORY_KEY_HEADER: self._key} if self._key else {}
+    def _client(self, endpoint: Endpoint) -> TritonClient:
+        return TritonClient(endpoint, self._key, timeout_s=self.timeout_s)
 
     def _scrub(self, text: str) -> str:
         """Whatever a server or library says, the key never leaves in a message."""
@@ -462,18 +477,8 @@ def _bumped(config: dict[str, Any], generation: int) -> dict[str, Any]:
     return {**config, "parameters": parameters}
 
 
-def _error_text(response: requests.Response) -> str:
-    """Triton's error message, first line only (Python backend errors carry tracebacks)."""
-    try:
-        text = str(response.json().get("error", response.text))
-    except ValueError:
-        text = response.text
-    lines = text.strip().splitlines()
-    return lines[0].rstrip(".") if lines else f"HTTP {response.status_code}"
-
-
-def _probe_body(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A JSON inference request of zeros shaped by the config; None where none can be sent."""
+def _probe_inputs(config: Mapping[str, Any]) -> list[httpclient.InferInput] | None:
+    """An inference request of zeros shaped by the config; None where none can be sent."""
     if (config.get("model_transaction_policy") or {}).get("decoupled"):
         return None
     batched = int(config.get("max_batch_size") or 0) > 0
@@ -481,17 +486,20 @@ def _probe_body(config: Mapping[str, Any]) -> dict[str, Any] | None:
     for spec in config.get("input", []):
         if spec.get("optional"):
             continue
-        dtype = _TRITON_DTYPES.get(spec.get("data_type", ""))
-        if dtype is None:
+        datatype = _PROBE_DATATYPES.get(spec.get("data_type", ""))
+        if datatype is None:
             return None
         shape = [1 if int(d) < 0 else int(d) for d in spec.get("dims", [])]
         if batched:
             shape = [1, *shape]
-        size = math.prod(shape)
-        if size > 1_000_000:
+        if math.prod(shape) > 1_000_000:
             return None  # a probe must stay small
-        name, zero = dtype
-        inputs.append(
-            {"name": spec["name"], "shape": shape, "datatype": name, "data": [zero] * size}
+        zeros = (
+            np.full(shape, b"", dtype=np.object_)
+            if datatype == "BYTES"
+            else np.zeros(shape, dtype=triton_to_np_dtype(datatype))
         )
-    return {"inputs": inputs}
+        tensor = httpclient.InferInput(spec["name"], shape, datatype)
+        tensor.set_data_from_numpy(zeros)
+        inputs.append(tensor)
+    return inputs

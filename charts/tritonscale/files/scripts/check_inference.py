@@ -41,14 +41,14 @@ def check(reply: dict) -> str | None:
     """None when the outputs are right, else what is wrong."""
     outputs = {output["name"]: output.get("data") for output in reply.get("outputs", [])}
     expected = {
-        "OUTPUT0": [a + b for a, b in zip(INPUT0, INPUT1)],
-        "OUTPUT1": [a - b for a, b in zip(INPUT0, INPUT1)],
+        "OUTPUT0": [a + b for a, b in zip(INPUT0, INPUT1, strict=True)],
+        "OUTPUT1": [a - b for a, b in zip(INPUT0, INPUT1, strict=True)],
     }
     for name, want in expected.items():
         got = outputs.get(name)
         if got is None:
             return f"{name} missing from the reply"
-        if len(got) != len(want) or any(abs(g - w) > 1e-4 for g, w in zip(got, want)):
+        if len(got) != len(want) or any(abs(g - w) > 1e-4 for g, w in zip(got, want, strict=True)):
             return f"{name} is {got}, expected {want}"
     return None
 
@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reply = infer(args.url.rstrip("/"), args.model, args.timeout)
     except urllib.error.HTTPError as error:
-        print(f"FAIL: {args.model}: HTTP {error.code}: {error.read().decode(errors='replace')[:300]}")
+        print(
+            f"FAIL: {args.model}: HTTP {error.code}: {error.read().decode(errors='replace')[:300]}"
+        )
         return 1
     except (urllib.error.URLError, OSError, ValueError) as error:
         print(f"FAIL: {args.model}: {error}")

