@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +23,7 @@ from loadtests.bench import (
     operator_vs_static,
     summary,
 )
+from tritonscale.drivers.tune import parse_config
 from tritonscale.local.triton_server import LocalTriton
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -103,11 +105,21 @@ def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
     )
     assert doc["best_static"]["throughput_rps"] > 0
     assert len(doc["static_sweep"]) == 1  # a budget of 4 leaves one configuration
+    # The contract other checks read.
+    assert doc["budget"] == 4 and doc["best_static_rps"] == doc["best_static"]["throughput_rps"]
+    assert doc["operator_rps"] > 0
+    assert doc["max_total_instances"] >= 4
+    assert "seconds_to_95pct" in doc and isinstance(doc["reached_95pct_within_60s"], bool)
+    assert doc["within_budget"] == (doc["max_total_instances"] <= doc["budget"])
+    # The budget went into the policy file the driver ran with, and the JSON says whether the
+    # driver enforces it.
     operator = doc["operator"]
+    assert operator["policy_file"][operator_vs_static.BUDGET_KEY] == 4
+    assert doc["budget_enforced"] is operator_vs_static.BUDGET_ENFORCED
+    assert doc["budget_note"]
     assert operator["decisions"] > 0, operator["tune_output_tail"]
     assert {
         "throughput_fraction_of_best_static",
-        "time_to_90pct_of_best_static_s",
         "total_instances_at_end_of_high_load",
         "total_instances_at_end_of_low_load",
         "within_budget",
@@ -116,6 +128,17 @@ def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert _counts(triton) == before
 
 
+@pytest.mark.unit
+def test_the_budget_goes_into_a_policy_file_the_driver_reads() -> None:
+    pod = SimpleNamespace(http_url="127.0.0.1:8000", metrics_url="http://127.0.0.1:8002/metrics")
+    settings = {**operator_vs_static.FULL, "budget": 9}
+    document = operator_vs_static.policies(pod, settings)
+    assert document[operator_vs_static.BUDGET_KEY] == 9
+    config = parse_config(document)
+    assert [p.spec.max_instances for p in config.policies] == [6, 6, 6, 6]
+
+
+@pytest.mark.unit
 def test_static_configurations_use_the_whole_budget() -> None:
     configurations = operator_vs_static.static_configurations(6)
     assert len(configurations) == 10  # 2 extra instances over 4 models: C(5, 3)

@@ -13,9 +13,10 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,76 @@ class Instances:
         """Every model this object changed back to its count before the first change."""
         for model, count in self.original.items():
             self.actuator.apply_one(self.endpoint, model, count)
+
+
+# ---- the local driver under load ---------------------------------------------------
+
+
+def start_tune(triton: LocalTriton, config: Path, log: Path, output: Path) -> subprocess.Popen:
+    """`tritonscale tune` on a policy file, as a user runs it: a process of its own (so that
+    the load generator and the driver do not share one interpreter), its output in `output`."""
+    env = {**os.environ, "TRITONSCALE_REPOSITORY_KEY": triton.repository_key}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tritonscale.cli",
+            "tune",
+            "--config",
+            str(config),
+            "--decision-log",
+            str(log),
+            "--metrics-port",
+            "0",
+        ],
+        stdout=output.open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+
+
+def closed_loop_windows(
+    triton: LocalTriton,
+    instances: Instances,
+    settings: dict,
+    concurrency: int,
+    seconds: float,
+    started: float,
+    tune: subprocess.Popen,
+    label: str,
+    model: str,
+    models: Sequence[str],
+) -> list[dict[str, Any]]:
+    """Closed-loop windows on `model` for `seconds`, each with the counts of `models` after it."""
+    timeline = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if tune.poll() is not None:
+            raise SystemExit(f"bench: tritonscale tune exited with code {tune.returncode}")
+        m = measure(
+            triton.grpc_url,
+            model,
+            pipeline_inputs(settings["rows"]),
+            concurrency=concurrency,
+            seconds=settings["window_s"],
+            warmup_s=0.0,
+        )
+        counts = {name: instances.get(name) for name in models}
+        timeline.append(
+            {
+                "t_s": round(time.monotonic() - started, 2),
+                "phase": label,
+                "throughput_rps": round(m.throughput_rps, 2),
+                "p95_ms": round(m.p95_ms, 2) if m.p95_ms else None,
+                "instances": counts,
+                "total_instances": sum(counts.values()),
+            }
+        )
+        progress(
+            f"  {label} t={timeline[-1]['t_s']:.0f}s: {m.throughput_rps:.1f} rps, "
+            f"instances {counts}"
+        )
+    return timeline
 
 
 # ---- command line, progress, results ----------------------------------------------------

@@ -64,19 +64,24 @@ def async_vs_sync(doc: dict) -> list[str]:
 def operator_vs_static(doc: dict) -> list[str]:
     best = doc["best_static"]
     op = doc["operator"]
+    settings = doc["settings"]
+    within = "yes" if doc["reached_95pct_within_60s"] else "no"
     return [
-        f"Budget {doc['settings']['budget']} instances over {', '.join(doc['models'])}; "
-        f"{doc['settings']['concurrency']} requests in flight.",
+        f"Budget {doc['budget']} instances over {', '.join(doc['models'])}; "
+        f"{settings['concurrency']} requests of {settings['rows']} rows in flight.",
         "",
-        f"- best static: {best['instances']} at {_f(best['throughput_rps'])} rps (p95 {_f(best['p95_ms'], 0)} ms), "
-        f"out of {len(doc['static_sweep'])} configurations",
-        f"- tritonscale tune from 1 each: {_f(op['throughput_fraction_of_best_static'], 2)} of it "
-        f"(mean of the last three windows), 90 % reached after {_f(op['time_to_90pct_of_best_static_s'])} s",
+        f"- best static: {best['instances']} at {_f(doc['best_static_rps'])} rps "
+        f"(p95 {_f(best['p95_ms'], 0)} ms), out of {len(doc['static_sweep'])} configurations",
+        f"- tritonscale tune from 1 each: {_f(doc['operator_rps'])} rps (mean of the last three "
+        f"windows), {_f(op['throughput_fraction_of_best_static'], 2)} of it; 95 % reached "
+        f"{_f(doc['seconds_to_95pct'])} s after the load step (within 60 s: {within})",
         f"- instances at the end of high load: {op['instances_at_end_of_high_load']} "
-        f"(total {op['total_instances_at_end_of_high_load']}, most at any time {op['max_total_instances']}, "
-        f"within budget: {op['within_budget']})",
-        f"- after {_f(doc['settings']['low_seconds'], 0)} s of low load ({doc['settings']['low_concurrency']} in flight): "
-        f"{op['instances_at_end_of_low_load']} (total {op['total_instances_at_end_of_low_load']})",
+        f"(total {op['total_instances_at_end_of_high_load']}, most at any time "
+        f"{doc['max_total_instances']}, within the budget: {doc['within_budget']})",
+        f"- the budget: {doc['budget_note']}",
+        f"- after {_f(settings['low_seconds'], 0)} s of low load ({settings['low_concurrency']} "
+        f"in flight): {op['instances_at_end_of_low_load']} "
+        f"(total {op['total_instances_at_end_of_low_load']})",
         f"- {op['decisions']} decisions, {op['scale_changes']} count changes applied",
     ]
 
