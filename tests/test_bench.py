@@ -21,6 +21,7 @@ from loadtests.bench import (
     common,
     loadgen_headroom,
     operator_vs_static,
+    shifted_mix,
     summary,
 )
 from tritonscale.drivers.tune import parse_config
@@ -125,6 +126,22 @@ def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
         "within_budget",
     } <= operator.keys()
     assert {w["phase"] for w in operator["timeline"]} == {"high load", "low load"}
+    assert _counts(triton) == before
+
+
+def test_shifted_mix_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    before = _counts(triton)
+    result = shifted_mix.run(triton, shifted_mix.QUICK)
+    doc = _written("shifted_mix", result, tmp_path, lambda p: shifted_mix.plot(result, p))
+    assert len(doc["static_sweep"]) == 1  # a budget of 5 over five models leaves one
+    for row in doc["static_sweep"]:
+        assert row["first"]["requests"] > 0 and row["second"]["requests"] > 0, row
+    operator = doc["operator"]
+    assert operator["decisions"] > 0, operator["tune_output_tail"]
+    assert {w["phase"] for w in operator["timeline"]} == {"first half", "second half"}
+    assert operator["first_rps"] > 0 and operator["second_rps"] > 0
+    assert {"first_half", "second_half"} <= doc["operator_vs_best_static"].keys()
+    assert "seconds_after_shift_to_95pct_of_second_best" in doc
     assert _counts(triton) == before
 
 

@@ -86,6 +86,43 @@ def operator_vs_static(doc: dict) -> list[str]:
     ]
 
 
+def shifted_mix(doc: dict) -> list[str]:
+    settings, op = doc["settings"], doc["operator"]
+    first, second = doc["halves"]
+    vs_best, vs_kept = doc["operator_vs_best_static"], doc["operator_vs_first_half_best_kept"]
+    lines = [
+        f"Budget {doc['budget']} instances over {', '.join(doc['models'])}; "
+        f"{settings['concurrency']} requests of {settings['rows']} rows in flight on {first}, "
+        f"then on {second} ({settings['half_seconds']:g} s each).",
+        "",
+        f"| configuration | instances | {first} rps | {second} rps |",
+        "|---|---|---|---|",
+    ]
+    for key, label in (
+        ("best_static_first_half", f"best static for {first}"),
+        ("best_static_second_half", f"best static for {second}"),
+        ("best_static_over_both", "best static over both halves"),
+    ):
+        row = doc[key]
+        lines.append(
+            f"| {label} | {row['instances']} | {_f(row['first_rps'])} | {_f(row['second_rps'])} |"
+        )
+    lines += [
+        f"| tritonscale tune from 1 each | most {op['max_total_instances']} at once; at the ends "
+        f"{op['instances_at_end_of_first_half']}, {op['instances_at_end_of_second_half']} "
+        f"| {_f(op['first_rps'])} | {_f(op['second_rps'])} |",
+        "",
+        f"- one configuration best for both halves: {'yes' if doc['one_configuration_best_for_both'] else 'no'}",
+        f"- operator / best static of each half: {_f(vs_best['first_half'], 2)} and "
+        f"{_f(vs_best['second_half'], 2)}; in the second half / the first half's best kept: "
+        f"{_f(vs_kept['second_half'], 2)}",
+        f"- 95 % of the second half's best reached {_f(doc['seconds_after_shift_to_95pct_of_second_best'])} s "
+        f"after the shift",
+        f"- the budget: {doc['budget_note']}",
+    ]
+    return lines
+
+
 def bls_hop(doc: dict) -> list[str]:
     lines = [
         "| in flight | add_sub p50 / p95 ms | bls_sync p50 / p95 ms | bls_async p50 / p95 ms | hop p50 sync / async ms |",
@@ -118,6 +155,7 @@ def loadgen_headroom(doc: dict) -> list[str]:
 RENDERERS = {
     "async_vs_sync": async_vs_sync,
     "operator_vs_static": operator_vs_static,
+    "shifted_mix": shifted_mix,
     "bls_hop": bls_hop,
     "loadgen_headroom": loadgen_headroom,
 }
