@@ -21,6 +21,7 @@ from loadtests.bench import (
     common,
     loadgen_headroom,
     operator_vs_static,
+    scale_down,
     shifted_mix,
     summary,
 )
@@ -143,6 +144,31 @@ def test_shifted_mix_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert {"first_half", "second_half"} <= doc["operator_vs_best_static"].keys()
     assert "seconds_after_shift_to_95pct_of_second_best" in doc
     assert _counts(triton) == before
+
+
+def test_scale_down_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    before = _counts(triton)
+    result = scale_down.run(triton, scale_down.QUICK)
+    doc = _written("scale_down", result, tmp_path, lambda p: scale_down.plot(result, p))
+    assert doc["floor"] == 4 and doc["capacity_rps"] > 0
+    assert {w["phase"] for w in doc["timeline"]} == {"high", "low"}
+    assert doc["decisions"] > 0
+    assert "seconds_to_floor" in doc and doc["earliest_possible_s"] >= 0
+    assert _counts(triton) == before
+
+
+@pytest.mark.unit
+def test_the_chart_windows_are_the_chart_values() -> None:
+    specs = scale_down.chart_autoscalers()
+    assert set(scale_down.MODELS) <= specs.keys()
+    pipeline = specs["pipeline_async"]
+    # The chart's defaults, as a user gets them without a values file of their own.
+    assert pipeline["intervalSeconds"] == 15 and pipeline["metricsWindowSeconds"] == 60
+    assert pipeline["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    assert pipeline["calls"] == ["branch_embed", "branch_classify", "branch_rank"]
+    # 7 instances: 300 s of window, then two more steps of 60 s for the model at 3.
+    peak = {"pipeline_async": 3, "branch_embed": 2, "branch_classify": 1, "branch_rank": 1}
+    assert scale_down.earliest_floor_s(list(specs.values()), peak) == 300 + 60
 
 
 @pytest.mark.unit

@@ -123,6 +123,26 @@ def shifted_mix(doc: dict) -> list[str]:
     return lines
 
 
+def scale_down(doc: dict) -> list[str]:
+    spec = doc["policies"][0]
+    down = spec["behavior"]["scaleDown"]
+    steps = ", ".join(
+        f"{p['value']} {p['type'].lower()} per {p['periodSeconds']} s" for p in down["policies"]
+    )
+    firsts = ", ".join(
+        f"{m} {s:g} s" for m, s in sorted(doc["first_scale_down_after_drop_s"].items())
+    )
+    return [
+        f"Windows: ticks every {spec['intervalSeconds']} s, rates over {spec['metricsWindowSeconds']} s, "
+        f"scale-down window {down['stabilizationWindowSeconds']} s, at most {steps}.",
+        "",
+        f"- at the drop: {doc['instances_at_drop']} (total {doc['total_at_drop']}, floor {doc['floor']})",
+        f"- back at the floor {_f(doc['seconds_to_floor'])} s after the load dropped (the windows "
+        f"allow {_f(doc['earliest_possible_s'], 0)} s at the earliest)",
+        f"- first scale-down after the drop: {firsts or 'none'}",
+    ]
+
+
 def bls_hop(doc: dict) -> list[str]:
     lines = [
         "| in flight | add_sub p50 / p95 ms | bls_sync p50 / p95 ms | bls_async p50 / p95 ms | hop p50 sync / async ms |",
@@ -155,6 +175,7 @@ def loadgen_headroom(doc: dict) -> list[str]:
 RENDERERS = {
     "async_vs_sync": async_vs_sync,
     "operator_vs_static": operator_vs_static,
+    "scale_down": scale_down,
     "shifted_mix": shifted_mix,
     "bls_hop": bls_hop,
     "loadgen_headroom": loadgen_headroom,
