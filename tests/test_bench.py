@@ -19,6 +19,7 @@ from loadtests.bench import (
     async_vs_sync,
     bls_hop,
     common,
+    control_loop_scale,
     loadgen_headroom,
     operator_vs_static,
     scale_down,
@@ -169,6 +170,25 @@ def test_the_chart_windows_are_the_chart_values() -> None:
     # 7 instances: 300 s of window, then two more steps of 60 s for the model at 3.
     peak = {"pipeline_async": 3, "branch_embed": 2, "branch_classify": 1, "branch_rank": 1}
     assert scale_down.earliest_floor_s(list(specs.values()), peak) == 300 + 60
+
+
+def test_control_loop_scale_quick(tmp_path: Path) -> None:
+    settings = control_loop_scale.QUICK
+    with control_loop_scale.tritons(2) as pods:
+        result = control_loop_scale.run(pods, settings)
+    doc = _written(
+        "control_loop_scale", result, tmp_path, lambda p: control_loop_scale.plot(result, p)
+    )
+    layouts = {(row["pods"], row["sets"]): row for row in doc["layouts"]}
+    assert set(layouts) == {(1, 1), (2, 1), (2, 2)}
+    for row in doc["layouts"]:
+        assert row["autoscalers"] == 4 * row["sets"]
+        assert row["steady"]["ticks"] >= row["autoscalers"]
+        assert row["change"]["loading_tick_ms"]["median"] is not None, row
+    # Two pods in one set: one of them hung while the other should get a new count.
+    hung = layouts[(2, 1)]["hung"]
+    assert hung["own_set"]["ticks"] > 0 and hung["hung_pod"]
+    assert doc["pod_memory_mb"] > 0
 
 
 @pytest.mark.unit

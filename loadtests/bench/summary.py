@@ -143,6 +143,33 @@ def scale_down(doc: dict) -> list[str]:
     ]
 
 
+def control_loop_scale(doc: dict) -> list[str]:
+    lines = [
+        f"Pods serve {', '.join(doc['models'])} ({_f(doc['pod_memory_mb'], 0)} MB each); four "
+        f"autoscalers per pod set, one tune loop per set; ticks every {doc['settings']['interval_s']} s.",
+        "",
+        "| pods | sets | autoscalers | steady tick ms, median / p95 | round of a set ms | longest without a decision, s | tick loading every pod of a set, ms | one load ms | one pod hung: its set's tick ms | its set's longest without a decision, s | its other pods changed after, s | other sets' longest without a decision, s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["layouts"]:
+        hung = r.get("hung") or {}
+        own = hung.get("own_set") or {}
+        others = hung.get("other_sets") or {}
+        lines.append(
+            f"| {r['pods']} | {r['sets']} | {r['autoscalers']} "
+            f"| {_f(r['steady']['tick_ms']['median'], 0)} / {_f(r['steady']['tick_ms']['p95'], 0)} "
+            f"| {_f(r['steady']['round_ms']['median'], 0)} "
+            f"| {_f(r['steady']['longest_without_decision_s'])} "
+            f"| {_f(r['change']['loading_tick_ms']['median'], 0)} "
+            f"| {_f(r['change']['load_per_pod_ms']['median'], 0)} "
+            f"| {_f((own.get('tick_ms') or {}).get('median'), 0)} "
+            f"| {_f(own.get('longest_without_decision_s'))} "
+            f"| {_f(own.get('other_pods_changed_after_s'))} "
+            f"| {_f(others.get('longest_without_decision_s'))} |"
+        )
+    return lines
+
+
 def bls_hop(doc: dict) -> list[str]:
     lines = [
         "| in flight | add_sub p50 / p95 ms | bls_sync p50 / p95 ms | bls_async p50 / p95 ms | hop p50 sync / async ms |",
@@ -175,8 +202,9 @@ def loadgen_headroom(doc: dict) -> list[str]:
 RENDERERS = {
     "async_vs_sync": async_vs_sync,
     "operator_vs_static": operator_vs_static,
-    "scale_down": scale_down,
     "shifted_mix": shifted_mix,
+    "scale_down": scale_down,
+    "control_loop_scale": control_loop_scale,
     "bls_hop": bls_hop,
     "loadgen_headroom": loadgen_headroom,
 }
