@@ -134,6 +134,7 @@ def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
 def test_shifted_mix_quick(triton: LocalTriton, tmp_path: Path) -> None:
     before = _counts(triton)
     result = shifted_mix.run(triton, shifted_mix.QUICK)
+    assert result["operator"].pop("decision_log").count("\n") == result["operator"]["decisions"]
     doc = _written("shifted_mix", result, tmp_path, lambda p: shifted_mix.plot(result, p))
     assert len(doc["static_sweep"]) == 1  # a budget of 5 over five models leaves one
     for row in doc["static_sweep"]:
@@ -150,6 +151,7 @@ def test_shifted_mix_quick(triton: LocalTriton, tmp_path: Path) -> None:
 def test_scale_down_quick(triton: LocalTriton, tmp_path: Path) -> None:
     before = _counts(triton)
     result = scale_down.run(triton, scale_down.QUICK)
+    assert result.pop("decision_log").count("\n") == result["decisions"]
     doc = _written("scale_down", result, tmp_path, lambda p: scale_down.plot(result, p))
     assert doc["floor"] == 4 and doc["capacity_rps"] > 0
     assert {w["phase"] for w in doc["timeline"]} == {"high", "low"}

@@ -185,7 +185,8 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 tune.kill()
             instances.restore()
-        decisions = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        decision_log = log.read_text() if log.exists() else ""
+        decisions = [json.loads(line) for line in decision_log.splitlines() if line.strip()]
     first_down: dict[str, float] = {}
     for record in decisions:
         if record["t"] < dropped_at or record["model"] in first_down:
@@ -207,6 +208,7 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
         "drop_at_s": at_drop["t_s"],
         "timeline": timeline,
         "decisions": len(decisions),
+        "decision_log": decision_log,
     }
 
 
@@ -245,7 +247,10 @@ def main(argv: list[str] | None = None) -> None:
     args = common.parser(__doc__.splitlines()[0]).parse_args(argv)
     with common.local_triton(list(MODELS)) as triton:
         result = run(triton, QUICK if args.quick else FULL)
+    # The driver's own log beside the JSON, for `tritonscale report --decisions`.
+    decision_log = result.pop("decision_log")
     path = common.write_result("scale_down", result, args.out)
+    path.with_suffix(".decisions.jsonl").write_text(decision_log)
     if not args.no_plot:
         plot(result, common.plot_path(path))
     common.progress(

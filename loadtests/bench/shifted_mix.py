@@ -130,7 +130,8 @@ def with_operator(triton: Any, instances: common.Instances, settings: dict) -> d
                 tune.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 tune.kill()
-        decisions = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        decision_log = log.read_text() if log.exists() else ""
+        decisions = [json.loads(line) for line in decision_log.splitlines() if line.strip()]
         tune_tail = output.read_text().strip().splitlines()[-3:]
     return {
         "timeline": first + second,
@@ -141,6 +142,7 @@ def with_operator(triton: Any, instances: common.Instances, settings: dict) -> d
         "instances_at_end_of_second_half": second[-1]["instances"] if second else None,
         "max_total_instances": max((w["total_instances"] for w in first + second), default=None),
         "decisions": len(decisions),
+        "decision_log": decision_log,
         "scale_changes": sum(
             1 for d in decisions for pod in d.get("applied") or () if pod.get("ok")
         ),
@@ -280,7 +282,10 @@ def main(argv: list[str] | None = None) -> None:
         settings["budget"] = args.budget
     with common.local_triton(list(MODELS)) as triton:
         result = run(triton, settings)
+    # The driver's own log beside the JSON, for `tritonscale report --decisions`.
+    decision_log = result["operator"].pop("decision_log")
     path = common.write_result("shifted_mix", result, args.out)
+    path.with_suffix(".decisions.jsonl").write_text(decision_log)
     if not args.no_plot:
         plot(result, common.plot_path(path))
     vs_best, vs_kept = result["operator_vs_best_static"], result["operator_vs_first_half_best_kept"]
