@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,11 +19,15 @@ from loadtests.bench import (
     async_vs_sync,
     bls_hop,
     common,
+    control_loop_scale,
     gateway,
     loadgen_headroom,
     operator_vs_static,
+    scale_down,
+    shifted_mix,
     summary,
 )
+from tritonscale.drivers.tune import parse_config
 from tritonscale.local.triton_server import LocalTriton
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -131,11 +136,23 @@ def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
     )
     assert doc["best_static"]["throughput_rps"] > 0
     assert len(doc["static_sweep"]) == 1  # a budget of 4 leaves one configuration
+    # The contract other checks read.
+    assert doc["budget"] == 4 and doc["best_static_rps"] == doc["best_static"]["throughput_rps"]
+    assert doc["operator_rps"] > 0
+    assert doc["max_total_instances"] >= 4
+    assert "seconds_to_95pct" in doc and isinstance(doc["reached_95pct_within_60s"], bool)
+    assert doc["within_budget"] == (doc["max_total_instances"] <= doc["budget"])
+    # The budget went into the policy file the driver ran with, and the JSON says whether the
+    # driver enforces it.
     operator = doc["operator"]
+    assert {
+        p["spec"]["budget"]["instancesPerPod"] for p in operator["policy_file"]["policies"]
+    } == {4}
+    assert doc["budget_enforced"] is operator_vs_static.BUDGET_ENFORCED
+    assert doc["budget_note"]
     assert operator["decisions"] > 0, operator["tune_output_tail"]
     assert {
         "throughput_fraction_of_best_static",
-        "time_to_90pct_of_best_static_s",
         "total_instances_at_end_of_high_load",
         "total_instances_at_end_of_low_load",
         "within_budget",
@@ -144,6 +161,81 @@ def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert _counts(triton) == before
 
 
+def test_shifted_mix_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    before = _counts(triton)
+    result = shifted_mix.run(triton, shifted_mix.QUICK)
+    assert result["operator"].pop("decision_log").count("\n") == result["operator"]["decisions"]
+    doc = _written("shifted_mix", result, tmp_path, lambda p: shifted_mix.plot(result, p))
+    assert len(doc["static_sweep"]) == 1  # a budget of 5 over five models leaves one
+    for row in doc["static_sweep"]:
+        assert row["first"]["requests"] > 0 and row["second"]["requests"] > 0, row
+    operator = doc["operator"]
+    assert operator["decisions"] > 0, operator["tune_output_tail"]
+    assert {w["phase"] for w in operator["timeline"]} == {"first half", "second half"}
+    assert operator["first_rps"] > 0 and operator["second_rps"] > 0
+    assert {"first_half", "second_half"} <= doc["operator_vs_best_static"].keys()
+    assert "seconds_after_shift_to_95pct_of_second_best" in doc
+    assert _counts(triton) == before
+
+
+def test_scale_down_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    before = _counts(triton)
+    result = scale_down.run(triton, scale_down.QUICK)
+    assert result.pop("decision_log").count("\n") == result["decisions"]
+    doc = _written("scale_down", result, tmp_path, lambda p: scale_down.plot(result, p))
+    assert doc["floor"] == 4 and doc["capacity_rps"] > 0
+    assert {w["phase"] for w in doc["timeline"]} == {"high", "low"}
+    assert doc["decisions"] > 0
+    assert "seconds_to_floor" in doc and doc["earliest_possible_s"] >= 0
+    assert _counts(triton) == before
+
+
+@pytest.mark.unit
+def test_the_chart_windows_are_the_chart_values() -> None:
+    specs = scale_down.chart_autoscalers()
+    assert set(scale_down.MODELS) <= specs.keys()
+    pipeline = specs["pipeline_async"]
+    # The chart's defaults, as a user gets them without a values file of their own.
+    assert pipeline["intervalSeconds"] == 15 and pipeline["metricsWindowSeconds"] == 60
+    assert pipeline["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    assert pipeline["calls"] == ["branch_embed", "branch_classify", "branch_rank"]
+    # 7 instances: 300 s of window, then two more steps of 60 s for the model at 3.
+    peak = {"pipeline_async": 3, "branch_embed": 2, "branch_classify": 1, "branch_rank": 1}
+    assert scale_down.earliest_floor_s(list(specs.values()), peak) == 300 + 60
+
+
+def test_control_loop_scale_quick(tmp_path: Path) -> None:
+    settings = control_loop_scale.QUICK
+    with control_loop_scale.tritons(2) as pods:
+        result = control_loop_scale.run(pods, settings)
+    doc = _written(
+        "control_loop_scale", result, tmp_path, lambda p: control_loop_scale.plot(result, p)
+    )
+    layouts = {(row["pods"], row["sets"]): row for row in doc["layouts"]}
+    assert set(layouts) == {(1, 1), (2, 1), (2, 2)}
+    for row in doc["layouts"]:
+        assert row["autoscalers"] == 4 * row["sets"]
+        assert row["steady"]["ticks"] >= row["autoscalers"]
+        assert row["change"]["loading_tick_ms"]["median"] is not None, row
+    # Two pods in one set: one of them hung while the other should get a new count.
+    hung = layouts[(2, 1)]["hung"]
+    assert hung["own_set"]["ticks"] > 0 and hung["hung_pod"]
+    assert doc["pod_memory_mb"] > 0
+
+
+@pytest.mark.unit
+def test_the_budget_goes_into_a_policy_file_the_driver_reads() -> None:
+    pod = SimpleNamespace(http_url="127.0.0.1:8000", metrics_url="http://127.0.0.1:8002/metrics")
+    settings = {**operator_vs_static.FULL, "budget": 9}
+    document = operator_vs_static.policies(pod, settings)
+    config = parse_config(document)
+    assert [p.spec.max_instances for p in config.policies] == [6, 6, 6, 6]
+    assert {(p.spec.budget.name, p.spec.budget.instances_per_pod) for p in config.policies} == {
+        (operator_vs_static.BUDGET_NAME, 9)
+    }
+
+
+@pytest.mark.unit
 def test_static_configurations_use_the_whole_budget() -> None:
     configurations = operator_vs_static.static_configurations(6)
     assert len(configurations) == 10  # 2 extra instances over 4 models: C(5, 3)

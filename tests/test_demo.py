@@ -1,7 +1,9 @@
 """The control loop end to end: a real Triton, real Prometheus (when installed), short windows.
 
-- The demo (`run_demo`, on free ports, short phases): under load a count rises and the
-  pipeline's throughput with it; after the load drops the counts come back down.
+- The demo (`run_demo`, on free ports, short phases, an open-loop load above one instance
+  each's capacity): with the operator paused the backlog grows; with it running a count
+  rises and the pipeline serves more than it did paused; after the load drops the counts
+  come back down.
 - A Triton restarted on the same ports comes back with the repository's counts; the loop
   puts the desired count back on the next tick.
 - Prometheus stopped: the loop holds (FailedGetMetrics) and resumes when it is back.
@@ -43,6 +45,7 @@ SHORT = {
         },
     },
 }
+PAUSED, HIGH, LOW = "high, operator paused", "high", "low"
 
 
 def _require_triton() -> None:
@@ -56,7 +59,7 @@ def _policies(models: dict[str, dict]) -> list[dict]:
     ]
 
 
-# ---- the demo: a step load up and back down ---------------------------------------------
+# ---- the demo: an open-loop load above the starting capacity, paused, running, dropped ----
 
 
 @pytest.fixture(scope="module")
@@ -82,47 +85,63 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
     lines: list[str] = []
     result = run_demo(
         out,
-        phases=(Phase("low", 1, 8), Phase("high", 16, 30), Phase("low again", 1, 36)),
-        load="builtin",
+        phases=(
+            Phase(PAUSED, 1.6, 8, operator=False),
+            Phase(HIGH, 1.6, 40),
+            Phase(LOW, 0.1, 36),
+        ),
         ports=(free_port(), free_port(), free_port()),
         metrics_port=0,
         prometheus_port=0,
         policies=policies,
+        capacity_seconds=3,
         echo=lines.append,
     )
     print("\n".join(lines))
     return result
 
 
-def test_under_load_a_count_rises_and_the_throughput_with_it(demo: DemoResult) -> None:
-    low, high, _ = demo.rows
-    grown = [
-        model
-        for model in ("pipeline_async", "branch_embed")
-        if high.instances_max.get(model, 0) > low.instances_end.get(model, 1)
-    ]
+def test_paused_the_backlog_grows_and_no_count_changes(demo: DemoResult) -> None:
+    paused = demo.row(PAUSED)
+    assert paused.load is not None and paused.end_load is not None
+    # 1.6 times what one instance each serves: the server falls behind and stays behind.
+    assert paused.load.served < paused.load.offered
+    assert paused.end_load.in_flight > 0
+    assert set(paused.instances_max.values()) == {1}, paused.instances_max
+
+
+def test_running_a_count_rises_and_the_pipeline_serves_more(demo: DemoResult) -> None:
+    paused, high = demo.row(PAUSED), demo.row(HIGH)
+    grown = [model for model, count in high.instances_max.items() if count > 1]
     assert grown, f"no count rose under load: {high.instances_max}"
     assert any(model in demo.step_to_applied_s for model in grown)
-    first, last = demo.throughput_before_after
-    assert first is not None and last is not None and last > first
-    assert high.rate is not None and low.rate is not None and high.rate > low.rate
+    assert high.load is not None and paused.load is not None
+    assert high.load.served_rps > paused.load.served_rps
 
 
 def test_after_the_load_the_counts_come_back_down(demo: DemoResult) -> None:
-    _, high, after = demo.rows
+    high, low = demo.row(HIGH), demo.row(LOW)
     for model, count in high.instances_max.items():
         if count > 1:
-            assert after.instances_end[model] < count, f"{model} stayed at {count}"
+            assert low.instances_end[model] < count, f"{model} stayed at {count}"
             assert model in demo.scale_down_after_s
 
 
 def test_the_demo_reports_its_run(demo: DemoResult) -> None:
     records = demo.decision_log.read_text().splitlines()
     assert len(records) > 10
+    assert any('"reason": "Paused"' in record for record in records)
     text = "\n".join(summary_lines(demo))
-    assert "low again" in text and "high step -> first scale-up applied" in text
+    for phrase in (PAUSED, "offered", "served", "p95 back under", "first scale-up applied"):
+        assert phrase in text
     assert demo.metrics == ("prometheus" if prometheus_binary() else "scrape")
-    assert all(row.failures == 0 for row in demo.rows)
+    assert demo.capacity_rps > 0
+    history = demo.load_history.read_text().splitlines()
+    assert history[0].startswith("t,offered_rps,served_rps")
+    assert len(history) > 60
+    assert demo.report is not None and demo.report.is_file()
+    for plot in ("throughput.png", "latency.png", "instances.png"):
+        assert (demo.report.parent / plot).stat().st_size > 1000
 
 
 # ---- faults: a restarted Triton, a Prometheus outage ------------------------------------
@@ -187,8 +206,10 @@ def test_a_restarted_triton_gets_its_count_back(branch_triton: LocalTriton) -> N
     with _Loop(branch_triton, _config(branch_triton, {"branch_rank": {"minInstances": 2}})) as loop:
         loop.wait_for(lambda t: t.live_counts.get(endpoint.name) == 2, timeout_s=20)
         branch_triton.stop()
-        branch_triton.start()  # the same ports; the repository says 1 instance
+        # From the stop on: on busy cores the loop may restore the count before start()
+        # returns (the server answers before its last readiness check has).
         back = time.time()
+        branch_triton.start()  # the same ports; the repository says 1 instance
         restored = loop.wait_for(
             lambda t: bool(t.applied) and t.applied[0].ok and t.applied[0].after == 2,
             timeout_s=30,

@@ -1,9 +1,10 @@
-"""What the benchmarks share: a local Triton, instance counts, an asyncio load generator,
+"""What the benchmarks share: a local Triton, instance counts, the load generators,
 progress lines, JSON results and plots.
 
-The load generator is `tritonclient.grpc.aio` with a fixed number of requests in flight
-(closed loop): one process, no gevent, so that at these rates the generator is not the
-bottleneck (bench/loadgen_headroom.py measures how far that holds).
+The load generators are tritonscale.local.loadgen's, over `tritonclient.grpc.aio`: `measure`
+keeps a fixed number of requests in flight (closed loop), `OpenLoopLoad` sends at a rate;
+one process, no gevent, so that at these rates the generator is not the bottleneck
+(bench/loadgen_headroom.py measures how far that holds).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import asyncio
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http
 from tritonclient.utils import np_to_triton_dtype
 
+from tritonscale.local.loadgen import Inputs, Measurement, OpenLoopLoad, measure
 from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint
@@ -33,7 +35,8 @@ from tritonscale.triton.endpoints import Endpoint
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "reports" / "bench"
 
-Inputs = dict[str, np.ndarray]
+# The load generators live in tritonscale.local.loadgen (the demo uses them too).
+__all__ = ["Inputs", "Measurement", "OpenLoopLoad", "measure"]
 # How long a streamed run waits for its last answers after the measurement ends.
 STREAM_GRACE_S = 30.0
 
@@ -50,102 +53,50 @@ def stream_count_inputs(count: int = 4) -> Callable[[np.random.Generator], Input
     return lambda rng: {"IN": np.array([count], dtype=np.int32)}
 
 
-@dataclass(frozen=True)
-class Measurement:
-    """One closed-loop run: `concurrency` requests in flight for `seconds`."""
+# ---- the server and its instance counts ---------------------------------------------
 
-    model: str
-    concurrency: int
-    seconds: float
-    requests: int
-    failures: int
-    throughput_rps: float
-    p50_ms: float | None
-    p95_ms: float | None
-    p99_ms: float | None
-    first_error: str | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+@contextmanager
+def local_triton(models: list[str] | None = None) -> Iterator[LocalTriton]:
+    progress(f"starting tritonserver ({', '.join(models) if models else 'all models'}) ...")
+    with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=models) as triton:
+        progress(f"  ready in {triton.startup_s:.1f} s (gRPC {triton.grpc_url})")
+        yield triton
+
+
+class Instances:
+    """Sets instance counts through the operator's actuator (live config, new instance_group,
+    repository load with the key header) and remembers how long each change took."""
+
+    def __init__(self, triton: LocalTriton) -> None:
+        self.actuator = Actuator(triton.repository_key)
+        self.endpoint = Endpoint("local", triton.http_url)
+        self.change_seconds: list[float] = []
+        self.original: dict[str, int] = {}
+
+    def set(self, counts: Mapping[str, int]) -> None:
+        for model, count in counts.items():
+            self.original.setdefault(model, self.get(model))
+            result = self.actuator.apply_one(self.endpoint, model, count)
+            if result is None:
+                continue
+            if not result.ok:
+                raise SystemExit(
+                    f"bench: setting {model} to {count} instances failed: {result.reason}"
+                )
+            self.change_seconds.append(result.seconds)
+
+    def get(self, model: str) -> int:
+        return self.actuator.live_count(self.endpoint, model)
+
+    def restore(self) -> None:
+        """Every model this object changed back to its count before the first change."""
+        for model, count in self.original.items():
+            self.actuator.apply_one(self.endpoint, model, count)
 
 
 def _percentile(latencies: list[float], q: float) -> float | None:
     return float(np.percentile(latencies, q)) * 1000.0 if latencies else None
-
-
-async def _closed_loop(
-    url: str,
-    model: str,
-    make: Callable[[np.random.Generator], Inputs],
-    concurrency: int,
-    warmup_s: float,
-    seconds: float,
-) -> Measurement:
-    client = grpc_aio.InferenceServerClient(url)
-    latencies: list[float] = []
-    failures = 0
-    first_error: str | None = None
-    started = time.perf_counter()
-    measure_from = started + warmup_s
-    measure_to = measure_from + seconds
-
-    def build(arrays: Inputs) -> list[grpc_aio.InferInput]:
-        inputs = []
-        for name, array in arrays.items():
-            tensor = grpc_aio.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        return inputs
-
-    async def worker(index: int) -> None:
-        nonlocal failures, first_error
-        rng = np.random.default_rng(index)
-        while time.perf_counter() < measure_to:
-            inputs = build(make(rng))
-            sent = time.perf_counter()
-            try:
-                await client.infer(model, inputs, client_timeout=30)
-                ok = True
-            except Exception as error:  # counted: a failure is a result, not a crash
-                ok = False
-                first_error = first_error or " ".join(str(error).split())[:200]
-                await asyncio.sleep(0.01)
-            done = time.perf_counter()
-            if measure_from <= done < measure_to:
-                if ok:
-                    latencies.append(done - sent)
-                else:
-                    failures += 1
-
-    try:
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    finally:
-        await client.close()
-    return Measurement(
-        model=model,
-        concurrency=concurrency,
-        seconds=seconds,
-        requests=len(latencies),
-        failures=failures,
-        throughput_rps=len(latencies) / seconds,
-        p50_ms=_percentile(latencies, 50),
-        p95_ms=_percentile(latencies, 95),
-        p99_ms=_percentile(latencies, 99),
-        first_error=first_error,
-    )
-
-
-def measure(
-    url: str,
-    model: str,
-    make: Callable[[np.random.Generator], Inputs],
-    *,
-    concurrency: int,
-    seconds: float,
-    warmup_s: float = 1.0,
-) -> Measurement:
-    """Requests/s and latency of `model` with `concurrency` requests always in flight."""
-    return asyncio.run(_closed_loop(url, model, make, concurrency, warmup_s, seconds))
 
 
 async def _closed_loop_stream(
@@ -243,91 +194,74 @@ def measure_stream(
     return asyncio.run(_closed_loop_stream(url, model, make, concurrency, warmup_s, seconds))
 
 
-# ---- the server and its instance counts ---------------------------------------------
+# ---- the local driver under load ---------------------------------------------------
 
 
-@contextmanager
-def local_triton(models: list[str] | None = None) -> Iterator[LocalTriton]:
-    progress(f"starting tritonserver ({', '.join(models) if models else 'all models'}) ...")
-    with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=models) as triton:
-        progress(f"  ready in {triton.startup_s:.1f} s (gRPC {triton.grpc_url})")
-        yield triton
+def start_tune(triton: LocalTriton, config: Path, log: Path, output: Path) -> subprocess.Popen:
+    """`tritonscale tune` on a policy file, as a user runs it: a process of its own (so that
+    the load generator and the driver do not share one interpreter), its output in `output`."""
+    env = {**os.environ, "TRITONSCALE_REPOSITORY_KEY": triton.repository_key}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tritonscale.cli",
+            "tune",
+            "--config",
+            str(config),
+            "--decision-log",
+            str(log),
+            "--metrics-port",
+            "0",
+        ],
+        stdout=output.open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
 
 
-class Instances:
-    """Sets instance counts through the operator's actuator (live config, new instance_group,
-    repository load with the key header) and remembers how long each change took."""
-
-    def __init__(self, triton: LocalTriton) -> None:
-        self.actuator = Actuator(triton.repository_key)
-        self.endpoint = Endpoint("local", triton.http_url)
-        self.change_seconds: list[float] = []
-        self.original: dict[str, int] = {}
-
-    def set(self, counts: Mapping[str, int]) -> None:
-        for model, count in counts.items():
-            self.original.setdefault(model, self.get(model))
-            result = self.actuator.apply_one(self.endpoint, model, count)
-            if result is None:
-                continue
-            if not result.ok:
-                raise SystemExit(
-                    f"bench: setting {model} to {count} instances failed: {result.reason}"
-                )
-            self.change_seconds.append(result.seconds)
-
-    def get(self, model: str) -> int:
-        return self.actuator.live_count(self.endpoint, model)
-
-    def restore(self) -> None:
-        """Every model this object changed back to its count before the first change."""
-        for model, count in self.original.items():
-            self.actuator.apply_one(self.endpoint, model, count)
-
-
-def set_parameters(triton: LocalTriton, model: str, parameters: Mapping[str, str]) -> None:
-    """Reload `model` with these config.pbtxt parameters changed (the rest of its live config
-    kept), through the repository API with the key header."""
-    client = tritonclient.http.InferenceServerClient(triton.http_url)
-    try:
-        config = client.get_model_config(model)
-        for key, value in parameters.items():
-            config.setdefault("parameters", {})[key] = {"string_value": str(value)}
-        client.load_model(model, headers=triton.repository_headers, config=json.dumps(config))
-    finally:
-        client.close()
-
-
-class ServerCpu:
-    """CPU seconds spent by the server and its Python stubs (its process group), from /proc:
-    on a shared machine, CPU per request is steadier than requests per second."""
-
-    def __init__(self, triton: LocalTriton) -> None:
-        assert triton.process is not None, "the server is not running"
-        self.group = triton.process.pid
-        self.ticks_per_s = os.sysconf("SC_CLK_TCK")
-
-    def per_process(self) -> dict[int, float]:
-        """CPU seconds so far of each process of the group, by PID."""
-        seconds = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # the process ended meanwhile
-                continue
-            # After the name: state, ppid, pgrp, ..., utime (12th), stime (13th).
-            if int(fields[2]) == self.group:
-                seconds[int(entry.name)] = (int(fields[11]) + int(fields[12])) / self.ticks_per_s
-        return seconds
-
-    @staticmethod
-    def spent(before: dict[int, float], after: dict[int, float]) -> float:
-        """CPU seconds spent between two readings. A process that ended in between (a stub
-        replaced by a reload) drops out of `after`, so only the processes alive at the end
-        count: subtracting its whole past would make the total negative."""
-        return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+def closed_loop_windows(
+    triton: LocalTriton,
+    instances: Instances,
+    settings: dict,
+    concurrency: int,
+    seconds: float,
+    started: float,
+    tune: subprocess.Popen,
+    label: str,
+    model: str,
+    models: Sequence[str],
+) -> list[dict[str, Any]]:
+    """Closed-loop windows on `model` for `seconds`, each with the counts of `models` after it."""
+    timeline = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if tune.poll() is not None:
+            raise SystemExit(f"bench: tritonscale tune exited with code {tune.returncode}")
+        m = measure(
+            triton.grpc_url,
+            model,
+            pipeline_inputs(settings["rows"]),
+            concurrency=concurrency,
+            seconds=settings["window_s"],
+            warmup_s=0.0,
+        )
+        counts = {name: instances.get(name) for name in models}
+        timeline.append(
+            {
+                "t_s": round(time.monotonic() - started, 2),
+                "phase": label,
+                "throughput_rps": round(m.throughput_rps, 2),
+                "p95_ms": round(m.p95_ms, 2) if m.p95_ms else None,
+                "instances": counts,
+                "total_instances": sum(counts.values()),
+            }
+        )
+        progress(
+            f"  {label} t={timeline[-1]['t_s']:.0f}s: {m.throughput_rps:.1f} rps, "
+            f"instances {counts}"
+        )
+    return timeline
 
 
 # ---- command line, progress, results ----------------------------------------------------
@@ -379,3 +313,51 @@ def plot_path(json_path: Path) -> Path:
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
+
+
+def set_parameters(triton: LocalTriton, model: str, parameters: Mapping[str, str]) -> None:
+    """Reload `model` with these config.pbtxt parameters changed (the rest of its live config
+    kept), through the repository API with the key header."""
+    client = tritonclient.http.InferenceServerClient(triton.http_url)
+    try:
+        config = client.get_model_config(model)
+        for key, value in parameters.items():
+            config.setdefault("parameters", {})[key] = {"string_value": str(value)}
+        client.load_model(model, headers=triton.repository_headers, config=json.dumps(config))
+    finally:
+        client.close()
+
+
+class ServerCpu:
+    """CPU seconds spent by the server and its Python stubs (its process group), from /proc:
+    on a shared machine, CPU per request is steadier than requests per second."""
+
+    def __init__(self, triton: LocalTriton) -> None:
+        assert triton.process is not None, "the server is not running"
+        self.group = triton.process.pid
+        self.ticks_per_s = os.sysconf("SC_CLK_TCK")
+
+    def per_process(self) -> dict[int, float]:
+        """CPU seconds so far of each process of the group, by PID."""
+        seconds = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the process ended meanwhile
+                continue
+            # After the name: state, ppid, pgrp, ..., utime (12th), stime (13th).
+            if int(fields[2]) == self.group:
+                seconds[int(entry.name)] = (int(fields[11]) + int(fields[12])) / self.ticks_per_s
+        return seconds
+
+    @staticmethod
+    def spent(before: dict[int, float], after: dict[int, float]) -> float:
+        """CPU seconds spent between two readings. A process that ended in between (a stub
+        replaced by a reload) drops out of `after`, so only the processes alive at the end
+        count: subtracting its whole past would make the total negative."""
+        return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+
+# ---- command line, progress, results ----------------------------------------------------

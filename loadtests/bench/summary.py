@@ -64,21 +64,110 @@ def async_vs_sync(doc: dict) -> list[str]:
 def operator_vs_static(doc: dict) -> list[str]:
     best = doc["best_static"]
     op = doc["operator"]
+    settings = doc["settings"]
+    within = "yes" if doc["reached_95pct_within_60s"] else "no"
     return [
-        f"Budget {doc['settings']['budget']} instances over {', '.join(doc['models'])}; "
-        f"{doc['settings']['concurrency']} requests in flight.",
+        f"Budget {doc['budget']} instances over {', '.join(doc['models'])}; "
+        f"{settings['concurrency']} requests of {settings['rows']} rows in flight.",
         "",
-        f"- best static: {best['instances']} at {_f(best['throughput_rps'])} rps (p95 {_f(best['p95_ms'], 0)} ms), "
-        f"out of {len(doc['static_sweep'])} configurations",
-        f"- tritonscale tune from 1 each: {_f(op['throughput_fraction_of_best_static'], 2)} of it "
-        f"(mean of the last three windows), 90 % reached after {_f(op['time_to_90pct_of_best_static_s'])} s",
+        f"- best static: {best['instances']} at {_f(doc['best_static_rps'])} rps "
+        f"(p95 {_f(best['p95_ms'], 0)} ms), out of {len(doc['static_sweep'])} configurations",
+        f"- tritonscale tune from 1 each: {_f(doc['operator_rps'])} rps (mean of the last three "
+        f"windows), {_f(op['throughput_fraction_of_best_static'], 2)} of it; 95 % reached "
+        f"{_f(doc['seconds_to_95pct'])} s after the load step (within 60 s: {within})",
         f"- instances at the end of high load: {op['instances_at_end_of_high_load']} "
-        f"(total {op['total_instances_at_end_of_high_load']}, most at any time {op['max_total_instances']}, "
-        f"within budget: {op['within_budget']})",
-        f"- after {_f(doc['settings']['low_seconds'], 0)} s of low load ({doc['settings']['low_concurrency']} in flight): "
-        f"{op['instances_at_end_of_low_load']} (total {op['total_instances_at_end_of_low_load']})",
+        f"(total {op['total_instances_at_end_of_high_load']}, most at any time "
+        f"{doc['max_total_instances']}, within the budget: {doc['within_budget']})",
+        f"- the budget: {doc['budget_note']}",
+        f"- after {_f(settings['low_seconds'], 0)} s of low load ({settings['low_concurrency']} "
+        f"in flight): {op['instances_at_end_of_low_load']} "
+        f"(total {op['total_instances_at_end_of_low_load']})",
         f"- {op['decisions']} decisions, {op['scale_changes']} count changes applied",
     ]
+
+
+def shifted_mix(doc: dict) -> list[str]:
+    settings, op = doc["settings"], doc["operator"]
+    first, second = doc["halves"]
+    vs_best, vs_kept = doc["operator_vs_best_static"], doc["operator_vs_first_half_best_kept"]
+    lines = [
+        f"Budget {doc['budget']} instances over {', '.join(doc['models'])}; "
+        f"{settings['concurrency']} requests of {settings['rows']} rows in flight on {first}, "
+        f"then on {second} ({settings['half_seconds']:g} s each).",
+        "",
+        f"| configuration | instances | {first} rps | {second} rps |",
+        "|---|---|---|---|",
+    ]
+    for key, label in (
+        ("best_static_first_half", f"best static for {first}"),
+        ("best_static_second_half", f"best static for {second}"),
+        ("best_static_over_both", "best static over both halves"),
+    ):
+        row = doc[key]
+        lines.append(
+            f"| {label} | {row['instances']} | {_f(row['first_rps'])} | {_f(row['second_rps'])} |"
+        )
+    lines += [
+        f"| tritonscale tune from 1 each | most {op['max_total_instances']} at once; at the ends "
+        f"{op['instances_at_end_of_first_half']}, {op['instances_at_end_of_second_half']} "
+        f"| {_f(op['first_rps'])} | {_f(op['second_rps'])} |",
+        "",
+        f"- one configuration best for both halves: {'yes' if doc['one_configuration_best_for_both'] else 'no'}",
+        f"- operator / best static of each half: {_f(vs_best['first_half'], 2)} and "
+        f"{_f(vs_best['second_half'], 2)}; in the second half / the first half's best kept: "
+        f"{_f(vs_kept['second_half'], 2)}",
+        f"- 95 % of the second half's best reached {_f(doc['seconds_after_shift_to_95pct_of_second_best'])} s "
+        f"after the shift",
+        f"- the budget: {doc['budget_note']}",
+    ]
+    return lines
+
+
+def scale_down(doc: dict) -> list[str]:
+    spec = doc["policies"][0]
+    down = spec["behavior"]["scaleDown"]
+    steps = ", ".join(
+        f"{p['value']} {p['type'].lower()} per {p['periodSeconds']} s" for p in down["policies"]
+    )
+    firsts = ", ".join(
+        f"{m} {s:g} s" for m, s in sorted(doc["first_scale_down_after_drop_s"].items())
+    )
+    return [
+        f"Windows: ticks every {spec['intervalSeconds']} s, rates over {spec['metricsWindowSeconds']} s, "
+        f"scale-down window {down['stabilizationWindowSeconds']} s, at most {steps}.",
+        "",
+        f"- at the drop: {doc['instances_at_drop']} (total {doc['total_at_drop']}, floor {doc['floor']})",
+        f"- back at the floor {_f(doc['seconds_to_floor'])} s after the load dropped (the windows "
+        f"allow {_f(doc['earliest_possible_s'], 0)} s at the earliest)",
+        f"- first scale-down after the drop: {firsts or 'none'}",
+    ]
+
+
+def control_loop_scale(doc: dict) -> list[str]:
+    lines = [
+        f"Pods serve {', '.join(doc['models'])} ({_f(doc['pod_memory_mb'], 0)} MB each); four "
+        f"autoscalers per pod set, one tune loop per set; ticks every {doc['settings']['interval_s']} s.",
+        "",
+        "| pods | sets | autoscalers | steady tick ms, median / p95 | round of a set ms | longest without a decision, s | tick loading every pod of a set, ms | one load ms | one pod hung: its set's tick ms | its set's longest without a decision, s | its other pods changed after, s | other sets' longest without a decision, s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["layouts"]:
+        hung = r.get("hung") or {}
+        own = hung.get("own_set") or {}
+        others = hung.get("other_sets") or {}
+        lines.append(
+            f"| {r['pods']} | {r['sets']} | {r['autoscalers']} "
+            f"| {_f(r['steady']['tick_ms']['median'], 0)} / {_f(r['steady']['tick_ms']['p95'], 0)} "
+            f"| {_f(r['steady']['round_ms']['median'], 0)} "
+            f"| {_f(r['steady']['longest_without_decision_s'])} "
+            f"| {_f(r['change']['loading_tick_ms']['median'], 0)} "
+            f"| {_f(r['change']['load_per_pod_ms']['median'], 0)} "
+            f"| {_f((own.get('tick_ms') or {}).get('median'), 0)} "
+            f"| {_f(own.get('longest_without_decision_s'))} "
+            f"| {_f(own.get('other_pods_changed_after_s'))} "
+            f"| {_f(others.get('longest_without_decision_s'))} |"
+        )
+    return lines
 
 
 def bls_hop(doc: dict) -> list[str]:
@@ -182,6 +271,9 @@ RENDERERS = {
     "gateway": gateway,
     "async_vs_sync": async_vs_sync,
     "operator_vs_static": operator_vs_static,
+    "shifted_mix": shifted_mix,
+    "scale_down": scale_down,
+    "control_loop_scale": control_loop_scale,
     "bls_hop": bls_hop,
     "loadgen_headroom": loadgen_headroom,
 }

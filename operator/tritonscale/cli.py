@@ -360,6 +360,11 @@ def preview(
     help="Locust's --csv PREFIX of a run with --csv-full-history (or its _stats_history.csv).",
 )
 @click.option(
+    "--load-csv",
+    type=click.Path(path_type=Path),
+    help="An open-loop load's history, second by second (the demo's load.csv).",
+)
+@click.option(
     "--prometheus", "prometheus_url", help="Prometheus URL: Triton's metrics over the run."
 )
 @click.option(
@@ -382,6 +387,7 @@ def preview(
 )
 def report(
     locust_csv: str | None,
+    load_csv: Path | None,
     prometheus_url: str | None,
     decisions: Path | None,
     start: float | None,
@@ -398,6 +404,7 @@ def report(
         index = write_report(
             out,
             locust_csv=locust_csv,
+            load_csv=load_csv,
             prometheus_url=prometheus_url,
             decisions=decisions,
             window=(start, end) if start is not None else None,
@@ -483,27 +490,21 @@ def tune(
 
 @main.command()
 @click.option(
-    "--load",
-    type=click.Choice(["auto", "locust", "builtin"]),
-    default="auto",
-    show_default=True,
-    help="Load generator: Locust with loadtests/bls.py (auto: when present) or the built-in one.",
-)
-@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("reports/demo"),
     show_default=True,
-    help="Folder for the decision log, Locust's CSV files and the report.",
+    help="Folder for the decision log, the load's history and the report.",
 )
-def demo(load: str, out: Path) -> None:
-    """The control loop on one machine in under five minutes: Triton, metrics, tune, a step load."""
+def demo(out: Path) -> None:
+    """The control loop on one machine in about four minutes: Triton, metrics, tune, and an
+    open-loop load above what one instance each serves, first with the operator paused."""
     require_extras("server", "load", "reports")
     from tritonscale.local import demo as demonstration
 
     _stop_on_signals()
     try:
-        demonstration.run_demo(out, load=load, echo=click.echo)
+        demonstration.run_demo(out, echo=click.echo)
     except demonstration.DemoError as error:
         raise click.ClickException(str(error)) from None
     except KeyboardInterrupt:

@@ -324,12 +324,18 @@ class Tuner:
             groups.setdefault(key, []).append(policy)
         return list(groups.values())
 
+    def _current(self, policy: Policy) -> Policy:
+        return next((p for p in self.config.policies if p.name == policy.name), policy)
+
     def _loop(
         self, group: list[Policy], stop: threading.Event, failures: list[BaseException]
     ) -> None:
         due = {policy.name: time.monotonic() for policy in group}
         try:
             while not stop.is_set():
+                # The policies as the config holds them now: a config replaced while the loop
+                # runs (the demo pauses and resumes its policies) applies from the next tick.
+                group = [self._current(policy) for policy in group]
                 ready = [p for p in group if due[p.name] <= time.monotonic()]
                 if ready:
                     self.round(ready, time.time())

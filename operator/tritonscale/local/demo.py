@@ -1,27 +1,29 @@
-"""`tritonscale demo`: the whole control loop on one machine, in under five minutes.
+"""`tritonscale demo`: the control loop earning its keep on one machine, in about four minutes.
 
 1. A local Triton on the default ports (HTTP 8000, gRPC 8001, metrics 8002), so that a
    person can curl it while the demo runs; it serves the pipeline and its branches.
 2. A metrics source: a local Prometheus (Debian's binary) when installed, else Triton's
    /metrics read directly (`ScrapeSource`). The demo says which.
-3. The local driver (`tune.Tuner`) with the short-window policies of
+3. The capacity at one instance each: pipeline_async requests of 8 rows, 32 in flight, for a
+   few seconds (`loadgen.measure`). The load's rates are multiples of it, so the story is the
+   same on a fast or a busy machine.
+4. The local driver (`tune.Tuner`) with the short-window policies of
    operator/examples/local/policies.yaml (5 s ticks, 10 s rates, 30 s scale-down window).
-4. A step load against pipeline_async: low, high, low. Locust headless through
-   `locust -f loadtests/bls.py --shape spike` where that file and Locust exist, else the
-   built-in gRPC generator (`loadgen.ClosedLoopLoad`). The demo says which.
-5. Progress lines while it runs, then a table per phase (users, req/s, p95, instance
-   counts per model), the measured reaction times, and where the decision log and the
-   HTML report were written.
+5. An open-loop load against pipeline_async (`loadgen.OpenLoopLoad`): requests arrive at a
+   set rate whether or not the earlier ones were answered, as independent users do. Phases:
+   high (1.4 times the capacity) with the operator paused, where the backlog and p95 grow
+   without bound; the same rate with the operator running, where the counts rise, the
+   backlog drains and p95 comes back under the objective; low (a fifth of the capacity), where
+   the counts come back down. (A closed loop, a fixed number of users each waiting for its answer, would slow down
+   with the server and hide all of this.)
+6. Progress lines while it runs, then a table per phase (offered and served req/s, p95,
+   Triton's queue time, the backlog, instance counts per model), the reaction times, and
+   where the decision log, the load's history and the HTML report were written.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import shutil
-import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +33,7 @@ from pathlib import Path
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.tick import TickResult
 from tritonscale.drivers.tune import TuneConfig, Tuner, load_config
-from tritonscale.local.loadgen import ClosedLoopLoad
+from tritonscale.local.loadgen import OpenLoopLoad, OpenLoopStats, measure
 from tritonscale.local.ports import free_port, port_is_taken
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
 from tritonscale.local.triton_server import LocalTriton
@@ -40,9 +42,19 @@ from tritonscale.triton.endpoints import local_endpoints
 
 # The demo runs from a checkout: its files, relative to the current directory.
 POLICIES = Path("operator/examples/local/policies.yaml")
-LOCUSTFILE = Path("loadtests/bls.py")
 TARGET = "pipeline_async"
 MODELS = ("pipeline_async", "branch_embed", "branch_classify", "branch_rank")
+# Rows per request. With one row the pipeline's dynamic batcher packs 32 requests into one
+# execute and the CPU, not the instance counts, sets the pace; with 8 rows (4 requests per
+# execute) the branches' time per batch does, which is what instances are for.
+ROWS = 8
+# The latency a user of this pipeline is promised; the high phase ends under it or it says so.
+P95_OBJECTIVE_MS = 250.0
+# p95 and queue time of a phase are read over its last seconds: the state it ended in.
+END_SPAN_S = 10.0
+# The capacity check: requests in flight and seconds.
+CAPACITY_CONCURRENCY = 32
+CAPACITY_SECONDS = 6.0
 
 
 class DemoError(RuntimeError):
@@ -52,14 +64,19 @@ class DemoError(RuntimeError):
 @dataclass(frozen=True)
 class Phase:
     name: str
-    users: int
+    load: float  # offered rate as a multiple of the capacity at one instance each
     seconds: float
+    operator: bool = True  # False: every autoscaler is paused (observes, never acts)
 
 
-DEFAULT_PHASES = (Phase("low", 2, 40), Phase("high", 20, 110), Phase("low again", 2, 100))
-# Each user pauses this long after each answer, so that "low" is light: without a pause even
-# two users keep the pipeline busy all the time (a closed loop fills whatever it is given).
-THINK_S = 0.1
+# The paused phase comes first, from one instance each: a BLS parent's busy time includes its
+# wait for the branches, so under light load the operator already adds parents, and the
+# overload would not show.
+DEFAULT_PHASES = (
+    Phase("high, operator paused", 1.4, 25, operator=False),
+    Phase("high", 1.4, 75),
+    Phase("low", 0.2, 70),
+)
 
 
 @dataclass
@@ -67,9 +84,10 @@ class PhaseRow:
     phase: Phase
     start: float
     end: float
-    rate: float | None = None  # successful requests per second, client side
-    p95_ms: float | None = None
-    failures: int = 0
+    rate: float  # offered requests per second (the phase's setting)
+    load: OpenLoopStats | None = None  # the whole phase
+    end_load: OpenLoopStats | None = None  # its last END_SPAN_S
+    queue_ms: float | None = None  # Triton's mean queue time per request, last tick of the phase
     instances_end: dict[str, int] = field(default_factory=dict)
     instances_max: dict[str, int] = field(default_factory=dict)
 
@@ -77,19 +95,24 @@ class PhaseRow:
 @dataclass
 class DemoResult:
     rows: list[PhaseRow]
+    capacity_rps: float  # pipeline_async at one instance each, closed loop
+    p95_objective_ms: float
     decision_log: Path
+    load_history: Path
     report: Path | None
-    load: str  # "locust" or "built-in"
     metrics: str  # "prometheus" or "scrape"
-    step_to_applied_s: dict[str, float]  # model -> seconds from the high step to its first scale-up
-    scale_down_after_s: dict[
-        str, float
-    ]  # model -> seconds from the low step to its first scale-down
-    reversals: dict[
-        str, int
-    ]  # model -> applied changes against the previous direction in a steady phase
-    # pipeline_async req/s under the high load: before the first scale-up, at the phase's end
-    throughput_before_after: tuple[float | None, float | None]
+    # model -> seconds from the operator's start under the high load to its first scale-up
+    step_to_applied_s: dict[str, float]
+    # model -> seconds from the last low step to its first scale-down
+    scale_down_after_s: dict[str, float]
+    # model -> applied changes against the previous direction in a steady phase
+    reversals: dict[str, int]
+    # seconds from the operator's start under the high load until p95 stayed under the
+    # objective (every 5 s window to the phase's end); None when it never did
+    seconds_to_objective: float | None
+
+    def row(self, name: str) -> PhaseRow:
+        return next(row for row in self.rows if row.phase.name == name)
 
 
 class _Recorder:
@@ -127,11 +150,13 @@ class _Recorder:
                     highest[result.model] = max(count, highest.get(result.model, 0))
         return self.live(until=end), highest
 
-    def request_rate(self, model: str) -> float | None:
+    def queue_ms(self, model: str, until: float) -> float | None:
+        """Mean queue time per request of `model` in the latest snapshot before `until`."""
         with self.lock:
             for _, result in reversed(self.ticks):
-                if result.model == model and result.snapshot and result.snapshot.model(model):
-                    return result.snapshot.models[model].request_rate
+                signals = result.snapshot.model(model) if result.snapshot else None
+                if result.at < until and signals is not None and signals.request_rate > 0:
+                    return 1000.0 * signals.queue_seconds_per_second / signals.request_rate
         return None
 
 
@@ -156,102 +181,35 @@ def _prometheus(
     with LocalPrometheus(
         {"triton": [metrics_target]}, scrape_interval_s=1.0, labels=labels, port=port
     ) as server:
-        server.wait_for(f'nv_inference_request_success{{model="{TARGET}"}}', timeout_s=30)
         echo(f"metrics: Prometheus at {server.url} scraping Triton every 1 s (PrometheusSource)")
         yield server
 
 
-def _locust_command() -> list[str] | None:
-    locust = shutil.which("locust") or str(Path(sys.executable).parent / "locust")
-    if LOCUSTFILE.is_file() and Path(locust).is_file():
-        return [locust, "-f", str(LOCUSTFILE)]
-    return None
-
-
-class _LocustLoad:
-    """Locust headless with loadtests/bls.py's spike shape: low, high, low."""
-
-    def __init__(
-        self, command: list[str], phases: Sequence[Phase], csv_prefix: Path, http_url: str
-    ):
-        low, high, _ = phases
-        total = sum(p.seconds for p in phases)
-        self.csv_prefix = csv_prefix
-        self.log_path = csv_prefix.with_suffix(".log")
-        self.command = [
-            *command, "--headless", "--only-summary",
-            "--workload", TARGET, "--protocol", "grpc", "--payload", "1",
-            "--think-time-ms", str(int(THINK_S * 1000)),
-            "--host", f"http://{http_url}",
-            "--shape", "spike", "-u", str(low.users), "-r", str(high.users),
-            "--spike-factor", str(high.users / low.users),
-            "--spike-at", str(low.seconds), "--spike-time", str(high.seconds),
-            "-t", f"{int(total)}s", "--csv", str(csv_prefix), "--csv-full-history",
-        ]  # fmt: skip
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = open(self.log_path, "wb")  # noqa: SIM115 - the child holds it
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=20)
-            if self.process.poll() is None:
-                self.process.kill()
-
-    def failed(self) -> str | None:
-        if self.process is not None and self.process.poll() not in (None, 0):
-            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:]
-            return f"locust exited with {self.process.returncode}: {' '.join(tail)}"
-        return None
-
-    def stats(self, start: float, end: float) -> tuple[float | None, float | None, int]:
-        """Mean req/s, median p95 (ms) and failures over the history rows in [start, end)."""
-        path = Path(f"{self.csv_prefix}_stats_history.csv")
-        if not path.is_file():
-            return None, None, 0
-        rates, p95s, failures = [], [], 0.0
-        with path.open() as handle:
-            for row in csv.DictReader(handle):
-                if row.get("Name") != "Aggregated":
-                    continue
-                t = float(row["Timestamp"])
-                if not start <= t < end:
-                    continue
-                rates.append(float(row["Requests/s"] or 0))
-                failures += float(row["Failures/s"] or 0)
-                with contextlib.suppress(ValueError):
-                    p95s.append(float(row["95%"]))
-        rate = statistics.mean(rates) if rates else None
-        p95 = statistics.median(p95s) if p95s else None
-        return rate, p95, int(failures)
+def paused(config: TuneConfig, is_paused: bool) -> TuneConfig:
+    """The same policies with `spec.paused` set (observe and report, never act) or cleared."""
+    policies = [
+        replace(p, spec=p.spec.model_copy(update={"paused": is_paused})) for p in config.policies
+    ]
+    return replace(config, policies=policies)
 
 
 def run_demo(
     out_dir: Path,
     *,
     phases: Sequence[Phase] = DEFAULT_PHASES,
-    load: str = "auto",
     ports: tuple[int, int, int] = (8000, 8001, 8002),
     metrics_port: int = 9102,
     prometheus_port: int = 9090,
     policies: Path = POLICIES,
+    p95_objective_ms: float = P95_OBJECTIVE_MS,
+    capacity_seconds: float = CAPACITY_SECONDS,
     echo: Callable[[str], None] = print,
 ) -> DemoResult:
     """Run the demo; raises DemoError (or LocalTritonError) for what a person must fix."""
-    if len(phases) != 3:
-        raise DemoError("the demo runs three phases: low, high, low")
+    if not phases:
+        raise DemoError("the demo needs at least one phase")
     out_dir.mkdir(parents=True, exist_ok=True)
-    decision_log = out_dir / "decisions.jsonl"
     config = load_config(policies)
-    locust = _locust_command() if load in ("auto", "locust") else None
-    if load == "locust" and locust is None:
-        raise DemoError(f"Locust or {LOCUSTFILE} not found; use --load builtin")
-
     http_port, grpc_port, triton_metrics_port = ports
     for port in ports:
         if port_is_taken(port):
@@ -271,6 +229,20 @@ def run_demo(
             f"Triton ready in {triton.startup_s:.0f} s; try: curl http://{triton.http_url}/v2/models/"
             f"{TARGET}/config   (metrics: {triton.metrics_url})"
         )
+        capacity = measure(
+            triton.grpc_url,
+            TARGET,
+            concurrency=CAPACITY_CONCURRENCY,
+            seconds=capacity_seconds,
+            rows=ROWS,
+        )
+        if capacity.requests == 0:
+            raise DemoError(f"{TARGET} answered no request: {capacity.first_error}")
+        echo(
+            f"capacity at 1 instance each: {capacity.throughput_rps:.0f} req/s of {ROWS} rows "
+            f"({CAPACITY_CONCURRENCY} in flight, {capacity_seconds:.0f} s); the load's rates "
+            "are multiples of it"
+        )
         endpoints = local_endpoints([triton.http_url], [triton.metrics_url])
         with _prometheus(
             echo,
@@ -278,6 +250,9 @@ def run_demo(
             prometheus_port,
         ) as prometheus:
             if prometheus is not None:
+                prometheus.wait_for(
+                    f'nv_inference_request_success{{model="{TARGET}"}}', timeout_s=30
+                )
                 config = replace(
                     config, endpoints=endpoints, source="prometheus", prometheus_url=prometheus.url
                 )
@@ -287,11 +262,11 @@ def run_demo(
                 config,
                 triton,
                 prometheus,
-                locust,
+                capacity.throughput_rps,
                 phases,
                 out_dir,
-                decision_log,
                 metrics_port,
+                p95_objective_ms,
                 echo,
             )
 
@@ -300,13 +275,15 @@ def _run(
     config: TuneConfig,
     triton: LocalTriton,
     prometheus: LocalPrometheus | None,
-    locust: list[str] | None,
+    capacity_rps: float,
     phases: Sequence[Phase],
     out_dir: Path,
-    decision_log: Path,
     metrics_port: int,
+    p95_objective_ms: float,
     echo: Callable[[str], None],
 ) -> DemoResult:
+    decision_log = out_dir / "decisions.jsonl"
+    load_history = out_dir / "load.csv"
     metrics = OperatorMetrics()
     metrics_server = None
     if metrics_port and not port_is_taken(metrics_port):
@@ -315,6 +292,8 @@ def _run(
     started = time.time()
     recorder = _Recorder(echo, started)
     stop = threading.Event()
+    load = OpenLoopLoad(triton.grpc_url, TARGET, rows=ROWS)
+    rows: list[PhaseRow] = []
     with decision_log.open("w") as log:
         tuner = Tuner(
             config,
@@ -328,102 +307,104 @@ def _run(
         names = ", ".join(p.spec.model for p in config.policies)
         interval = config.policies[0].spec.interval_seconds
         echo(f"control loop: {names}, every {interval} s; decision log {decision_log}")
-        loop.start()
-        locust_load = (
-            _LocustLoad(locust, phases, out_dir / "locust", triton.http_url) if locust else None
-        )
-        builtin = None if locust_load else ClosedLoopLoad(triton.grpc_url, TARGET, think_s=THINK_S)
         echo(
-            "load: Locust (loadtests/bls.py, spike shape) against pipeline_async"
-            if locust_load
-            else "load: the built-in gRPC load generator against pipeline_async"
+            f"load: open loop against {TARGET}, {ROWS} rows per request, Poisson arrivals; "
+            f"p95 objective {p95_objective_ms:.0f} ms"
         )
-        rows: list[PhaseRow] = []
+        loop.start()
         try:
-            if locust_load:
-                locust_load.start()
+            load.start()
             clock = time.time()
             for phase in phases:
-                row = PhaseRow(phase, clock, clock + phase.seconds)
+                rate = phase.load * capacity_rps
+                row = PhaseRow(phase, clock, clock + phase.seconds, rate)
                 rows.append(row)
-                if builtin:
-                    builtin.set_users(phase.users)
+                tuner.config = paused(config, not phase.operator)
+                load.set_rate(rate)
                 echo(
-                    f"[{clock - started:5.0f} s] phase '{phase.name}': {phase.users} users for {phase.seconds:.0f} s"
+                    f"[{clock - started:5.0f} s] phase '{phase.name}': {rate:.0f} req/s offered "
+                    f"({phase.load:g} x capacity) for {phase.seconds:.0f} s, operator "
+                    f"{'running' if phase.operator else 'paused'}"
                 )
                 while time.time() < row.end:
                     time.sleep(min(10.0, max(0.0, row.end - time.time())))
-                    problem = locust_load.failed() if locust_load else None
-                    if problem:
-                        raise DemoError(problem)
-                    rate = recorder.request_rate(TARGET)
-                    shown = f"{rate:.0f} req/s" if rate is not None else "no rate yet"
+                    if load.error:
+                        raise DemoError(f"the load generator stopped: {load.error}")
+                    now = time.time()
+                    window = load.stats(max(row.start, now - 10), now)
+                    p95 = "-" if window.p95_ms is None else f"{window.p95_ms:.0f} ms"
                     echo(
-                        f"[{time.time() - started:5.0f} s]   {phase.name}: pipeline_async {shown}; "
-                        f"instances {_counts(recorder.live())}"
+                        f"[{now - started:5.0f} s]   {phase.name}: offered {window.offered_rps:.0f}, "
+                        f"served {window.served_rps:.0f} req/s, p95 {p95}, backlog "
+                        f"{window.in_flight}; instances {_counts(recorder.live())}"
                     )
                 clock = row.end
         finally:
             stop.set()
-            if builtin:
-                builtin.stop()
-            if locust_load:
-                locust_load.stop()
+            load.stop()
             loop.join(timeout=60)
             if metrics_server is not None:
                 metrics_server.shutdown()
     for row in rows:
+        row.load = load.stats(row.start, row.end)
+        row.end_load = load.stats(max(row.start, row.end - END_SPAN_S), row.end)
+        row.queue_ms = recorder.queue_ms(TARGET, row.end)
         row.instances_end, row.instances_max = recorder.counts_in(row.start, row.end)
-        if builtin:
-            stats = builtin.stats(row.start, row.end)
-            row.rate, row.p95_ms, row.failures = stats.rate, stats.p95_ms, stats.failures
-        elif locust_load:
-            row.rate, row.p95_ms, row.failures = locust_load.stats(row.start, row.end)
-    scale_ups = _first_change(recorder.ticks, rows[1], +1)
-    throughput = _before_after(
-        builtin, locust_load, rows[1], min(scale_ups.values()) if scale_ups else None
-    )
-    report = _report(out_dir, decision_log, locust_load, prometheus, started, echo)
+    load.write_history(load_history, started, rows[-1].end)
+    marks = [(row.start, row.phase.name) for row in rows]
+    report = _report(out_dir, decision_log, load_history, prometheus, started, marks, echo)
+    high = _operator_under_high_load(rows)
+    last_low = _last_drop(rows)
     result = DemoResult(
         rows=rows,
+        capacity_rps=capacity_rps,
+        p95_objective_ms=p95_objective_ms,
         decision_log=decision_log,
+        load_history=load_history,
         report=report,
-        load="locust" if locust_load else "built-in",
         metrics=config.source,
-        step_to_applied_s=scale_ups,
-        scale_down_after_s=_first_change(recorder.ticks, rows[2], -1),
+        step_to_applied_s=_first_change(recorder.ticks, high, +1) if high else {},
+        scale_down_after_s=_first_change(recorder.ticks, last_low, -1) if last_low else {},
         reversals=_reversals(recorder.ticks, rows),
-        throughput_before_after=throughput,
+        seconds_to_objective=_seconds_to_objective(load, high, p95_objective_ms) if high else None,
     )
     for line in summary_lines(result):
         echo(line)
     return result
 
 
-def _before_after(
-    builtin: ClosedLoopLoad | None,
-    locust_load: _LocustLoad | None,
-    high: PhaseRow,
-    first_scale_up_s: float | None,
-) -> tuple[float | None, float | None]:
-    """pipeline_async req/s under the high load before the first scale-up was applied, and
-    over the end of the high phase (its last third, at most 20 s)."""
-    span = min(20.0, high.phase.seconds / 3)
-    windows = [
-        (high.start, high.start + first_scale_up_s) if first_scale_up_s else None,
-        (high.end - span, high.end),
+def _operator_under_high_load(rows: list[PhaseRow]) -> PhaseRow | None:
+    """The first phase with the operator running at the highest offered rate."""
+    running = [row for row in rows if row.phase.operator]
+    return max(running, key=lambda row: row.rate, default=None)
+
+
+def _last_drop(rows: list[PhaseRow]) -> PhaseRow | None:
+    """The last phase whose rate is lower than the one before it."""
+    drops = [
+        after for before, after in zip(rows, rows[1:], strict=False) if after.rate < before.rate
     ]
-    rates: list[float | None] = []
-    for window in windows:
-        if window is None:
-            rates.append(None)
-        elif builtin:
-            rates.append(builtin.stats(*window).rate)
-        elif locust_load:
-            rates.append(locust_load.stats(*window)[0])
-        else:
-            rates.append(None)
-    return rates[0], rates[1]
+    return drops[-1] if drops else None
+
+
+def _seconds_to_objective(
+    load: OpenLoopLoad, phase: PhaseRow, objective_ms: float, step_s: float = 5.0
+) -> float | None:
+    """Seconds from the phase's start to the first 5 s window from which p95 stayed under
+    the objective to the phase's end (a window with no answer counts as over it)."""
+    windows = []
+    t = phase.start
+    while t + step_s <= phase.end + 1e-9:
+        p95 = load.stats(t, t + step_s).p95_ms
+        windows.append((t + step_s, p95 is not None and p95 <= objective_ms))
+        t += step_s
+    reached = None
+    for end, under in windows:
+        if not under:
+            reached = None
+        elif reached is None:
+            reached = end
+    return None if reached is None else reached - phase.start
 
 
 def _first_change(
@@ -432,14 +413,13 @@ def _first_change(
     """Per model: seconds from the phase's start to the end of its first successful load in
     that direction within the phase."""
     found: dict[str, float] = {}
-    since = phase.start
     for _, result in ticks:
-        if not since <= result.at < phase.end or result.model in found:
+        if not phase.start <= result.at < phase.end or result.model in found:
             continue
         for pod in result.applied:
             if pod.ok and pod.before is not None and pod.after is not None:
                 if (pod.after - pod.before) * sign > 0:
-                    found[result.model] = result.at + result.duration_s - since
+                    found[result.model] = result.at + result.duration_s - phase.start
     return found
 
 
@@ -468,25 +448,25 @@ def _reversals(ticks: list[tuple[str, TickResult]], rows: list[PhaseRow]) -> dic
 def _report(
     out_dir: Path,
     decision_log: Path,
-    locust_load: _LocustLoad | None,
+    load_history: Path,
     prometheus: LocalPrometheus | None,
     started: float,
+    marks: list[tuple[float, str]],
     echo: Callable[[str], None],
 ) -> Path | None:
     try:
         from tritonscale.reports import report
     except ImportError:
         return None
-    locust_csv = None
-    if locust_load and Path(f"{locust_load.csv_prefix}_stats_history.csv").is_file():
-        locust_csv = str(locust_load.csv_prefix)
     try:
         return report.write_report(
             out_dir / "report",
-            locust_csv=locust_csv,
+            load_csv=load_history,
             prometheus_url=prometheus.url if prometheus else None,
             decisions=decision_log,
             window=(started, time.time()),
+            title="tritonscale demo",
+            marks=marks,
         )
     except Exception as error:  # the report is a bonus: the demo's own summary stands
         echo(f"(no HTML report: {' '.join(str(error).split())[:200]})")
@@ -497,37 +477,50 @@ def summary_lines(result: DemoResult) -> list[str]:
     def number(value: float | None, digits: int = 0) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
-    header = f"{'phase':<10} {'users':>5} {'req/s':>7} {'p95 ms':>7} {'fail':>5}  " + "  ".join(
-        f"{model:>16}" for model in MODELS
+    width = max(len(row.phase.name) for row in result.rows)
+    header = (
+        f"{'phase':<{width}} {'offered':>7} {'served':>7} {'p95 ms':>7} {'queue ms':>8} "
+        f"{'backlog':>7} {'fail':>5}  " + "  ".join(f"{model:>16}" for model in MODELS)
     )
     lines = [
         "",
-        f"summary (load: {result.load}, metrics: {result.metrics}); instances at the end (max in phase):",
+        f"summary: req/s offered and served over each phase; p95, Triton's queue time per "
+        f"request and the backlog at its end (last {END_SPAN_S:.0f} s); instances at the end "
+        f"(most in the phase). Capacity at 1 instance each: {result.capacity_rps:.0f} req/s; "
+        f"metrics: {result.metrics}.",
         header,
     ]
     for row in result.rows:
+        whole, end = row.load, row.end_load
         counts = "  ".join(
             f"{str(row.instances_end.get(m, '-')) + ' (' + str(row.instances_max.get(m, '-')) + ')':>16}"
             for m in MODELS
         )
         lines.append(
-            f"{row.phase.name:<10} {row.phase.users:>5} {number(row.rate):>7} "
-            f"{number(row.p95_ms):>7} {row.failures:>5}  {counts}"
+            f"{row.phase.name:<{width}} {number(whole.offered_rps if whole else None):>7} "
+            f"{number(whole.served_rps if whole else None):>7} "
+            f"{number(end.p95_ms if end else None):>7} {number(row.queue_ms):>8} "
+            f"{number(end.in_flight if end else None):>7} "
+            f"{(whole.failed + whole.dropped) if whole else 0:>5}  {counts}"
         )
     up = ", ".join(f"{m} {s:.0f} s" for m, s in sorted(result.step_to_applied_s.items())) or "none"
     down = (
         ", ".join(f"{m} {s:.0f} s" for m, s in sorted(result.scale_down_after_s.items())) or "none"
     )
-    first, last = result.throughput_before_after
     flaps = ", ".join(f"{m} {n}" for m, n in sorted(result.reversals.items())) or "none"
+    objective = (
+        f"after {result.seconds_to_objective:.0f} s"
+        if result.seconds_to_objective is not None
+        else "not within the phase"
+    )
     lines += [
         "",
-        f"high step -> first scale-up applied: {up}",
-        f"low step -> first scale-down applied: {down}",
-        f"pipeline_async under the high load: {number(first)} req/s before the first "
-        f"scale-up was applied, {number(last)} req/s at the end of the phase",
+        f"operator running under the high load -> first scale-up applied: {up}",
+        f"p95 back under the {result.p95_objective_ms:.0f} ms objective and kept there: {objective}",
+        f"load dropped -> first scale-down applied: {down}",
         f"changes that reversed the previous one under steady load: {flaps}",
         f"decision log: {result.decision_log}",
+        f"load, second by second: {result.load_history}",
     ]
     if result.report is not None:
         lines.append(f"report: {result.report}")

@@ -1,33 +1,421 @@
-"""A small closed-loop gRPC load generator, for the demo and the tests.
+"""Load generators over gRPC, for the demo, the benchmarks and the tests.
 
-Each user is a thread with its own gRPC client that sends one request, waits for the
-answer, and sends the next. `set_users(n)` steps the load; `stats(start, end)` gives the
-throughput and latency of the requests that finished in a time span. Where Locust is wanted
-(`locust -f loadtests/bls.py`), the demo uses it instead; this one needs no extra process.
+- `OpenLoopLoad`: requests start on a schedule, `rate` per second with random (Poisson)
+  arrivals, whether or not the earlier ones have been answered, as independent users of a
+  service arrive. Above the server's capacity the backlog, and the latency with it, grow
+  without bound. This is the load that shows what an autoscaler is worth: a closed loop
+  (a fixed number of users, each waiting for its answer) slows down with the server and
+  hides how far it falls behind.
+- `measure`: a closed loop with a fixed number of requests in flight for a few seconds, the
+  throughput a configuration can give (the benchmarks' measurement, and the demo's
+  capacity check).
+- `ClosedLoopLoad`: users as threads, each sending, waiting for the answer, and pausing.
+
+Latencies of the open loop count from the moment a request was due, not from when it was
+sent: a generator that falls behind must not hide the wait (coordinated omission).
 """
 
 from __future__ import annotations
 
+import asyncio
+import bisect
+import csv
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpc_aio
+from tritonclient.utils import np_to_triton_dtype
+
+Inputs = dict[str, np.ndarray]
+
+# An open loop's history, one row per second.
+HISTORY_COLUMNS = (
+    "t",
+    "offered_rps",
+    "served_rps",
+    "failed_rps",
+    "dropped_rps",
+    "p95_ms",
+    "in_flight",
+)
+
+
+def input_arrays(model: str, rows: int, rng: np.random.Generator) -> Inputs:
+    """Inputs for the pipelines (FEATURES [rows, 64]) or the add_sub family (INPUT0/1 [4])."""
+    if model.startswith("pipeline"):
+        return {"FEATURES": rng.standard_normal((rows, 64), dtype=np.float32)}
+    return {"INPUT0": rng.random(4, dtype=np.float32), "INPUT1": rng.random(4, dtype=np.float32)}
 
 
 def make_inputs(model: str, rows: int, rng: np.random.Generator) -> list[grpcclient.InferInput]:
-    """Inputs for the pipelines (FEATURES [rows, 64]) or the add_sub family (INPUT0/1 [4])."""
-    if model.startswith("pipeline"):
-        features = grpcclient.InferInput("FEATURES", [rows, 64], "FP32")
-        features.set_data_from_numpy(rng.standard_normal((rows, 64), dtype=np.float32))
-        return [features]
+    """`input_arrays` as tritonclient inputs (the same class serves the aio client)."""
     inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        tensor = grpcclient.InferInput(name, [4], "FP32")
-        tensor.set_data_from_numpy(rng.random(4, dtype=np.float32))
+    for name, array in input_arrays(model, rows, rng).items():
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:200] or type(error).__name__
+
+
+def _count_in(times: list[float], start: float, end: float) -> int:
+    """How many of the sorted `times` fall in [start, end)."""
+    return bisect.bisect_left(times, end) - bisect.bisect_left(times, start)
+
+
+def _quantile_ms(sorted_seconds: list[float], q: float) -> float | None:
+    if not sorted_seconds:
+        return None
+    return 1000.0 * sorted_seconds[min(len(sorted_seconds) - 1, int(q * len(sorted_seconds)))]
+
+
+# ---- the open loop ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpenLoopStats:
+    """What happened in one span of time."""
+
+    seconds: float
+    offered: int  # requests due in the span
+    served: int  # requests answered successfully in the span
+    failed: int  # requests that ended in an error in the span (a timeout included)
+    dropped: int  # requests due in the span but never sent: `max_in_flight` was reached
+    p50_ms: float | None  # of the requests served in the span, from when each was due
+    p95_ms: float | None
+    in_flight: int  # sent and not yet answered at the span's end
+
+    @property
+    def offered_rps(self) -> float:
+        return self.offered / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def served_rps(self) -> float:
+        return self.served / self.seconds if self.seconds > 0 else 0.0
+
+
+class OpenLoopLoad:
+    """Requests to `model` on Triton's gRPC `url` at `set_rate(r)` per second.
+
+    Runs its own event loop in a thread: `start()`, `set_rate()`, `stats(start, end)`,
+    `stop()`; or use it as a context manager. At most `max_in_flight` requests are out at
+    once; a request due beyond that is not sent and counts as dropped (the client's memory
+    is bounded, and the summary says so). Each request gives up after `timeout_s`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str = "pipeline_async",
+        rows: int = 1,
+        *,
+        max_in_flight: int = 8000,
+        timeout_s: float = 30.0,
+        seed: int = 0,
+    ) -> None:
+        self.url = url
+        self.model = model
+        self.rows = rows
+        self.max_in_flight = max_in_flight
+        self.timeout_s = timeout_s
+        self._rng = np.random.default_rng(seed)
+        self._rate = 0.0
+        self._lock = threading.Lock()
+        self._due: list[float] = []  # when each request was due, in order
+        self._dropped: list[float] = []
+        # Each answer (a success or an error), in the order they came: when, when it was due, ok.
+        self._answered_at: list[float] = []
+        self._answered: list[tuple[float, bool]] = []
+        self._in_flight = 0
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None  # why the generator itself stopped
+        self.last_error: str | None = None  # the last failed request's reason
+
+    @property
+    def rate(self) -> float:
+        return self._rate
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def set_rate(self, rate: float) -> None:
+        if rate < 0:
+            raise ValueError(f"rate must be >= 0, got {rate}")
+        self._rate = float(rate)
+
+    def start(self, timeout_s: float = 30.0) -> OpenLoopLoad:
+        self._thread = threading.Thread(target=self._run, name="open-loop load", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            self.stop()
+            raise RuntimeError(f"the open-loop load generator did not start in {timeout_s:.0f} s")
+        if self.error:
+            raise RuntimeError(f"the open-loop load generator failed: {self.error}")
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop sending and give up on the requests still out (they are not counted)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+            self._thread = None
+
+    def drain(self, timeout_s: float) -> bool:
+        """Send nothing more and wait until every request sent has ended; False at the timeout."""
+        self.set_rate(0)
+        deadline = time.monotonic() + timeout_s
+        while self._in_flight > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self._in_flight == 0
+
+    def __enter__(self) -> OpenLoopLoad:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception as error:  # reported by start() or the caller's checks
+            self.error = _one_line(error)
+            self._ready.set()
+
+    async def _main(self) -> None:
+        client = grpc_aio.InferenceServerClient(self.url)
+        # A few distinct payloads, built once: the generator's own CPU stays small.
+        payloads = [make_inputs(self.model, self.rows, self._rng) for _ in range(8)]
+        tasks: set[asyncio.Task[None]] = set()
+        self._ready.set()
+        next_due: float | None = None  # None while the rate is 0
+        try:
+            while not self._stopping.is_set():
+                now = time.time()
+                rate = self._rate
+                if rate <= 0:
+                    next_due = None
+                    await asyncio.sleep(0.01)
+                    continue
+                if next_due is None:
+                    next_due = now + float(self._rng.exponential(1.0 / rate))
+                while next_due <= now:
+                    self._send_due(client, payloads, next_due, tasks)
+                    next_due += float(self._rng.exponential(1.0 / rate))
+                await asyncio.sleep(min(0.005, max(0.0, next_due - time.time())))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await client.close()
+
+    def _send_due(
+        self,
+        client: grpc_aio.InferenceServerClient,
+        payloads: list[list[grpcclient.InferInput]],
+        due: float,
+        tasks: set[asyncio.Task[None]],
+    ) -> None:
+        with self._lock:
+            self._due.append(due)
+            if self._in_flight >= self.max_in_flight:
+                self._dropped.append(due)
+                return
+            self._in_flight += 1
+        inputs = payloads[len(self._due) % len(payloads)]
+        task = asyncio.get_running_loop().create_task(self._request(client, inputs, due))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _request(
+        self, client: grpc_aio.InferenceServerClient, inputs: list[Any], due: float
+    ) -> None:
+        ok = False
+        try:
+            await client.infer(self.model, inputs, client_timeout=self.timeout_s)
+            ok = True
+        except asyncio.CancelledError:
+            with self._lock:
+                self._in_flight -= 1
+            raise
+        except Exception as error:  # counted: a failed request is a result
+            self.last_error = _one_line(error)
+        with self._lock:
+            self._in_flight -= 1
+            self._answered_at.append(time.time())
+            self._answered.append((due, ok))
+
+    def stats(self, start: float, end: float) -> OpenLoopStats:
+        """The requests due, answered and dropped in [start, end) (unix seconds)."""
+        with self._lock:
+            due = _count_in(self._due, start, end)
+            dropped = _count_in(self._dropped, start, end)
+            first = bisect.bisect_left(self._answered_at, start)
+            last = bisect.bisect_left(self._answered_at, end)
+            ended = list(
+                zip(self._answered_at[first:last], self._answered[first:last], strict=True)
+            )
+            # Sent before the end and not answered by then.
+            in_flight = (
+                bisect.bisect_left(self._due, end) - bisect.bisect_left(self._dropped, end) - last
+            )
+        latencies = sorted(answered - due for answered, (due, ok) in ended if ok)
+        return OpenLoopStats(
+            seconds=end - start,
+            offered=due,
+            served=len(latencies),
+            failed=len(ended) - len(latencies),
+            dropped=dropped,
+            p50_ms=_quantile_ms(latencies, 0.50),
+            p95_ms=_quantile_ms(latencies, 0.95),
+            in_flight=max(0, in_flight),
+        )
+
+    def history(self, start: float, end: float, step_s: float = 1.0) -> list[dict[str, Any]]:
+        """`stats` for each step from start to end, as rows of HISTORY_COLUMNS (t: the
+        step's end, unix s)."""
+        rows = []
+        t = start
+        while t + step_s <= end + 1e-9:
+            s = self.stats(t, t + step_s)
+            rows.append(
+                {
+                    "t": round(t + step_s, 3),
+                    "offered_rps": round(s.offered_rps, 2),
+                    "served_rps": round(s.served_rps, 2),
+                    "failed_rps": round(s.failed / step_s, 2),
+                    "dropped_rps": round(s.dropped / step_s, 2),
+                    "p95_ms": None if s.p95_ms is None else round(s.p95_ms, 1),
+                    "in_flight": s.in_flight,
+                }
+            )
+            t += step_s
+        return rows
+
+    def write_history(self, path: Path, start: float, end: float) -> None:
+        """`history` as CSV (the input `tritonscale report --load-csv` reads)."""
+        rows = self.history(start, end)
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=HISTORY_COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+# ---- a closed loop with a fixed number in flight: the capacity of a configuration --------
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One closed-loop run: `concurrency` requests in flight for `seconds`."""
+
+    model: str
+    concurrency: int
+    seconds: float
+    requests: int
+    failures: int
+    throughput_rps: float
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    first_error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+async def _closed_loop(
+    url: str,
+    model: str,
+    make: Callable[[np.random.Generator], Inputs],
+    concurrency: int,
+    warmup_s: float,
+    seconds: float,
+) -> Measurement:
+    client = grpc_aio.InferenceServerClient(url)
+    latencies: list[float] = []
+    failures = 0
+    first_error: str | None = None
+    started = time.perf_counter()
+    measure_from = started + warmup_s
+    measure_to = measure_from + seconds
+
+    def build(arrays: Inputs) -> list[grpc_aio.InferInput]:
+        inputs = []
+        for name, array in arrays.items():
+            tensor = grpc_aio.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        return inputs
+
+    async def worker(index: int) -> None:
+        nonlocal failures, first_error
+        rng = np.random.default_rng(index)
+        while time.perf_counter() < measure_to:
+            inputs = build(make(rng))
+            sent = time.perf_counter()
+            try:
+                await client.infer(model, inputs, client_timeout=30)
+                ok = True
+            except Exception as error:  # counted: a failure is a result, not a crash
+                ok = False
+                first_error = first_error or _one_line(error)
+                await asyncio.sleep(0.01)
+            done = time.perf_counter()
+            if measure_from <= done < measure_to:
+                if ok:
+                    latencies.append(done - sent)
+                else:
+                    failures += 1
+
+    try:
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    finally:
+        await client.close()
+    latencies.sort()
+    return Measurement(
+        model=model,
+        concurrency=concurrency,
+        seconds=seconds,
+        requests=len(latencies),
+        failures=failures,
+        throughput_rps=len(latencies) / seconds,
+        p50_ms=_quantile_ms(latencies, 0.50),
+        p95_ms=_quantile_ms(latencies, 0.95),
+        p99_ms=_quantile_ms(latencies, 0.99),
+        first_error=first_error,
+    )
+
+
+def measure(
+    url: str,
+    model: str,
+    make: Callable[[np.random.Generator], Inputs] | None = None,
+    *,
+    concurrency: int,
+    seconds: float,
+    warmup_s: float = 1.0,
+    rows: int = 1,
+) -> Measurement:
+    """Requests/s and latency of `model` with `concurrency` requests always in flight.
+
+    `make` builds each request's arrays (default: `input_arrays(model, rows, rng)`).
+    """
+    make = make or (lambda rng: input_arrays(model, rows, rng))
+    return asyncio.run(_closed_loop(url, model, make, concurrency, warmup_s, seconds))
+
+
+# ---- closed-loop users as threads ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -92,7 +480,7 @@ class ClosedLoopLoad:
                     ok = True
                 except Exception as error:  # a failed request is counted, not fatal
                     ok = False
-                    self.last_error = " ".join(str(error).split())[:200]
+                    self.last_error = _one_line(error)
                     time.sleep(0.05)  # a server that is down must not be hammered
                 finished = time.time()
                 with self._lock:
@@ -106,14 +494,13 @@ class ClosedLoopLoad:
         with self._lock:
             rows = [row for row in self._done if start <= row[0] < end]
         latencies = sorted(latency for _, latency, ok in rows if ok)
-        ok_count = len(latencies)
-
-        def quantile(q: float) -> float | None:
-            if not latencies:
-                return None
-            return 1000.0 * latencies[min(len(latencies) - 1, int(q * len(latencies)))]
-
-        return LoadStats(ok_count, len(rows) - ok_count, end - start, quantile(0.5), quantile(0.95))
+        return LoadStats(
+            len(latencies),
+            len(rows) - len(latencies),
+            end - start,
+            _quantile_ms(latencies, 0.50),
+            _quantile_ms(latencies, 0.95),
+        )
 
     def stop(self) -> None:
         self._stopping.set()

@@ -91,6 +91,11 @@ class ScrapeSource:
         self._clock = clock
         self._history: dict[str, deque[Sample]] = {}
         self._lock = threading.Lock()
+        # One scrape of a target at a time: the policies tick in threads of their own, and two
+        # responses appended out of order would show a counter going down, read as a reset
+        # (its whole value counted as new requests).
+        self._target_locks: dict[str, threading.Lock] = {}
+        self._failures: dict[str, tuple[float, str]] = {}  # url -> (when, the one line)
         self._session = requests.Session()
 
     def targets(self, endpoints: Sequence[Endpoint] = ()) -> list[str]:
@@ -103,32 +108,51 @@ class ScrapeSource:
         if not targets:
             raise MetricsUnavailable("no Triton metrics URL to scrape")
         for url in targets:
-            now = self._clock()
+            asked = self._clock()
             with self._lock:
-                history = self._history.setdefault(url, deque())
-                if history and now - history[-1].at < self.min_scrape_interval_s:
-                    continue
-            try:
-                response = self._session.get(url, timeout=self.timeout_s)
-                response.raise_for_status()
-                values = parse_metrics(response.text)
-            except requests.RequestException as error:
-                raise MetricsUnavailable(
-                    f"cannot read Triton metrics at {url} ({type(error).__name__})"
-                ) from None
-            except ValueError as error:
-                raise MetricsUnavailable(f"unreadable Triton metrics at {url}: {error}") from None
-            with self._lock:
-                history.append(Sample(self._clock(), values))
-                while history and history[0].at < history[-1].at - self.max_window_s - 60:
-                    history.popleft()
-                # Forget targets gone for longer than any window (pods replaced in Kubernetes).
-                for gone in [
-                    url
-                    for url, samples in self._history.items()
-                    if samples and samples[-1].at < now - self.max_window_s - 60
-                ]:
-                    del self._history[gone]
+                target_lock = self._target_locks.setdefault(url, threading.Lock())
+            with target_lock:
+                self._scrape_one(url, asked)
+
+    def _scrape_one(self, url: str, asked: float) -> None:
+        """One sample of `url`, unless a fresh one exists; a failure of a scrape that was in
+        flight when this one was asked for is this one's failure too (no second wait)."""
+        now = self._clock()
+        with self._lock:
+            history = self._history.setdefault(url, deque())
+            if history and now - history[-1].at < self.min_scrape_interval_s:
+                return
+            failed = self._failures.get(url)
+            if failed is not None and failed[0] > asked:
+                raise MetricsUnavailable(failed[1])
+        try:
+            response = self._session.get(url, timeout=self.timeout_s)
+            response.raise_for_status()
+            values = parse_metrics(response.text)
+        except requests.RequestException as error:
+            problem = f"cannot read Triton metrics at {url} ({type(error).__name__})"
+            self._failed(url, problem)
+            raise MetricsUnavailable(problem) from None
+        except ValueError as error:
+            problem = f"unreadable Triton metrics at {url}: {error}"
+            self._failed(url, problem)
+            raise MetricsUnavailable(problem) from None
+        with self._lock:
+            self._failures.pop(url, None)
+            history.append(Sample(self._clock(), values))
+            while history and history[0].at < history[-1].at - self.max_window_s - 60:
+                history.popleft()
+            # Forget targets gone for longer than any window (pods replaced in Kubernetes).
+            for gone in [
+                target
+                for target, samples in self._history.items()
+                if samples and samples[-1].at < now - self.max_window_s - 60
+            ]:
+                del self._history[gone]
+
+    def _failed(self, url: str, problem: str) -> None:
+        with self._lock:
+            self._failures[url] = (self._clock(), problem)
 
     def snapshot(
         self,

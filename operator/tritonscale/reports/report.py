@@ -11,6 +11,9 @@ Inputs, any combination:
   `tritonscale_current_instances`.
 - The local driver's JSON-lines decision log (`tritonscale tune`): the live and desired
   instance counts per model at each tick.
+- An open-loop load's history (the demo's `load.csv`: `t`, `offered_rps`, `served_rps`,
+  `failed_rps`, `p95_ms`, one row per second): what was offered against what was served, and
+  the p95 counted from when each request was due.
 
 `write_report(...)` renders `index.html` and one PNG per plot into a folder;
 `tritonscale report` is its command line. Bad or missing inputs raise `ReportError`,
@@ -67,6 +70,7 @@ class RunData:
     queue_ms: dict[str, Series] = field(default_factory=dict)
     instances: dict[str, Series] = field(default_factory=dict)
     users: Series = field(default_factory=list)
+    marks: list[tuple[float, str]] = field(default_factory=list)  # (unix s, label): phase starts
     notes: list[str] = field(default_factory=list)
     summary: dict[str, str] = field(default_factory=dict)
 
@@ -139,6 +143,42 @@ def read_locust_history(locust_csv: str | Path, data: RunData) -> None:
             "peak users": f"{max(v for _, v in data.users):.0f}",
         }
     )
+
+
+# ---- an open-loop load's history ------------------------------------------------------
+
+LOAD_COLUMNS = ("t", "offered_rps", "served_rps", "failed_rps", "p95_ms")
+
+
+def read_load_history(path: str | Path, data: RunData) -> None:
+    path = Path(path)
+    if not path.is_file():
+        raise ReportError(f"load history not found: {path}")
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in LOAD_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ReportError(f"{path} is not a load history: no column '{missing[0]}'")
+        rows = list(reader)
+    if not rows:
+        raise ReportError(f"{path} holds no row: the load ran for less than a second")
+    columns = {"offered_rps": "offered requests/s", "served_rps": "served requests/s"}
+    for number, row in enumerate(rows, start=2):
+        t = _number(row["t"])
+        if t is None:
+            raise ReportError(f"{path} line {number}: bad t {row['t']!r}")
+        for column, label in columns.items():
+            data.throughput.setdefault(label, []).append((t, _number(row[column]) or 0.0))
+        failed = _number(row["failed_rps"]) or 0.0
+        data.throughput.setdefault("failed requests/s", []).append((t, failed))
+        p95 = _number(row["p95_ms"])
+        if p95 is not None:
+            data.latency_ms.setdefault("client p95 (from when each request was due)", []).append(
+                (t, p95)
+            )
+    offered = sum(_number(row["offered_rps"]) or 0.0 for row in rows)
+    served = sum(_number(row["served_rps"]) or 0.0 for row in rows)
+    data.summary.update({"requests offered": f"{offered:.0f}", "requests served": f"{served:.0f}"})
 
 
 # ---- Prometheus -----------------------------------------------------------------------
@@ -245,8 +285,10 @@ def _plot(
     *,
     steps: bool = False,
     users: Series | None = None,
+    marks: Sequence[tuple[float, str]] = (),
+    log_when_wide: bool = False,
 ) -> None:
-    figure, axes = plt.subplots(figsize=(10, 4))
+    figure, axes = plt.subplots(figsize=(12, 4))
     axes.set_prop_cycle(color=plt.cm.tab20.colors)  # many models: 20 distinct colours
     for label, series in sorted(groups.items()):
         times = [datetime.fromtimestamp(t, timezone.utc) for t, _ in series]
@@ -265,13 +307,32 @@ def _plot(
             label="users",
         )
         twin.set_ylabel("users")
-        twin.legend(loc="upper right", fontsize="small")
+        twin.legend(loc="lower left", bbox_to_anchor=(1.08, 0.0), fontsize="small")
+    for t, label in marks:
+        when = datetime.fromtimestamp(t, timezone.utc)
+        axes.axvline(when, color="black", linestyle=":", linewidth=0.8)
+        axes.annotate(
+            label,
+            (when, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -3),
+            textcoords="offset points",
+            va="top",
+            fontsize="small",
+        )
     axes.set_title(title)
     axes.set_ylabel(ylabel)
     axes.set_xlabel("time (UTC)")
     axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+    values = [v for series in groups.values() for _, v in series if v > 0]
+    if log_when_wide and values and max(values) > 100 * min(values):
+        # A backlog's seconds beside a served request's milliseconds: both stay readable.
+        axes.set_yscale("log")
     axes.grid(alpha=0.3)
-    axes.legend(loc="upper left", fontsize="small")
+    # Beside the plot: with many models a legend inside would hide the lines.
+    axes.legend(
+        loc="upper left", bbox_to_anchor=(1.01 if not users else 1.08, 1.0), fontsize="small"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     plt.close(figure)
@@ -282,7 +343,7 @@ PLOTS = (
     ("throughput.png", "Throughput", "requests/s", "throughput", False),
     (
         "latency.png",
-        "Latency (p50/p95/p99 from Locust; per model from Triton)",
+        "Latency (from the client: Locust or the open-loop load; per model from Triton)",
         "ms",
         "latency_ms",
         False,
@@ -309,7 +370,16 @@ def render(data: RunData, out_dir: str | Path, title: str = "Tritonscale load-te
             )
             continue
         users = data.users if attribute == "throughput" else None
-        _plot(out / filename, plot_title, ylabel, groups, steps=steps, users=users)
+        _plot(
+            out / filename,
+            plot_title,
+            ylabel,
+            groups,
+            steps=steps,
+            users=users,
+            marks=data.marks,
+            log_when_wide=attribute == "latency_ms",
+        )
         sections.append(
             f"<h2>{html.escape(plot_title)}</h2>"
             f'<img src="{filename}" alt="{html.escape(plot_title)}" width="900">'
@@ -343,8 +413,8 @@ th{{text-align:left;padding-right:2em}} .note{{color:#666}}</style></head>
 
 def _missing_reason(attribute: str) -> str:
     return {
-        "throughput": "give a Locust CSV or a Prometheus URL",
-        "latency_ms": "give a Locust CSV or a Prometheus URL",
+        "throughput": "give a Locust CSV, a load history or a Prometheus URL",
+        "latency_ms": "give a Locust CSV, a load history or a Prometheus URL",
         "queue_ms": "queue time comes from Triton's metrics: give a Prometheus URL",
         "instances": "give the local driver's decision log, or a Prometheus that scrapes the operator",
     }[attribute]
@@ -358,20 +428,26 @@ def write_report(
     decisions: str | Path | None = None,
     window: Sequence[float] | None = None,
     step_s: float = 1.0,
+    load_csv: str | Path | None = None,
+    title: str = "Tritonscale load-test report",
+    marks: Sequence[tuple[float, str]] = (),
 ) -> Path:
     """Read the inputs and render the page; returns the HTML path.
 
     The Prometheus window is `window` (start, end unix seconds) when given, else the span of
-    the Locust history and the decision log.
+    the other inputs. `marks` ((unix s, label), such as the start of each phase of a load)
+    are drawn on every plot.
     """
-    if not (locust_csv or decisions or (prometheus_url and window)):
+    if not (locust_csv or load_csv or decisions or (prometheus_url and window)):
         raise ReportError(
-            "nothing to report: give a Locust CSV prefix, a decision log, "
+            "nothing to report: give a Locust CSV prefix, a load history, a decision log, "
             "or a Prometheus URL with a time window"
         )
-    data = RunData()
+    data = RunData(marks=list(marks))
     if locust_csv:
         read_locust_history(locust_csv, data)
+    if load_csv:
+        read_load_history(load_csv, data)
     if decisions:
         read_decisions(decisions, data)
     if prometheus_url:
@@ -382,4 +458,4 @@ def write_report(
         if end <= start:
             end = start + step_s
         read_prometheus(prometheus_url, start, min(end, time.time()), data, step=step_s)
-    return render(data, out_dir)
+    return render(data, out_dir, title)

@@ -1,0 +1,301 @@
+"""A shifted mix: the traffic moves from pipeline_async to pipeline_sync halfway through.
+
+    python -m loadtests.bench.shifted_mix              # full, about seven minutes
+    python -m loadtests.bench.shifted_mix --budget 8   # another total
+    python -m loadtests.bench.shifted_mix --quick      # tiny (CI)
+
+The two pipelines share the pods and their three branches; the sync twin pays the branches'
+times one after another, so it needs more parent instances for the same throughput, while
+the async one needs its branches. No static configuration is best for both halves.
+
+1. Offline sweep: every count of the five models (each at least 1) that uses the whole
+   budget, each measured under the first half's load (32 requests of 8 rows in flight on
+   pipeline_async) and right after under the second half's (the same on pipeline_sync).
+2. Every model back at 1, then `tritonscale tune` (the local driver, policies with short
+   windows) under the first half's load, then the second's: throughput window by window.
+3. The operator (mean of the last three windows of each half) against the best static
+   configuration of each half, and against the first half's best kept through both; the time
+   after the shift until it reached 95 % of the second half's best.
+
+Every policy carries the budget (`spec.budget`, operator_vs_static.budget_block): the local
+driver grants the five models' decisions jointly, and the total it held is measured against it.
+Result: reports/bench/shifted_mix.json (+ .png).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loadtests.bench import common
+from loadtests.bench.operator_vs_static import (
+    BRANCHES,
+    BUDGET_ENFORCED,
+    BUDGET_NOTE,
+    TARGET_FRACTION,
+    policies,
+    static_configurations,
+)
+
+FIRST, SECOND = "pipeline_async", "pipeline_sync"
+MODELS = (FIRST, SECOND, *BRANCHES)
+CALLS = {FIRST: BRANCHES, SECOND: BRANCHES}
+QUICK = {
+    "budget": 5,
+    "concurrency": 4,
+    "rows": 8,
+    "static_seconds": 1.0,
+    "warmup_s": 0.3,
+    "window_s": 1.0,
+    "half_seconds": 5.0,
+    "interval_s": 1,
+    "metrics_window_s": 2,
+    "scale_down_window_s": 2,
+}
+FULL = {
+    "budget": 7,
+    "concurrency": 32,
+    "rows": 8,
+    "static_seconds": 4.0,
+    "warmup_s": 1.0,
+    "window_s": 2.0,
+    "half_seconds": 90.0,
+    "interval_s": 2,
+    "metrics_window_s": 6,
+    "scale_down_window_s": 15,
+}
+
+
+def _measure(triton: Any, model: str, settings: dict) -> common.Measurement:
+    return common.measure(
+        triton.grpc_url,
+        model,
+        common.pipeline_inputs(settings["rows"]),
+        concurrency=settings["concurrency"],
+        seconds=settings["static_seconds"],
+        warmup_s=settings["warmup_s"],
+    )
+
+
+def sweep(triton: Any, instances: common.Instances, settings: dict) -> list[dict[str, Any]]:
+    configurations = static_configurations(settings["budget"], MODELS)
+    common.progress(
+        f"static sweep: {len(configurations)} configurations of {settings['budget']} instances, "
+        "each under both halves' loads"
+    )
+    rows = []
+    for index, counts in enumerate(configurations, start=1):
+        instances.set(counts)
+        first, second = _measure(triton, FIRST, settings), _measure(triton, SECOND, settings)
+        rows.append({"instances": counts, "first": first.to_dict(), "second": second.to_dict()})
+        common.progress(
+            f"  [{index}/{len(configurations)}] {counts}: {FIRST} {first.throughput_rps:.1f} rps, "
+            f"{SECOND} {second.throughput_rps:.1f} rps"
+        )
+    return rows
+
+
+def with_operator(triton: Any, instances: common.Instances, settings: dict) -> dict[str, Any]:
+    instances.set(dict.fromkeys(MODELS, 1))
+    with tempfile.TemporaryDirectory(prefix="bench-tune-") as folder:
+        config = Path(folder) / "policies.yaml"
+        config.write_text(
+            yaml.safe_dump(policies(triton, settings, MODELS, CALLS), sort_keys=False)
+        )
+        log = Path(folder) / "decisions.jsonl"
+        output = Path(folder) / "tune.out"
+        common.progress(f"operator: every model at 1, tritonscale tune running, load on {FIRST}")
+        tune = common.start_tune(triton, config, log, output)
+        started = time.monotonic()
+        try:
+            first = common.closed_loop_windows(
+                triton, instances, settings, settings["concurrency"], settings["half_seconds"],
+                started, tune, "first half", FIRST, MODELS,
+            )  # fmt: skip
+            shifted_at = time.monotonic() - started
+            common.progress(f"operator: the load moves to {SECOND}")
+            second = common.closed_loop_windows(
+                triton, instances, settings, settings["concurrency"], settings["half_seconds"],
+                started, tune, "second half", SECOND, MODELS,
+            )  # fmt: skip
+        finally:
+            tune.send_signal(signal.SIGTERM)
+            try:
+                tune.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                tune.kill()
+        decision_log = log.read_text() if log.exists() else ""
+        decisions = [json.loads(line) for line in decision_log.splitlines() if line.strip()]
+        tune_tail = output.read_text().strip().splitlines()[-3:]
+    return {
+        "timeline": first + second,
+        "shifted_at_s": round(shifted_at, 2),
+        "first_rps": _tail_rps(first),
+        "second_rps": _tail_rps(second),
+        "instances_at_end_of_first_half": first[-1]["instances"] if first else None,
+        "instances_at_end_of_second_half": second[-1]["instances"] if second else None,
+        "max_total_instances": max((w["total_instances"] for w in first + second), default=None),
+        "decisions": len(decisions),
+        "decision_log": decision_log,
+        "scale_changes": sum(
+            1 for d in decisions for pod in d.get("applied") or () if pod.get("ok")
+        ),
+        "tune_output_tail": tune_tail,
+    }
+
+
+def _tail_rps(windows: list[dict[str, Any]]) -> float | None:
+    tail = windows[-3:]
+    return round(sum(w["throughput_rps"] for w in tail) / len(tail), 2) if tail else None
+
+
+def _static(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "instances": row["instances"],
+        "first_rps": row["first"]["throughput_rps"],
+        "second_rps": row["second"]["throughput_rps"],
+    }
+
+
+def run(triton: Any, settings: dict) -> dict[str, Any]:
+    instances = common.Instances(triton)
+    try:
+        static = sweep(triton, instances, settings)
+        best_first = max(static, key=lambda row: row["first"]["throughput_rps"])
+        best_second = max(static, key=lambda row: row["second"]["throughput_rps"])
+        # The configuration with the best mean over the run, had one been picked for both.
+        best_both = max(
+            static,
+            key=lambda row: row["first"]["throughput_rps"] + row["second"]["throughput_rps"],
+        )
+        common.progress(
+            f"best static for {FIRST}: {best_first['instances']}; for {SECOND}: "
+            f"{best_second['instances']}"
+        )
+        operator = with_operator(triton, instances, settings)
+    finally:
+        instances.restore()
+    best_second_rps = best_second["second"]["throughput_rps"]
+    target = TARGET_FRACTION * best_second_rps
+    shifted = operator["shifted_at_s"]
+    reached = next(
+        (
+            w["t_s"] - shifted
+            for w in operator["timeline"]
+            if w["phase"] == "second half" and w["throughput_rps"] >= target
+        ),
+        None,
+    )
+    return {
+        "budget": settings["budget"],
+        "budget_enforced": BUDGET_ENFORCED,
+        "budget_note": BUDGET_NOTE,
+        "settings": settings,
+        "models": list(MODELS),
+        "halves": [FIRST, SECOND],
+        "static_sweep": static,
+        "best_static_first_half": _static(best_first),
+        "best_static_second_half": _static(best_second),
+        "best_static_over_both": _static(best_both),
+        "one_configuration_best_for_both": best_first["instances"] == best_second["instances"],
+        "operator": operator,
+        "operator_vs_best_static": {
+            "first_half": common.ratio(
+                operator["first_rps"], best_first["first"]["throughput_rps"]
+            ),
+            "second_half": common.ratio(operator["second_rps"], best_second_rps),
+        },
+        "operator_vs_first_half_best_kept": {
+            "first_half": common.ratio(
+                operator["first_rps"], best_first["first"]["throughput_rps"]
+            ),
+            "second_half": common.ratio(
+                operator["second_rps"], best_first["second"]["throughput_rps"]
+            ),
+        },
+        "seconds_after_shift_to_95pct_of_second_best": None
+        if reached is None
+        else round(reached, 2),
+    }
+
+
+def plot(result: dict, path: Any) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    operator = result["operator"]
+    timeline = operator["timeline"]
+    figure, axes = plt.subplots(figsize=(10, 4.5))
+    times = [w["t_s"] for w in timeline]
+    axes.plot(times, [w["throughput_rps"] for w in timeline], "o-", label="tritonscale tune")
+    shifted = operator["shifted_at_s"]
+    end = times[-1] if times else shifted
+    for key, style, label in (
+        ("best_static_first_half", "--", "best static of the first half"),
+        ("best_static_second_half", "-.", "best static of the second half"),
+    ):
+        row = result[key]
+        axes.plot(
+            [0, shifted, shifted, end],
+            [row["first_rps"], row["first_rps"], row["second_rps"], row["second_rps"]],
+            style,
+            label=f"{label} {row['instances']}",
+        )
+    axes.axvline(shifted, color="black", linestyle=":", linewidth=0.8)
+    axes.set_xlabel(f"seconds since the load step ({FIRST}, then {SECOND} from the dotted line)")
+    axes.set_ylabel("requests/s")
+    twin = axes.twinx()
+    twin.step(
+        times, [w["total_instances"] for w in timeline], where="post", color="grey",
+        label="operator's total instances",
+    )  # fmt: skip
+    twin.axhline(result["budget"], color="grey", linestyle=":", label="budget")
+    twin.set_ylabel("instances")
+    axes.legend(loc="upper left", fontsize="small")
+    twin.legend(loc="lower right", fontsize="small")
+    axes.set_title("A shifted mix: the operator against static configurations")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = common.parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--budget",
+        type=int,
+        help=f"Total instances over the {len(MODELS)} models (default 7, 5 with --quick)",
+    )
+    args = parser.parse_args(argv)
+    settings = dict(QUICK if args.quick else FULL)
+    if args.budget is not None:
+        if args.budget < len(MODELS):
+            parser.error(f"--budget must be at least {len(MODELS)} (one instance per model)")
+        settings["budget"] = args.budget
+    with common.local_triton(list(MODELS)) as triton:
+        result = run(triton, settings)
+    # The driver's own log beside the JSON, for `tritonscale report --decisions`.
+    decision_log = result["operator"].pop("decision_log")
+    path = common.write_result("shifted_mix", result, args.out)
+    path.with_suffix(".decisions.jsonl").write_text(decision_log)
+    if not args.no_plot:
+        plot(result, common.plot_path(path))
+    vs_best, vs_kept = result["operator_vs_best_static"], result["operator_vs_first_half_best_kept"]
+    common.progress(
+        f"operator / best static of each half: {vs_best['first_half']}, {vs_best['second_half']}; "
+        f"/ the first half's best kept: {vs_kept['second_half']} in the second half; 95 % of the "
+        f"second half's best {result['seconds_after_shift_to_95pct_of_second_best']} s after the shift"
+    )
+
+
+if __name__ == "__main__":
+    main()
