@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -59,10 +60,11 @@ from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.source import MetricsSource
 from tritonscale.triton.actuator import ActuationError, Actuator, PodResult, is_decoupled
+from tritonscale.triton.client import free_thread_hub
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.healing import CONDITION_TYPE as HEALTH_CONDITION
 from tritonscale.triton.healing import NONE as NO_HEALING_ACTION
-from tritonscale.triton.healing import Healer, HealingResult
+from tritonscale.triton.healing import POD_UNREACHABLE, Healer, HealingResult
 
 
 def reconcile(
@@ -283,8 +285,13 @@ def plan(
     if not endpoints:
         return tick.failed(spec.model, NO_READY_PODS, "no ready Triton pod matches the selector")
     # Heal first: a model whose stub died serves nothing, and its metrics would mislead.
-    healing = [healer.check(endpoint, spec.model) for endpoint in endpoints] if healer else []
-    live, unreadable = actuator.live_counts(endpoints, spec.model)
+    healing = _check_pods(healer, endpoints, spec.model, actuator.parallel_pods) if healer else []
+    # A pod the healer could not reach is not asked again in this tick: every further read
+    # would wait out its timeout once more, and delay the decision for all pods.
+    unreachable = {h.pod: h.message for h in healing if h.reason == POD_UNREACHABLE}
+    reachable = [e for e in endpoints if e.name not in unreachable]
+    live, unreadable = actuator.live_counts(reachable, spec.model)
+    unreadable = {**unreachable, **unreadable}
     if not live:
         why = "; ".join(f"{pod}: {reason}" for pod, reason in unreadable.items())
         return tick.failed(spec.model, NO_READY_PODS, f"no ready pod serves {spec.model} ({why})")
@@ -301,11 +308,14 @@ def plan(
         )
     for pod, reason in unreadable.items():
         notes.append(f"{pod} did not answer ({reason})")
+    # The rest of the tick asks only the pods that answered: a hung pod would make every
+    # read below wait out its timeout again, and delay this model's decision for all pods.
+    answered = [e for e in endpoints if e.name in live]
 
     if child_instances is None:
         child_instances = {}
         for child in spec.calls:
-            counts, _ = actuator.live_counts(endpoints, child)
+            counts, _ = actuator.live_counts(answered, child)
             if counts:
                 child_instances[child] = min(counts.values())
     children = dict(child_instances)
@@ -313,13 +323,12 @@ def plan(
     errors: list[TickError] = []
     snapshot: MetricSnapshot | None = None
     models = [spec.model, *spec.calls]
-    answering = next(e for e in endpoints if e.name in live)
     try:
         snapshot = source.snapshot(
             models,
-            endpoints,
+            answered,
             spec.metrics_window_seconds,
-            decoupled=_decoupled(actuator, answering, models),
+            decoupled=_decoupled(actuator, answered[0], models),
         )
     except MetricsUnavailable as error:
         errors.append(TickError(FAILED_GET_METRICS, str(error)))
@@ -338,6 +347,26 @@ def plan(
         notes=tuple(notes),
         healing=tuple(healing),
     )
+
+
+def _check_pods(
+    healer: Healer, endpoints: Sequence[Endpoint], model: str, parallel: int
+) -> list[HealingResult]:
+    """The healer's check of `model` on every pod, `parallel` pods at a time (in the pods'
+    order): one pod that does not answer costs one timeout, not a wait for the pods after it."""
+    if len(endpoints) <= 1:
+        return [healer.check(endpoint, model) for endpoint in endpoints]
+
+    def check(endpoint: Endpoint) -> HealingResult:
+        try:
+            return healer.check(endpoint, model)
+        finally:
+            free_thread_hub()  # the pool's threads end with the checks
+
+    with ThreadPoolExecutor(
+        max_workers=min(parallel, len(endpoints)), thread_name_prefix="heal"
+    ) as pool:
+        return list(pool.map(check, endpoints))
 
 
 def finish(

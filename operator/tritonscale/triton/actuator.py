@@ -172,15 +172,38 @@ class Actuator:
     def live_counts(
         self, endpoints: Sequence[Endpoint], model: str
     ) -> tuple[dict[str, int], dict[str, str]]:
-        """({pod: count} for the pods that answered, {pod: reason} for those that did not)."""
+        """({pod: count} for the pods that answered, {pod: reason} for those that did not).
+
+        The pods are read at the same time, `parallel_pods` at once: a pod that does not
+        answer costs the tick one timeout, not one for itself and a wait for every pod after it.
+        """
+        if len(endpoints) > 1:
+            with ThreadPoolExecutor(
+                max_workers=min(self.parallel_pods, len(endpoints)), thread_name_prefix="read"
+            ) as pool:
+                answers = list(pool.map(lambda pod: self._read_in_worker(pod, model), endpoints))
+        else:
+            answers = [self._read(endpoint, model) for endpoint in endpoints]
         counts: dict[str, int] = {}
         failures: dict[str, str] = {}
-        for endpoint in endpoints:
-            try:
-                counts[endpoint.name] = self.live_count(endpoint, model)
-            except TritonError as error:
-                failures[endpoint.name] = error.reason
+        for endpoint, (count, reason) in zip(endpoints, answers, strict=True):
+            if count is None:
+                failures[endpoint.name] = reason
+            else:
+                counts[endpoint.name] = count
         return counts, failures
+
+    def _read(self, endpoint: Endpoint, model: str) -> tuple[int | None, str]:
+        try:
+            return self.live_count(endpoint, model), ""
+        except TritonError as error:
+            return None, error.reason
+
+    def _read_in_worker(self, endpoint: Endpoint, model: str) -> tuple[int | None, str]:
+        try:
+            return self._read(endpoint, model)
+        finally:
+            free_thread_hub()  # the pool's threads end with the read
 
     def is_ready(self, endpoint: Endpoint, model: str) -> bool:
         with self.client(endpoint) as triton:
