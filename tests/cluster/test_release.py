@@ -39,6 +39,7 @@ VALUES = Path(__file__).parent / "e2e-values.yaml"
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
 TRITON = f"{INSTANCE},app.kubernetes.io/component=triton"
 TRITON_DEPLOYMENT = f"{RELEASE}-tritonscale-triton"
+READINESS_GATE = "tritonscale.io/instances-ready"
 OPERATOR_ACCOUNT = f"{RELEASE}-tritonscale-operator"
 # model -> minInstances, as e2e-values.yaml sets them
 MINIMUM = {"pipeline_async": 1, "branch_embed": 2, "branch_classify": 1, "branch_rank": 1}
@@ -225,6 +226,17 @@ def test_a_second_triton_pod_is_brought_to_its_peers_count(release: Cluster) -> 
             namespace=NAMESPACE,
         )
     assert set(counts["branch_embed"].values()) == {2}
+    # The new pod started at the repository's counts (branch_embed 1): it became Ready only
+    # through the readinessGate, which the operator opened once the pod ran its peers' counts.
+    newest = max(
+        release.ready_pods(NAMESPACE, TRITON), key=lambda pod: pod["metadata"]["creationTimestamp"]
+    )
+    conditions = {c["type"]: c for c in newest["status"]["conditions"]}
+    gate = conditions.get(READINESS_GATE)
+    assert gate is not None and gate["status"] == "True", conditions
+    assert gate["reason"] == "InstancesMatch", gate
+    # RFC 3339 times in UTC compare as strings: Ready followed the gate, never preceded it.
+    assert conditions["Ready"]["lastTransitionTime"] >= gate["lastTransitionTime"], conditions
 
 
 def upgrade(cluster: Cluster, *sets: str) -> None:
