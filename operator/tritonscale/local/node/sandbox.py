@@ -24,6 +24,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,14 @@ from tritonscale.local.node.errors import NodeError
 
 READY_TIMEOUT_S = 20.0
 ROOT_SIZE = "64m"  # the tmpfs root only holds mount points and new top-level folders
+# What the stand-in's programs run from: the Python environment (its `tritonscale`, `locust`,
+# the server wheel) and the package's own source (an editable install). A volume a pod mounts
+# over one of them (the operator's /tmp emptyDir over a checkout in /tmp) must not hide it:
+# each is bound again on top of the pod's volumes.
+PROGRAM_PATHS = tuple(
+    sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)})
+    + [os.path.realpath(Path(__file__).resolve().parents[3])]
+)
 
 
 @dataclass(frozen=True)
@@ -188,6 +197,10 @@ class Sandbox:
             lines.append(f"{mount} --bind {source} {target}")
             if item.read_only:
                 lines.append(f"{mount} -o remount,bind,ro {target}")
+        for program in PROGRAM_PATHS:
+            if any(_within(program, target) for target in targets):
+                where = shlex.quote(root + program)
+                lines.append(f"mkdir -p {where} && {mount} --rbind {shlex.quote(program)} {where}")
         lines.append(
             f"{mount} --bind {shlex.quote(str(hosts_file))} {shlex.quote(root + '/etc/hosts')}"
         )
