@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import tritonscale
 from tritonscale.local.node.errors import NodeError
 
 READY_TIMEOUT_S = 20.0
@@ -40,7 +41,9 @@ ROOT_SIZE = "64m"  # the tmpfs root only holds mount points and new top-level fo
 # each is bound again on top of the pod's volumes.
 PROGRAM_PATHS = tuple(
     sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)})
-    + [os.path.realpath(Path(__file__).resolve().parents[3])]
+    # The folder that holds the `tritonscale` package: the checkout's operator/ when it is
+    # installed editable, site-packages (inside sys.prefix) otherwise.
+    + [os.path.dirname(os.path.realpath(tritonscale.__path__[0]))]
 )
 
 
