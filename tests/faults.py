@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -183,3 +184,74 @@ class Load:
                 return ok[0]
             time.sleep(0.05)
         raise AssertionError(f"fewer than {count} successful requests {timeout_s:.0f} s after")
+
+
+class FreezableRelay:
+    """A TCP relay in front of a server that can be made to hang like a stopped pod.
+
+    While frozen it accepts connections and answers nothing (as a tritonserver stopped with
+    SIGSTOP does: the kernel still accepts); thawed, it relays them to the server. Use it as a
+    context manager; `url` is the relay's http:// address.
+    """
+
+    def __init__(self, target_url: str) -> None:
+        host, port = target_url.removeprefix("http://").rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._thawed = threading.Event()
+        self._thawed.set()
+        self._closed = threading.Event()
+        self._sockets: list[socket.socket] = []
+
+    def freeze(self) -> None:
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self._thawed.set()
+
+    def __enter__(self) -> FreezableRelay:
+        threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closed.set()
+        self._thawed.set()
+        for sock in [self._listener, *self._sockets]:
+            sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._sockets.append(client)
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        self._thawed.wait()
+        if self._closed.is_set():
+            return
+        try:
+            server = socket.create_connection(self._target, timeout=5)
+        except OSError:
+            client.close()
+            return
+        self._sockets.append(server)
+        threading.Thread(target=self._pipe, args=(server, client), daemon=True).start()
+        self._pipe(client, server)
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                self._thawed.wait()  # frozen mid-connection: hold what arrives
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.faults import FreezableRelay
 from tests.tooling import require_local_triton
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.reconcile import reconcile
@@ -261,3 +262,59 @@ def test_a_restarted_pod_is_brought_up_to_its_peers_not_the_peers_down_to_it(
         assert any("disagree" in note for note in result.notes)
         assert [actuator.live_count(pod, "add_sub") for pod in pods] == [3, 3]
     assert actuator.apply(pods[:1], "add_sub", 1)[0].ok
+
+
+def test_a_pod_that_stops_answering_is_left_out_until_it_answers_again(
+    server: LocalTriton, pods: list[Endpoint]
+) -> None:
+    """A pod that accepts connections and never answers costs the tick that meets it one
+    timeout; the ticks after it leave the pod out at once (a note says so) and still scale
+    the pods that answer; once it answers again it is back in the tick.
+
+    Counterfactual: without the memory of silent pods, every tick would ask the hung pod
+    again and wait out the timeout before deciding for the others.
+    """
+    actuator = Actuator(server.repository_key, timeout_s=1.0)
+    with FreezableRelay(server.http_url) as relay:
+        hung = Endpoint("pod-1", relay.url)
+        both = [*pods, hung]
+        relay.freeze()
+        state = ReconcileState()
+        first = reconcile(spec(minInstances=2), both, ScrapeSource(), actuator, state, time.time())
+        assert first.live_counts == {"pod-0": 2}, first.message
+        assert any(note.startswith("pod-1 did not answer") for note in first.notes), first.notes
+        assert len(actuator.silent_pods) == 1
+
+        second = reconcile(
+            spec(minInstances=3, maxInstances=3),
+            both,
+            ScrapeSource(),
+            actuator,
+            first.state,
+            time.time(),
+        )
+        assert second.live_counts == {"pod-0": 3}, second.message
+        left_out = [note for note in second.notes if "left out" in note]
+        assert left_out and left_out[0].startswith("pod-1 did not answer"), second.notes
+
+        relay.thaw()
+        state, back = second.state, None
+        for _ in range(20):
+            result = reconcile(
+                spec(minInstances=3, maxInstances=3),
+                both,
+                ScrapeSource(),
+                actuator,
+                state,
+                time.time(),
+            )
+            state = result.state
+            if "pod-1" in result.live_counts:
+                back = result
+                break
+            time.sleep(0.5)
+        assert back is not None, "pod-1 answers again but was not taken back within 20 ticks"
+        assert back.live_counts == {"pod-0": 3, "pod-1": 3}  # the relay's pod is the same server
+        assert not any("left out" in note for note in back.notes)
+        assert len(actuator.silent_pods) == 0
+    assert Actuator(server.repository_key).apply(pods, "add_sub", 1)[0].ok

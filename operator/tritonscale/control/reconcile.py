@@ -284,14 +284,22 @@ def plan(
             return tick.failed(_model_of(spec), INVALID_SPEC, str(error))
     if not endpoints:
         return tick.failed(spec.model, NO_READY_PODS, "no ready Triton pod matches the selector")
+    # A pod that did not answer on an earlier tick is left out until it answers again
+    # (tritonscale.triton.silent_pods): asking it would cost this tick one more timeout.
+    silent = {e.name: why for e in endpoints if (why := actuator.silent_pods.reason(e))}
+    asked = [e for e in endpoints if e.name not in silent]
     # Heal first: a model whose stub died serves nothing, and its metrics would mislead.
-    healing = _check_pods(healer, endpoints, spec.model, actuator.parallel_pods) if healer else []
+    healing = _check_pods(healer, asked, spec.model, actuator.parallel_pods) if healer else []
     # A pod the healer could not reach is not asked again in this tick: every further read
     # would wait out its timeout once more, and delay the decision for all pods.
     unreachable = {h.pod: h.message for h in healing if h.reason == POD_UNREACHABLE}
-    reachable = [e for e in endpoints if e.name not in unreachable]
+    reachable = [e for e in asked if e.name not in unreachable]
     live, unreadable = actuator.live_counts(reachable, spec.model)
     unreadable = {**unreachable, **unreadable}
+    for endpoint in asked:
+        if endpoint.name in unreadable:
+            actuator.silent_pods.mark(endpoint, unreadable[endpoint.name])
+    unreadable = {**silent, **unreadable}
     if not live:
         why = "; ".join(f"{pod}: {reason}" for pod, reason in unreadable.items())
         return tick.failed(spec.model, NO_READY_PODS, f"no ready pod serves {spec.model} ({why})")

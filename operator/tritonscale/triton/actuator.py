@@ -44,6 +44,7 @@ from tritonscale.triton.loads import (
     LoadInFlight,
     LoadsInFlight,
 )
+from tritonscale.triton.silent_pods import SilentPods
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,8 @@ class Actuator:
         self.loads = loads or LoadsInFlight(deadline_s=load_deadline_s, clock=clock)
         self._clock = clock
         self._sleep = sleep
+        # Pods that did not answer; shared by the ticks of every autoscaler on this actuator.
+        self.silent_pods = SilentPods(self._is_live, clock=clock)
 
     def __repr__(self) -> str:  # never show the key
         return f"Actuator(repository_key={'set' if self._key else 'unset'})"
@@ -204,6 +207,16 @@ class Actuator:
             return self._read(endpoint, model)
         finally:
             free_thread_hub()  # the pool's threads end with the read
+
+    def _is_live(self, endpoint: Endpoint) -> bool:
+        """SilentPods' background call (on a thread of its own, which ends with it)."""
+        try:
+            with self.client(endpoint) as triton:
+                return triton.is_live()
+        except TritonError:
+            return False
+        finally:
+            free_thread_hub()
 
     def is_ready(self, endpoint: Endpoint, model: str) -> bool:
         with self.client(endpoint) as triton:

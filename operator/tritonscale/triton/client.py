@@ -108,6 +108,11 @@ class TritonClient:
         with self._call(f"reading {model}'s config") as http:
             return http.get_model_config(model)
 
+    def is_live(self) -> bool:
+        """Whether the server answers at all (`GET v2/health/live`)."""
+        with self._call("asking whether the server is live") as http:
+            return http.is_server_live()
+
     def is_model_ready(self, model: str, version: str = "") -> bool:
         """Whether the model (or one version of it) is READY (`GET v2/models/{model}/ready`)."""
         with self._call(f"reading {model}'s readiness") as http:
