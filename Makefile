@@ -53,9 +53,9 @@ demo: deps
 serve: deps
 	$(VENV)/bin/tritonscale serve
 
-# Every benchmark in full (about 55 minutes on 2 cores), JSON and PNG in reports/bench/,
+# Every benchmark in full (about 65 minutes on 2 cores), JSON and PNG in reports/bench/,
 # then the results as markdown tables. One benchmark: python -m loadtests.bench.NAME
-BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway operator_vs_static shifted_mix scale_down control_loop_scale
+BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway operator_vs_static shifted_mix scale_down steady control_loop_scale
 bench: deps
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary

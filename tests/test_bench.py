@@ -25,6 +25,7 @@ from loadtests.bench import (
     operator_vs_static,
     scale_down,
     shifted_mix,
+    steady,
     summary,
 )
 from tritonscale.drivers.tune import parse_config
@@ -188,6 +189,22 @@ def test_scale_down_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert doc["decisions"] > 0
     assert "seconds_to_floor" in doc and doc["earliest_possible_s"] >= 0
     assert _counts(triton) == before
+
+
+def test_steady_quick(tmp_path: Path) -> None:
+    """The demo's set-up on free ports, one steady phase (its own Triton and Prometheus)."""
+    result = steady.run(steady.QUICK, tmp_path / "steady")
+    doc = _written("steady", result, tmp_path, lambda p: steady.plot(result, p))
+    assert doc["capacity_rps"] > 0 and doc["served_rps"] > 0
+    assert doc["decisions"] > 0 and doc["counts"]
+    assert set(doc["reversals"]) == {
+        "pipeline_async",
+        "branch_embed",
+        "branch_classify",
+        "branch_rank",
+    }
+    assert doc["changes"], "a load above the capacity at one instance each changed no count"
+    assert (tmp_path / "steady" / "decisions.jsonl").is_file()
 
 
 @pytest.mark.unit

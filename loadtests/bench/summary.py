@@ -143,6 +143,23 @@ def scale_down(doc: dict) -> list[str]:
     ]
 
 
+def steady(doc: dict) -> list[str]:
+    counts = ", ".join(f"{m} {n}" for m, n in doc["instances_end"].items())
+    flaps = ", ".join(f"{m} {n}" for m, n in doc["reversals"].items())
+    return [
+        f"{_f(doc['offered_rps'], 0)} req/s offered for {doc['seconds'] / 60:g} min "
+        f"({doc['load_multiple']:g} x the capacity at one instance each, {_f(doc['capacity_rps'], 0)} "
+        f"req/s), the demo's windows, metrics from {doc['metrics']}.",
+        "",
+        f"- served {_f(doc['served_rps'], 0)} req/s, {doc['failed_or_dropped']} failed or dropped; "
+        f"p95 {_f(doc['p95_ms_last_10s'], 0)} ms at the end (objective {_f(doc['p95_objective_ms'], 0)} ms, "
+        f"under it and kept there after {_f(doc['seconds_to_objective'], 0)} s)",
+        f"- {len(doc['changes'])} changes, {doc['changes_after_reaction']} after the first "
+        f"{doc['reaction_s']:g} s; reversals: {flaps}",
+        f"- instances at the end: {counts}",
+    ]
+
+
 def control_loop_scale(doc: dict) -> list[str]:
     lines = [
         f"Pods serve {', '.join(doc['models'])} ({_f(doc['pod_memory_mb'], 0)} MB each); four "
@@ -273,6 +290,7 @@ RENDERERS = {
     "operator_vs_static": operator_vs_static,
     "shifted_mix": shifted_mix,
     "scale_down": scale_down,
+    "steady": steady,
     "control_loop_scale": control_loop_scale,
     "bls_hop": bls_hop,
     "loadgen_headroom": loadgen_headroom,
