@@ -133,6 +133,29 @@ class TestStartup:
             LocalTriton(tmp_path, http_port=0, grpc_port=0, metrics_port=0, **addresses)
         assert str(raised.value) == message
 
+    @pytest.mark.parametrize("seen", ["before starting", "by tritonserver"])
+    def test_a_port_of_its_own_choice_taken_meanwhile_is_chosen_again(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seen: str
+    ) -> None:
+        """Ports asked as 0 are chosen when the object is made; another process may bind one
+        before tritonserver does (seen with a dozen servers starting at once)."""
+        write_model(tmp_path, "echo")
+        server = LocalTriton(tmp_path, http_port=0, grpc_port=0, metrics_port=0)
+        chosen = server.grpc_port
+        if seen == "by tritonserver":  # the check before starting misses it: Triton's bind fails
+            monkeypatch.setattr(
+                "tritonscale.local.triton_server.port_is_taken", lambda port, address: False
+            )
+        with socket.socket() as thief:
+            thief.bind(("127.0.0.1", chosen))
+            thief.listen()
+            with server:
+                assert server.grpc_port != chosen
+                assert server.ready_models() == ["echo"]
+                log = server.log_path.read_text(errors="replace")
+        if seen == "by tritonserver":
+            assert f"Socket '127.0.0.1:{chosen}' already in use" in log  # the first try's
+
     def test_a_missing_repository_is_a_clear_error(self, tmp_path: Path) -> None:
         with pytest.raises(LocalTritonError, match="model repository not found"):
             LocalTriton(tmp_path / "nowhere", http_port=0, grpc_port=0, metrics_port=0).start()

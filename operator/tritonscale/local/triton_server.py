@@ -40,6 +40,10 @@ RESTRICTED_APIS = "model-repository,shared-memory,logging,trace"
 DEFAULT_MODEL_REPOSITORY = Path("models")
 
 
+# Starts on freshly chosen ports when another process took one of ours first (start()).
+PORT_ATTEMPTS = 3
+
+
 class LocalTritonError(RuntimeError):
     """The local server could not start or stay up; the message is one line for a person."""
 
@@ -151,6 +155,9 @@ class LocalTriton:
         self.http_address = _listen_address("HTTP", http_address)
         self.grpc_address = _listen_address("gRPC", grpc_address)
         self.metrics_address = _listen_address("metrics", metrics_address)
+        # Ports asked as 0 (all three) are this object's choice, and may be chosen again
+        # (start()); ports the caller named are the caller's to change.
+        self._free_ports = not (http_port or grpc_port or metrics_port)
         self.http_port = http_port or free_port(http_address)
         self.grpc_port = grpc_port or free_port(grpc_address)
         self.metrics_port = metrics_port or free_port(metrics_address)
@@ -244,16 +251,43 @@ class LocalTriton:
                 raise LocalTritonError(
                     f"cannot listen on {name} port {port} at {address}: {error.strerror or error}"
                 ) from None
+            if taken and self._free_ports:
+                self._choose_ports()
+                break
             if taken:
                 raise LocalTritonError(
                     f"{name} port {port} is already in use (another tritonserver?); "
                     f"choose another with --{name.lower()}-port"
                 )
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonscale-"))
-        backends = install.make_backend_directory(self._workdir / "backends")
         if self._log_path is None:
             self._log_path = self._workdir / "tritonserver.log"
-        self._log_file = open(self._log_path, "wb")  # noqa: SIM115 - closed in stop()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._launch(install, append_log=attempt > 1)
+                return self
+            except LocalTritonError as error:
+                # A free port is free when chosen, not when Triton binds it (after loading
+                # the models, seconds later): another process may take it meanwhile (seen
+                # with a dozen servers starting at once). Ports of our own choice are chosen
+                # again.
+                if not (self._free_ports and "already in use" in str(error)):
+                    raise
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                self._choose_ports()
+        raise AssertionError("unreachable")
+
+    def _choose_ports(self) -> None:
+        self.http_port = free_port(self.http_address)
+        self.grpc_port = free_port(self.grpc_address)
+        self.metrics_port = free_port(self.metrics_address)
+
+    def _launch(self, install: TritonInstall, append_log: bool) -> None:
+        """Start tritonserver on this object's ports and wait until its models are ready."""
+        assert self._workdir is not None and self._log_path is not None
+        backends = install.make_backend_directory(self._workdir / "backends")
+        self._log_file = open(self._log_path, "ab" if append_log else "wb")  # noqa: SIM115 - closed in stop()
 
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -276,7 +310,6 @@ class LocalTriton:
             self.stop()
             raise
         self.startup_s = time.monotonic() - started
-        return self
 
     def _repository_index(self) -> list[dict]:
         """Triton's model index, on a connection closed right after the answer.
