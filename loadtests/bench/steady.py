@@ -73,6 +73,7 @@ def run(settings: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     ]
     whole, end = row.load, row.end_load
     return {
+        "settings": settings,
         "seconds": settings["seconds"],
         "load_multiple": LOAD,
         "capacity_rps": round(result.capacity_rps, 1),
