@@ -176,6 +176,28 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def budget_arguments(
+    description: str,
+    budget_help: str,
+    models: Sequence[str],
+    quick: Mapping[str, Any],
+    full: Mapping[str, Any],
+    argv: list[str] | None = None,
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The command line of a benchmark whose `models` share an instance budget: `parser`'s
+    options and `--budget`. Returns the arguments and the run's settings: `quick`'s with
+    --quick, else `full`'s, with the budget given (at least one instance per model)."""
+    p = parser(description)
+    p.add_argument("--budget", type=int, help=budget_help)
+    args = p.parse_args(argv)
+    settings = dict(quick if args.quick else full)
+    if args.budget is not None:
+        if args.budget < len(models):
+            p.error(f"--budget must be at least {len(models)} (one instance per model)")
+        settings["budget"] = args.budget
+    return args, settings
+
+
 def progress(line: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
@@ -206,6 +228,23 @@ def write_result(name: str, result: dict[str, Any], out: Path | None) -> Path:
 
 def plot_path(json_path: Path) -> Path:
     return json_path.with_suffix(".png")
+
+
+def write_outputs(
+    name: str,
+    result: dict[str, Any],
+    args: argparse.Namespace,
+    plot: Callable[[dict[str, Any], Path], None],
+    decision_log: str | None = None,
+) -> Path:
+    """`write_result` to --out, the driver's decision log beside the JSON (NAME.decisions.jsonl,
+    for `tritonscale report --decisions`) when there is one, and the plot unless --no-plot."""
+    path = write_result(name, result, args.out)
+    if decision_log is not None:
+        path.with_suffix(".decisions.jsonl").write_text(decision_log)
+    if not args.no_plot:
+        plot(result, plot_path(path))
+    return path
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
