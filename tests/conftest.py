@@ -1,5 +1,5 @@
 """Shared fixtures: one real tritonserver on models/, and one wheel, for the whole session;
-the fast lane.
+private tritonservers for a module of its own; the fast lane.
 
 Tests marked `unit` are the fast lane (`make check`, `pytest -m unit`): pure and quick, they
 start no process (no tritonserver, Prometheus, promtool, helm or kubectl). The hook below holds
@@ -10,7 +10,8 @@ with a clear message rather than slowing it down.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,39 @@ def triton() -> Iterator[LocalTriton]:
     require_local_triton()
     with LocalTriton(http_port=0, grpc_port=0, metrics_port=0) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def make_module_triton(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[list[str]], LocalTriton]]:
+    """A factory of tritonservers private to the test module: `make_module_triton(models)`
+    starts one on those models of models/ (free ports, a short exit timeout, its log in a
+    temporary folder), stopped after the module's last test. For tests that may leave a
+    server broken (a dead stub hangs the requests streaming from it): neither the session's
+    `triton` nor another module's server is touched.
+
+        @pytest.fixture(scope="module")
+        def server(make_module_triton) -> LocalTriton:
+            return make_module_triton(["square_int32", "bls_decoupled_sync"])
+    """
+    with ExitStack() as servers:
+
+        def start(models: list[str]) -> LocalTriton:
+            require_local_triton()
+            folder = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
+            return servers.enter_context(
+                LocalTriton(
+                    http_port=0,
+                    grpc_port=0,
+                    metrics_port=0,
+                    models=models,
+                    exit_timeout_s=3,
+                    log_path=folder / "tritonserver.log",
+                )
+            )
+
+        yield start
 
 
 @pytest.hookimpl(wrapper=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import queue
 import re
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -24,7 +23,6 @@ from tritonclient.utils import InferenceServerException
 
 from tests.faults import stub_pids
 from tests.model_clients import connect, make_inputs
-from tests.tooling import require_local_triton
 from tritonscale.local.triton_server import LocalTriton
 
 MODELS = {"bls_decoupled_sync": 1, "bls_decoupled_async": 2}  # SUM = times * IN * IN
@@ -34,18 +32,8 @@ ROUND_DEADLINE_S = 30.0  # a burst answers in about a second; this is a hang
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[LocalTriton]:
-    require_local_triton()
-    log = tmp_path_factory.mktemp("burst") / "tritonserver.log"
-    with LocalTriton(
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        models=["square_int32", *MODELS],
-        exit_timeout_s=3,
-        log_path=log,
-    ) as triton:
-        yield triton
+def server(make_module_triton) -> LocalTriton:
+    return make_module_triton(["square_int32", *MODELS])
 
 
 def pending_requests(server: LocalTriton) -> dict[str, int]:

@@ -8,15 +8,12 @@ never healed here.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
 from tests.faults import kill_stub
 from tests.model_clients import connect, infer, infer_concurrently
 from tests.test_pipeline import config_override
-from tests.tooling import require_local_triton
 from tritonscale.local.triton_server import LocalTriton
 
 MODELS = {"bls_decoupled_sync": 1, "bls_decoupled_async": 2}
@@ -24,18 +21,8 @@ DEADLINE_S = 2
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[LocalTriton]:
-    require_local_triton()
-    log = tmp_path_factory.mktemp("decoupled-faults") / "tritonserver.log"
-    with LocalTriton(
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        models=["square_int32", *MODELS],
-        exit_timeout_s=3,
-        log_path=log,
-    ) as triton:
-        yield triton
+def server(make_module_triton) -> LocalTriton:
+    return make_module_triton(["square_int32", *MODELS])
 
 
 def requests(count: int) -> list[dict[str, np.ndarray]]:

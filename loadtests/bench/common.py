@@ -2,7 +2,8 @@
 progress lines, JSON results and plots.
 
 The load generators are tritonscale.local.loadgen's, over `tritonclient.grpc.aio`: `measure`
-keeps a fixed number of requests in flight (closed loop), `OpenLoopLoad` sends at a rate;
+keeps a fixed number of requests in flight (closed loop), `measure_stream` does the same over
+one gRPC stream (decoupled models), `OpenLoopLoad` sends at a rate;
 one process, no gevent, so that at these rates the generator is not the bottleneck
 (bench/loadgen_headroom.py measures how far that holds).
 """
@@ -10,7 +11,6 @@ one process, no gevent, so that at these rates the generator is not the bottlene
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -23,11 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http
-from tritonclient.utils import np_to_triton_dtype
 
-from tritonscale.local.loadgen import Inputs, Measurement, OpenLoopLoad, measure
+from tritonscale.local.loadgen import Inputs, Measurement, OpenLoopLoad, measure, measure_stream
 from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint
@@ -36,9 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "reports" / "bench"
 
 # The load generators live in tritonscale.local.loadgen (the demo uses them too).
-__all__ = ["Inputs", "Measurement", "OpenLoopLoad", "measure"]
-# How long a streamed run waits for its last answers after the measurement ends.
-STREAM_GRACE_S = 30.0
+__all__ = ["Inputs", "Measurement", "OpenLoopLoad", "measure", "measure_stream"]
 
 
 def pipeline_inputs(rows: int = 1) -> Callable[[np.random.Generator], Inputs]:
@@ -93,105 +89,6 @@ class Instances:
         """Every model this object changed back to its count before the first change."""
         for model, count in self.original.items():
             self.actuator.apply_one(self.endpoint, model, count)
-
-
-def _percentile(latencies: list[float], q: float) -> float | None:
-    return float(np.percentile(latencies, q)) * 1000.0 if latencies else None
-
-
-async def _closed_loop_stream(
-    url: str,
-    model: str,
-    make: Callable[[np.random.Generator], Inputs],
-    concurrency: int,
-    warmup_s: float,
-    seconds: float,
-) -> Measurement:
-    """`concurrency` requests always in flight on one gRPC stream; each request's (single,
-    final) response sends the next. Decoupled models can only be reached this way."""
-    client = grpc_aio.InferenceServerClient(url)
-    rng = np.random.default_rng(concurrency)
-    latencies: list[float] = []
-    failures = 0
-    first_error: str | None = None
-    started = time.perf_counter()
-    measure_from = started + warmup_s
-    measure_to = measure_from + seconds
-    to_send: asyncio.Queue[int | None] = asyncio.Queue()
-    sent_at: dict[str, float] = {}
-    next_id = 0
-
-    def new_request() -> None:
-        nonlocal next_id
-        to_send.put_nowait(next_id)
-        next_id += 1
-
-    async def requests() -> Any:
-        while (request_id := await to_send.get()) is not None:
-            inputs = []
-            for name, array in make(rng).items():
-                tensor = grpc_aio.InferInput(
-                    name, list(array.shape), np_to_triton_dtype(array.dtype)
-                )
-                tensor.set_data_from_numpy(array)
-                inputs.append(tensor)
-            sent_at[str(request_id)] = time.perf_counter()
-            yield {"model_name": model, "inputs": inputs, "request_id": str(request_id)}
-
-    for _ in range(concurrency):
-        new_request()
-    responses = client.stream_infer(requests())
-    try:
-        async with asyncio.timeout(warmup_s + seconds + STREAM_GRACE_S):
-            async for result, error in responses:
-                done = time.perf_counter()
-                if error is None:
-                    request_id = result.get_response().id
-                else:
-                    first_error = first_error or " ".join(str(error).split())[:200]
-                    # Triton names the request of an error response too; if not, any will do.
-                    request_id = next(iter(sent_at))
-                sent = sent_at.pop(request_id, None)
-                if sent is not None and measure_from <= done < measure_to:
-                    if error is None:
-                        latencies.append(done - sent)
-                    else:
-                        failures += 1
-                if done < measure_to:
-                    new_request()
-                elif not sent_at:
-                    break
-    except TimeoutError:
-        first_error = first_error or f"{len(sent_at)} request(s) unanswered at the end"
-    finally:
-        to_send.put_nowait(None)
-        responses.cancel()
-        await client.close()
-    return Measurement(
-        model=model,
-        concurrency=concurrency,
-        seconds=seconds,
-        requests=len(latencies),
-        failures=failures,
-        throughput_rps=len(latencies) / seconds,
-        p50_ms=_percentile(latencies, 50),
-        p95_ms=_percentile(latencies, 95),
-        p99_ms=_percentile(latencies, 99),
-        first_error=first_error,
-    )
-
-
-def measure_stream(
-    url: str,
-    model: str,
-    make: Callable[[np.random.Generator], Inputs],
-    *,
-    concurrency: int,
-    seconds: float,
-    warmup_s: float = 1.0,
-) -> Measurement:
-    """As `measure`, over one gRPC stream (the only way to a decoupled model)."""
-    return asyncio.run(_closed_loop_stream(url, model, make, concurrency, warmup_s, seconds))
 
 
 # ---- the local driver under load ---------------------------------------------------
@@ -279,6 +176,28 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def budget_arguments(
+    description: str,
+    budget_help: str,
+    models: Sequence[str],
+    quick: Mapping[str, Any],
+    full: Mapping[str, Any],
+    argv: list[str] | None = None,
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """The command line of a benchmark whose `models` share an instance budget: `parser`'s
+    options and `--budget`. Returns the arguments and the run's settings: `quick`'s with
+    --quick, else `full`'s, with the budget given (at least one instance per model)."""
+    p = parser(description)
+    p.add_argument("--budget", type=int, help=budget_help)
+    args = p.parse_args(argv)
+    settings = dict(quick if args.quick else full)
+    if args.budget is not None:
+        if args.budget < len(models):
+            p.error(f"--budget must be at least {len(models)} (one instance per model)")
+        settings["budget"] = args.budget
+    return args, settings
+
+
 def progress(line: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
@@ -309,6 +228,23 @@ def write_result(name: str, result: dict[str, Any], out: Path | None) -> Path:
 
 def plot_path(json_path: Path) -> Path:
     return json_path.with_suffix(".png")
+
+
+def write_outputs(
+    name: str,
+    result: dict[str, Any],
+    args: argparse.Namespace,
+    plot: Callable[[dict[str, Any], Path], None],
+    decision_log: str | None = None,
+) -> Path:
+    """`write_result` to --out, the driver's decision log beside the JSON (NAME.decisions.jsonl,
+    for `tritonscale report --decisions`) when there is one, and the plot unless --no-plot."""
+    path = write_result(name, result, args.out)
+    if decision_log is not None:
+        path.with_suffix(".decisions.jsonl").write_text(decision_log)
+    if not args.no_plot:
+        plot(result, plot_path(path))
+    return path
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -269,26 +269,18 @@ def plot(result: dict, path: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = common.parser(__doc__.splitlines()[0])
-    parser.add_argument(
-        "--budget",
-        type=int,
-        help=f"Total instances over the {len(MODELS)} models (default 7, 5 with --quick)",
+    args, settings = common.budget_arguments(
+        __doc__.splitlines()[0],
+        f"Total instances over the {len(MODELS)} models (default 7, 5 with --quick)",
+        MODELS,
+        QUICK,
+        FULL,
+        argv,
     )
-    args = parser.parse_args(argv)
-    settings = dict(QUICK if args.quick else FULL)
-    if args.budget is not None:
-        if args.budget < len(MODELS):
-            parser.error(f"--budget must be at least {len(MODELS)} (one instance per model)")
-        settings["budget"] = args.budget
     with common.local_triton(list(MODELS)) as triton:
         result = run(triton, settings)
-    # The driver's own log beside the JSON, for `tritonscale report --decisions`.
     decision_log = result["operator"].pop("decision_log")
-    path = common.write_result("shifted_mix", result, args.out)
-    path.with_suffix(".decisions.jsonl").write_text(decision_log)
-    if not args.no_plot:
-        plot(result, common.plot_path(path))
+    common.write_outputs("shifted_mix", result, args, plot, decision_log)
     vs_best, vs_kept = result["operator_vs_best_static"], result["operator_vs_first_half_best_kept"]
     common.progress(
         f"operator / best static of each half: {vs_best['first_half']}, {vs_best['second_half']}; "

@@ -9,6 +9,8 @@
 - `measure`: a closed loop with a fixed number of requests in flight for a few seconds, the
   throughput a configuration can give (the benchmarks' measurement, and the demo's
   capacity check).
+- `measure_stream`: the same closed loop over one gRPC stream, the only way to a decoupled
+  model.
 - `ClosedLoopLoad`: users as threads, each sending, waiting for the answer, and pausing.
 
 Latencies of the open loop count from the moment a request was due, not from when it was
@@ -53,14 +55,19 @@ def input_arrays(model: str, rows: int, rng: np.random.Generator) -> Inputs:
     return {"INPUT0": rng.random(4, dtype=np.float32), "INPUT1": rng.random(4, dtype=np.float32)}
 
 
-def make_inputs(model: str, rows: int, rng: np.random.Generator) -> list[grpcclient.InferInput]:
-    """`input_arrays` as tritonclient inputs (the same class serves the aio client)."""
+def _infer_inputs(arrays: Inputs) -> list[grpcclient.InferInput]:
+    """Arrays as tritonclient inputs (the same class serves the aio client)."""
     inputs = []
-    for name, array in input_arrays(model, rows, rng).items():
+    for name, array in arrays.items():
         tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
+
+
+def make_inputs(model: str, rows: int, rng: np.random.Generator) -> list[grpcclient.InferInput]:
+    """`input_arrays` as tritonclient inputs."""
+    return _infer_inputs(input_arrays(model, rows, rng))
 
 
 def _one_line(error: BaseException) -> str:
@@ -314,6 +321,9 @@ class OpenLoopLoad:
 
 # ---- a closed loop with a fixed number in flight: the capacity of a configuration --------
 
+# How long a streamed run waits for its last answers after the measurement ends.
+STREAM_GRACE_S = 30.0
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -334,6 +344,30 @@ class Measurement:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
+def _measurement(
+    model: str,
+    concurrency: int,
+    seconds: float,
+    latencies: list[float],
+    failures: int,
+    first_error: str | None,
+) -> Measurement:
+    """A closed loop's result from the latencies (s) of the requests answered in its window."""
+    latencies = sorted(latencies)
+    return Measurement(
+        model=model,
+        concurrency=concurrency,
+        seconds=seconds,
+        requests=len(latencies),
+        failures=failures,
+        throughput_rps=len(latencies) / seconds,
+        p50_ms=_quantile_ms(latencies, 0.50),
+        p95_ms=_quantile_ms(latencies, 0.95),
+        p99_ms=_quantile_ms(latencies, 0.99),
+        first_error=first_error,
+    )
+
+
 async def _closed_loop(
     url: str,
     model: str,
@@ -350,19 +384,11 @@ async def _closed_loop(
     measure_from = started + warmup_s
     measure_to = measure_from + seconds
 
-    def build(arrays: Inputs) -> list[grpc_aio.InferInput]:
-        inputs = []
-        for name, array in arrays.items():
-            tensor = grpc_aio.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        return inputs
-
     async def worker(index: int) -> None:
         nonlocal failures, first_error
         rng = np.random.default_rng(index)
         while time.perf_counter() < measure_to:
-            inputs = build(make(rng))
+            inputs = _infer_inputs(make(rng))
             sent = time.perf_counter()
             try:
                 await client.infer(model, inputs, client_timeout=30)
@@ -382,19 +408,72 @@ async def _closed_loop(
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
     finally:
         await client.close()
-    latencies.sort()
-    return Measurement(
-        model=model,
-        concurrency=concurrency,
-        seconds=seconds,
-        requests=len(latencies),
-        failures=failures,
-        throughput_rps=len(latencies) / seconds,
-        p50_ms=_quantile_ms(latencies, 0.50),
-        p95_ms=_quantile_ms(latencies, 0.95),
-        p99_ms=_quantile_ms(latencies, 0.99),
-        first_error=first_error,
-    )
+    return _measurement(model, concurrency, seconds, latencies, failures, first_error)
+
+
+async def _closed_loop_stream(
+    url: str,
+    model: str,
+    make: Callable[[np.random.Generator], Inputs],
+    concurrency: int,
+    warmup_s: float,
+    seconds: float,
+) -> Measurement:
+    """`concurrency` requests always in flight on one gRPC stream; each request's (single,
+    final) response sends the next. Decoupled models can only be reached this way."""
+    client = grpc_aio.InferenceServerClient(url)
+    rng = np.random.default_rng(concurrency)
+    latencies: list[float] = []
+    failures = 0
+    first_error: str | None = None
+    started = time.perf_counter()
+    measure_from = started + warmup_s
+    measure_to = measure_from + seconds
+    to_send: asyncio.Queue[int | None] = asyncio.Queue()
+    sent_at: dict[str, float] = {}
+    next_id = 0
+
+    def new_request() -> None:
+        nonlocal next_id
+        to_send.put_nowait(next_id)
+        next_id += 1
+
+    async def requests() -> Any:
+        while (request_id := await to_send.get()) is not None:
+            inputs = _infer_inputs(make(rng))
+            sent_at[str(request_id)] = time.perf_counter()
+            yield {"model_name": model, "inputs": inputs, "request_id": str(request_id)}
+
+    for _ in range(concurrency):
+        new_request()
+    responses = client.stream_infer(requests())
+    try:
+        async with asyncio.timeout(warmup_s + seconds + STREAM_GRACE_S):
+            async for result, error in responses:
+                done = time.perf_counter()
+                if error is None:
+                    request_id = result.get_response().id
+                else:
+                    first_error = first_error or _one_line(error)
+                    # Triton names the request of an error response too; if not, any will do.
+                    request_id = next(iter(sent_at))
+                sent = sent_at.pop(request_id, None)
+                if sent is not None and measure_from <= done < measure_to:
+                    if error is None:
+                        latencies.append(done - sent)
+                    else:
+                        failures += 1
+                if done < measure_to:
+                    new_request()
+                elif not sent_at:
+                    break
+    except TimeoutError:
+        first_error = first_error or f"{len(sent_at)} request(s) unanswered at the end"
+    finally:
+        to_send.put_nowait(None)
+        responses.cancel()
+        await client.close()
+    return _measurement(model, concurrency, seconds, latencies, failures, first_error)
 
 
 def measure(
@@ -413,6 +492,19 @@ def measure(
     """
     make = make or (lambda rng: input_arrays(model, rows, rng))
     return asyncio.run(_closed_loop(url, model, make, concurrency, warmup_s, seconds))
+
+
+def measure_stream(
+    url: str,
+    model: str,
+    make: Callable[[np.random.Generator], Inputs],
+    *,
+    concurrency: int,
+    seconds: float,
+    warmup_s: float = 1.0,
+) -> Measurement:
+    """As `measure`, over one gRPC stream (the only way to a decoupled model)."""
+    return asyncio.run(_closed_loop_stream(url, model, make, concurrency, warmup_s, seconds))
 
 
 # ---- closed-loop users as threads ---------------------------------------------------------
