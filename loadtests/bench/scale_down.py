@@ -251,12 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     args = common.parser(__doc__.splitlines()[0]).parse_args(argv)
     with common.local_triton(list(MODELS)) as triton:
         result = run(triton, QUICK if args.quick else FULL)
-    # The driver's own log beside the JSON, for `tritonscale report --decisions`.
-    decision_log = result.pop("decision_log")
-    path = common.write_result("scale_down", result, args.out)
-    path.with_suffix(".decisions.jsonl").write_text(decision_log)
-    if not args.no_plot:
-        plot(result, common.plot_path(path))
+    common.write_outputs("scale_down", result, args, plot, decision_log=result.pop("decision_log"))
     common.progress(
         f"from {result['total_at_drop']} instances back to the floor of {result['floor']} "
         f"{result['seconds_to_floor']} s after the load dropped (the windows allow "

@@ -132,9 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         settings["seconds"] = args.minutes * 60
     out = args.out or common.RESULTS_DIR / "steady.json"
     result = run(settings, out.with_suffix(""))
-    path = common.write_result("steady", result, out)
-    if not args.no_plot:
-        plot(result, common.plot_path(path))
+    common.write_outputs("steady", result, args, plot)
     common.progress(
         f"steady {result['seconds']:g} s: {result['changes_after_reaction']} changes after the "
         f"first {REACTION_S:g} s, reversals {result['reversals']}, served {result['served_rps']} "
