@@ -221,11 +221,18 @@ def test_serve_from_another_directory_answers_and_stops_cleanly(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     http_port = free_port()
-    process = subprocess.Popen(
+    command = (
         [serve_install.bin("tritonscale"), "serve"]
         + ["--model-repository", str(model_repository), "--http-port", str(http_port)]
         + ["--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
-        + [f"--model={name}" for name in models],
+        + [f"--model={name}" for name in models]
+    )
+    if stop_signal == signal.SIGINT:
+        # Started as a script's background job is (and as CI may start the tests): with SIGINT
+        # ignored, which Python keeps unless told otherwise. `kill -INT` must still stop it.
+        command = ["sh", "-c", 'trap "" INT; exec "$@"', "serve", *command]
+    process = subprocess.Popen(
+        command,
         cwd=elsewhere,
         env=clean_environment(),
         stdout=subprocess.PIPE,

@@ -69,12 +69,17 @@ def main() -> None:
 
 
 def _stop_on_signals() -> None:
-    """Turn SIGTERM into KeyboardInterrupt so that Ctrl-C and `kill` stop the same way."""
+    """Turn SIGTERM and SIGINT into KeyboardInterrupt so that Ctrl-C and `kill` stop the same way.
+
+    SIGINT is set too, not left to Python: a process started as a background job of a script
+    inherits SIGINT ignored, and Python then leaves it ignored, so `kill -INT` would not stop it.
+    """
 
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
 
 
 @main.command()
