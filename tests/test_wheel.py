@@ -196,8 +196,14 @@ def served(serve_install: Environment, tmp_path: Path) -> Iterator[list]:
     yield processes
     for process in processes:
         if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
+            # SIGTERM first: serve stops its tritonserver (in a session of its own, which a
+            # SIGKILL of serve would leave running).
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=30)
 
 
 @pytest.mark.parametrize(
