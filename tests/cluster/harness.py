@@ -6,8 +6,11 @@ saw last, plus the namespace's pods and recent events: a hang names itself.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -217,3 +220,101 @@ class Stopwatch:
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None:
             self.timings[self.name] = round(time.monotonic() - self.started, 1)
+
+
+def served_requests(address: str, model: str) -> float | None:
+    """Inference requests `model` has answered on the Triton at `address` (its metrics port);
+    None when it does not answer."""
+    try:
+        text = requests.get(f"http://{address}:8002/metrics", timeout=5).text
+    except requests.RequestException:
+        return None
+    total = 0.0
+    for name in ("nv_inference_request_success", "nv_inference_request_failure"):
+        for value in re.findall(rf'^{name}{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M):
+            total += float(value)
+    return total
+
+
+class ServiceLoad:
+    """Inference requests through a Service the way kube-proxy routes them: to the addresses
+    its EndpointSlices list as ready (read from the API server every half second), in turn.
+
+    The node stand-in has no kube-proxy; this is the client side of one, for tests that must
+    show which pods a Service sends traffic to. One request at a time, `pause_s` apart: a
+    light, steady load. `ready` is the latest list of ready addresses; `sent` counts the
+    requests per address and `answered` those that succeeded.
+    """
+
+    def __init__(
+        self, cluster: Cluster, namespace: str, service: str, model: str, pause_s: float = 0.05
+    ) -> None:
+        self.cluster, self.namespace, self.service = cluster, namespace, service
+        self.model, self.pause_s = model, pause_s
+        self.ready: list[str] = []
+        self.sent: dict[str, int] = {}
+        self.answered = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._watch, name="service-endpoints", daemon=True),
+            threading.Thread(target=self._send, name="service-load", daemon=True),
+        ]
+
+    def __enter__(self) -> ServiceLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+            assert not thread.is_alive(), f"{thread.name} did not stop within 30 s"
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                done = self.cluster.run(
+                    "kubectl", "get", "endpointslices", "-n", self.namespace, "-l",
+                    f"kubernetes.io/service-name={self.service}", "-o", "json", timeout=30,
+                )  # fmt: skip
+            except AssertionError as error:  # kubectl timed out: keep the last list
+                self.errors.append(str(error))
+                continue
+            if done.returncode == 0:
+                self.ready = sorted(
+                    address
+                    for item in json.loads(done.stdout)["items"]
+                    for endpoint in item.get("endpoints") or []
+                    if (endpoint.get("conditions") or {}).get("ready") is not False
+                    for address in endpoint.get("addresses") or []
+                )
+            self._stop.wait(0.5)
+
+    def _send(self) -> None:
+        body = {
+            "inputs": [
+                {"name": "FEATURES", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}
+            ]
+        }
+        for turn in itertools.count():
+            if self._stop.is_set():
+                return
+            ready = self.ready
+            if not ready:
+                self._stop.wait(0.1)
+                continue
+            address = ready[turn % len(ready)]
+            self.sent[address] = self.sent.get(address, 0) + 1
+            try:
+                response = requests.post(
+                    f"http://{address}:8000/v2/models/{self.model}/infer", json=body, timeout=10
+                )
+                if response.ok:
+                    self.answered += 1
+                else:
+                    self.errors.append(f"{address}: HTTP {response.status_code}")
+            except requests.RequestException as error:
+                self.errors.append(f"{address}: {type(error).__name__}")
+            self._stop.wait(self.pause_s)

@@ -25,10 +25,12 @@ import yaml
 from tests.chart.helm import CHART, REPO_ROOT
 from tests.cluster.harness import (
     Cluster,
+    ServiceLoad,
     Stopwatch,
     is_ready,
     live_counts,
     restricted_namespace,
+    served_requests,
     wait_namespace_gone,
     wait_release_gone,
 )
@@ -212,31 +214,91 @@ def test_helm_test_passes(release: Cluster) -> None:
     assert "Phase:          Succeeded" in out, out
 
 
-def test_a_second_triton_pod_is_brought_to_its_peers_count(release: Cluster) -> None:
-    with Stopwatch(release.timings, "scale to 2: new pod Ready and at its peer's count"):
-        release.kubectl("scale", "deployment", TRITON_DEPLOYMENT, "-n", NAMESPACE, "--replicas=2")
-        counts = release.wait(
-            "two ready Triton pods, each with every model at its minimum",
-            lambda: (
-                (c := counts_on_every_pod(release, 2))
-                and all(set(c[m].values()) == {MINIMUM[m]} for m in MINIMUM)
-                and c
-            ),
-            timeout_s=300,
+def test_a_second_triton_pod_joins_the_service_only_at_its_peers_count(release: Cluster) -> None:
+    """Scale 1 -> 2 under load sent through the Service (to its ready endpoints, as kube-proxy
+    does): the new pod starts at the repository's counts (branch_embed 1, its peer 2), so its
+    readinessGate holds it out of the Service's endpoints, and it answers no request, until the
+    operator has brought it to its peer's counts; then the Service sends it traffic."""
+    (first,) = release.ready_pods(NAMESPACE, TRITON)
+    with ServiceLoad(release, NAMESPACE, TRITON_DEPLOYMENT, "pipeline_async") as load:
+        release.wait(
+            "the load through the Service to be answered",
+            lambda: load.answered >= 20 or None,
+            timeout_s=120,
             namespace=NAMESPACE,
         )
-    assert set(counts["branch_embed"].values()) == {2}
-    # The new pod started at the repository's counts (branch_embed 1): it became Ready only
-    # through the readinessGate, which the operator opened once the pod ran its peers' counts.
-    newest = max(
-        release.ready_pods(NAMESPACE, TRITON), key=lambda pod: pod["metadata"]["creationTimestamp"]
-    )
+        served_while_closed: list[float] = []
+        listed_while_closed: list[str] = []
+
+        def opened() -> dict[str, Any] | None:
+            """The new pod once its gate is open; meanwhile what it served and whether the
+            Service listed it (each read before the gate, so it was read while closed)."""
+            new = [
+                p
+                for p in release.pods(NAMESPACE, TRITON)
+                if p["metadata"]["name"] != first["metadata"]["name"]
+            ]
+            address = new[0]["status"].get("podIP") if new else None
+            if not address:
+                return None
+            ready_endpoints = list(load.ready)
+            served = served_requests(address, "pipeline_async")
+            pod = release.get("pod", new[0]["metadata"]["name"], "-n", NAMESPACE)
+            gate = next(
+                (c for c in pod["status"].get("conditions") or [] if c["type"] == READINESS_GATE),
+                None,
+            )
+            if gate is not None and gate["status"] == "True":
+                return pod
+            if served is not None:
+                served_while_closed.append(served)
+            if address in ready_endpoints:
+                listed_while_closed.append(address)
+            return None
+
+        with Stopwatch(release.timings, "scale to 2 under load: new pod's gate open"):
+            release.kubectl(
+                "scale", "deployment", TRITON_DEPLOYMENT, "-n", NAMESPACE, "--replicas=2"
+            )
+            newest = release.wait(
+                "the new Triton pod's readinessGate to open", opened, timeout_s=300,
+                namespace=NAMESPACE, every_s=0.5,
+            )  # fmt: skip
+        address = newest["status"]["podIP"]
+        release.wait(
+            "the Service to send the new pod requests, and the pod to answer them",
+            lambda: (
+                load.sent.get(address, 0) > 0
+                and (served_requests(address, "pipeline_async") or 0) > 0
+            ),
+            timeout_s=120,
+            namespace=NAMESPACE,
+        )
+        counts = release.wait(
+            "both Triton pods ready with the same counts of every model",
+            lambda: (
+                (c := counts_on_every_pod(release, 2))
+                and all(len(set(c[m].values())) == 1 and None not in c[m].values() for m in c)
+                and c
+            ),
+            timeout_s=120,
+            namespace=NAMESPACE,
+        )
+    # The new pod answered Triton's own metrics while its gate was closed: it had served nothing.
+    assert served_while_closed, "the new pod's metrics were never read while its gate was closed"
+    assert max(served_while_closed) == 0, served_while_closed
+    assert listed_while_closed == [], "the Service listed the new pod before its gate opened"
+    assert min(counts["branch_embed"].values()) >= MINIMUM["branch_embed"]
+    assert load.answered > 0 and len(load.errors) <= load.answered // 10, load.errors[:5]
+    newest = release.get("pod", newest["metadata"]["name"], "-n", NAMESPACE)  # Ready by now
     conditions = {c["type"]: c for c in newest["status"]["conditions"]}
-    gate = conditions.get(READINESS_GATE)
-    assert gate is not None and gate["status"] == "True", conditions
-    assert gate["reason"] == "InstancesMatch", gate
+    assert conditions[READINESS_GATE]["reason"] == "InstancesMatch", conditions
     # RFC 3339 times in UTC compare as strings: Ready followed the gate, never preceded it.
-    assert conditions["Ready"]["lastTransitionTime"] >= gate["lastTransitionTime"], conditions
+    assert conditions["Ready"]["status"] == "True", conditions
+    assert (
+        conditions["Ready"]["lastTransitionTime"]
+        >= conditions[READINESS_GATE]["lastTransitionTime"]
+    ), conditions
 
 
 def upgrade(cluster: Cluster, *sets: str) -> None:
