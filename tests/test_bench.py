@@ -203,6 +203,7 @@ def test_steady_quick(tmp_path: Path) -> None:
         "branch_classify",
         "branch_rank",
     }
+    assert set(doc["given_back_no_gain"]) == set(doc["reversals"])
     assert doc["changes"], "a load above the capacity at one instance each changed no count"
     assert (tmp_path / "steady" / "decisions.jsonl").is_file()
 

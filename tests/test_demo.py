@@ -16,14 +16,24 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from tests.tooling import in_ci, missing, require_local_triton
 from tritonscale.control.tick import FAILED_GET_METRICS, TickResult
+from tritonscale.core.gain import NO_GAIN
 from tritonscale.drivers.tune import Tuner, parse_config
-from tritonscale.local.demo import DemoError, DemoResult, Phase, run_demo, summary_lines
+from tritonscale.local.demo import (
+    DemoError,
+    DemoResult,
+    Phase,
+    PhaseRow,
+    _reversals,
+    run_demo,
+    summary_lines,
+)
 from tritonscale.local.ports import free_port
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
 from tritonscale.local.triton_server import LocalTriton
@@ -132,7 +142,15 @@ def test_the_demo_reports_its_run(demo: DemoResult) -> None:
     assert len(records) > 10
     assert any('"reason": "Paused"' in record for record in records)
     text = "\n".join(summary_lines(demo))
-    for phrase in (PAUSED, "offered", "served", "p95 back under", "first scale-up applied"):
+    for phrase in (
+        PAUSED,
+        "offered",
+        "served",
+        "p95 back under",
+        "first scale-up applied",
+        "reversed the previous one",
+        "given back once",
+    ):
         assert phrase in text
     assert demo.metrics == ("prometheus" if prometheus_binary() else "scrape")
     assert demo.capacity_rps > 0
@@ -142,6 +160,34 @@ def test_the_demo_reports_its_run(demo: DemoResult) -> None:
     assert demo.report is not None and demo.report.is_file()
     for plot in ("throughput.png", "latency.png", "instances.png"):
         assert (demo.report.parent / plot).stat().st_size > 1000
+
+
+def _tick(model: str, at: float, before: int, after: int, reason: str) -> SimpleNamespace:
+    """What `_reversals` reads of a TickResult: one applied change on one pod."""
+    pod = SimpleNamespace(ok=True, before=before, after=after)
+    return SimpleNamespace(
+        model=model, at=at, applied=[pod], decision=SimpleNamespace(reason=reason)
+    )
+
+
+@pytest.mark.unit
+def test_reversals_count_flaps_and_not_a_no_gain_give_back() -> None:
+    row = PhaseRow(Phase("high", 1.4, 100), start=0.0, end=100.0, rate=100.0)
+    ticks = [
+        # up in the reaction, down after it: a reversal, whatever the first change's time
+        ("a", _tick("a", 20, 1, 2, "HighUtilization")),
+        ("a", _tick("a", 40, 2, 1, "LowUtilization")),
+        # up, then given back once by the gain check: counted apart
+        ("b", _tick("b", 25, 1, 2, "HighUtilization")),
+        ("b", _tick("b", 45, 2, 1, NO_GAIN)),
+        # two ups: no reversal
+        ("c", _tick("c", 35, 1, 2, "HighUtilization")),
+        ("c", _tick("c", 50, 2, 3, "HighUtilization")),
+        # down within the reaction after an up within it: the reaction's own business
+        ("d", _tick("d", 5, 1, 2, "HighUtilization")),
+        ("d", _tick("d", 10, 2, 1, "LowUtilization")),
+    ]
+    assert _reversals(ticks, [row]) == ({"a": 1}, {"b": 1})
 
 
 # ---- faults: a restarted Triton, a Prometheus outage ------------------------------------

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.tick import TickResult
+from tritonscale.core.gain import NO_GAIN
 from tritonscale.drivers.tune import TuneConfig, Tuner, load_config
 from tritonscale.local.loadgen import OpenLoopLoad, OpenLoopStats, measure
 from tritonscale.local.ports import free_port, port_is_taken
@@ -107,6 +108,8 @@ class DemoResult:
     scale_down_after_s: dict[str, float]
     # model -> applied changes against the previous direction in a steady phase
     reversals: dict[str, int]
+    # model -> increases the NoGain check gave back under steady load (not flapping: once)
+    given_back: dict[str, int]
     # seconds from the operator's start under the high load until p95 stayed under the
     # objective (every 5 s window to the phase's end); None when it never did
     seconds_to_objective: float | None
@@ -353,6 +356,7 @@ def _run(
     load.write_history(load_history, started, rows[-1].end)
     marks = [(row.start, row.phase.name) for row in rows]
     report = _report(out_dir, decision_log, load_history, prometheus, started, marks, echo)
+    reversals, given_back = _reversals(recorder.ticks, rows)
     high = _operator_under_high_load(rows)
     last_low = _last_drop(rows)
     result = DemoResult(
@@ -365,7 +369,8 @@ def _run(
         metrics=config.source,
         step_to_applied_s=_first_change(recorder.ticks, high, +1) if high else {},
         scale_down_after_s=_first_change(recorder.ticks, last_low, -1) if last_low else {},
-        reversals=_reversals(recorder.ticks, rows),
+        reversals=reversals,
+        given_back=given_back,
         seconds_to_objective=_seconds_to_objective(load, high, p95_objective_ms) if high else None,
     )
     for line in summary_lines(result):
@@ -423,26 +428,34 @@ def _first_change(
     return found
 
 
-def _reversals(ticks: list[tuple[str, TickResult]], rows: list[PhaseRow]) -> dict[str, int]:
-    """Applied changes that went against the model's previous change within one phase.
+def _reversals(
+    ticks: list[tuple[str, TickResult]], rows: list[PhaseRow]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """(reversals, increases given back by NoGain) per model, within each phase.
 
-    Within a phase the load is steady; after the first 30 s (the reaction), a change back
-    against the last one is flapping.
+    Within a phase the load is steady. A reversal is an applied change, after the phase's
+    first 30 s (the reaction), against the model's previous change in the phase (that one may
+    fall within the reaction): flapping. A NoGain revert, an increase that bought nothing
+    given back once by design (tritonscale.core.gain), is counted apart.
     """
-    counts: dict[str, int] = {}
+    reversals: dict[str, int] = {}
+    given_back: dict[str, int] = {}
     for row in rows:
         last: dict[str, int] = {}
         for _, result in ticks:
-            if not row.start + 30 <= result.at < row.end:
+            if not row.start <= result.at < row.end:
                 continue
             for pod in result.applied:
                 if not pod.ok or pod.before is None or pod.after is None:
                     continue
                 direction = 1 if pod.after > pod.before else -1
-                if last.get(result.model, direction) != direction:
-                    counts[result.model] = counts.get(result.model, 0) + 1
-                last[result.model] = direction
-    return counts
+                model = result.model
+                if result.at >= row.start + 30 and last.get(model, direction) != direction:
+                    no_gain = result.decision is not None and result.decision.reason == NO_GAIN
+                    counted = given_back if no_gain else reversals
+                    counted[model] = counted.get(model, 0) + 1
+                last[model] = direction
+    return reversals, given_back
 
 
 def _report(
@@ -508,6 +521,7 @@ def summary_lines(result: DemoResult) -> list[str]:
         ", ".join(f"{m} {s:.0f} s" for m, s in sorted(result.scale_down_after_s.items())) or "none"
     )
     flaps = ", ".join(f"{m} {n}" for m, n in sorted(result.reversals.items())) or "none"
+    given_back = ", ".join(f"{m} {n}" for m, n in sorted(result.given_back.items())) or "none"
     objective = (
         f"after {result.seconds_to_objective:.0f} s"
         if result.seconds_to_objective is not None
@@ -519,6 +533,7 @@ def summary_lines(result: DemoResult) -> list[str]:
         f"p95 back under the {result.p95_objective_ms:.0f} ms objective and kept there: {objective}",
         f"load dropped -> first scale-down applied: {down}",
         f"changes that reversed the previous one under steady load: {flaps}",
+        f"increases given back once because they bought nothing (NoGain): {given_back}",
         f"decision log: {result.decision_log}",
         f"load, second by second: {result.load_history}",
     ]
