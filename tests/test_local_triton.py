@@ -156,6 +156,19 @@ class TestStartup:
         if seen == "by tritonserver":
             assert f"Socket '127.0.0.1:{chosen}' already in use" in log  # the first try's
 
+    def test_a_killed_server_leaves_no_shared_memory_once_stopped(self, tmp_path: Path) -> None:
+        write_model(tmp_path, "echo")
+        server = LocalTriton(tmp_path, http_port=0, grpc_port=0, metrics_port=0).start()
+        try:
+            assert len(server.shm_regions()) == 1  # the stub's region
+            assert server.process is not None
+            os.killpg(server.process.pid, signal.SIGKILL)  # no chance to clean up itself
+            server.process.wait(timeout=30)
+            assert len(server.shm_regions()) == 1
+        finally:
+            server.stop()
+        assert server.shm_regions() == []
+
     def test_a_missing_repository_is_a_clear_error(self, tmp_path: Path) -> None:
         with pytest.raises(LocalTritonError, match="model repository not found"):
             LocalTriton(tmp_path / "nowhere", http_port=0, grpc_port=0, metrics_port=0).start()

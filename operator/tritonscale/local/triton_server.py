@@ -407,6 +407,11 @@ class LocalTriton:
                 os.killpg(process.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
+            # A server that was killed (not stopped) leaves its stubs' regions in /dev/shm,
+            # memory until the next boot. The prefix is this object's own and its process
+            # group is gone: nothing maps them any more.
+            for region in self.shm_regions():
+                region.unlink(missing_ok=True)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
