@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -115,6 +116,21 @@ def start_tune(triton: LocalTriton, config: Path, log: Path, output: Path) -> su
         stderr=subprocess.STDOUT,
         env=env,
     )
+
+
+def stop_tune(tune: subprocess.Popen) -> None:
+    """Stop `tritonscale tune` as a user does (SIGTERM); kill it if it has not gone in 30 s."""
+    tune.send_signal(signal.SIGTERM)
+    try:
+        tune.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        tune.kill()
+
+
+def read_decisions(log: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The decision log `tritonscale tune` wrote: its text and its records (none if absent)."""
+    text = log.read_text() if log.exists() else ""
+    return text, [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def closed_loop_windows(

@@ -25,9 +25,6 @@ Result: reports/bench/operator_vs_static.json (+ .png).
 from __future__ import annotations
 
 import itertools
-import json
-import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -215,13 +212,8 @@ def with_operator(
                 MODELS,
             )
         finally:
-            tune.send_signal(signal.SIGTERM)
-            try:
-                tune.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                tune.kill()
-        decision_log = log.read_text() if log.exists() else ""
-        decisions = [json.loads(line) for line in decision_log.splitlines() if line.strip()]
+            common.stop_tune(tune)
+        decision_log, decisions = common.read_decisions(log)
         tune_tail = output.read_text().strip().splitlines()[-3:]
     target = TARGET_FRACTION * best_rps
     reached = next((w for w in high if w["throughput_rps"] >= target), None)

@@ -18,9 +18,6 @@ Result: reports/bench/scale_down.json (+ .png).
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -183,14 +180,9 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
                         back = time.monotonic() - dropped
                         break
         finally:
-            tune.send_signal(signal.SIGTERM)
-            try:
-                tune.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                tune.kill()
+            common.stop_tune(tune)
             instances.restore()
-        decision_log = log.read_text() if log.exists() else ""
-        decisions = [json.loads(line) for line in decision_log.splitlines() if line.strip()]
+        decision_log, decisions = common.read_decisions(log)
     first_down: dict[str, float] = {}
     for record in decisions:
         if record["t"] < dropped_at or record["model"] in first_down:

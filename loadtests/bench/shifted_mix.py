@@ -24,9 +24,6 @@ Result: reports/bench/shifted_mix.json (+ .png).
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -126,13 +123,8 @@ def with_operator(triton: Any, instances: common.Instances, settings: dict) -> d
                 started, tune, "second half", SECOND, MODELS,
             )  # fmt: skip
         finally:
-            tune.send_signal(signal.SIGTERM)
-            try:
-                tune.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                tune.kill()
-        decision_log = log.read_text() if log.exists() else ""
-        decisions = [json.loads(line) for line in decision_log.splitlines() if line.strip()]
+            common.stop_tune(tune)
+        decision_log, decisions = common.read_decisions(log)
         tune_tail = output.read_text().strip().splitlines()[-3:]
     return {
         "timeline": first + second,
