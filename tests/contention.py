@@ -4,6 +4,7 @@ and closed-loop load on them. Used by the NoGain and budget tests.
 `contention_repository(path, {"locked": True, "free": False})` writes a model repository
 whose models hold each request 20 ms, one request per instance at a time (no batching);
 `locked` ones take one OS file lock around the hold, so their instances run one at a time.
+`contention_triton(path, models)` serves such a repository (a context manager).
 `ClosedLoop(server, {"free": 6})` keeps that many requests in flight per model until it exits.
 """
 
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import tritonclient.http as httpclient
 
+from tests.tooling import require_local_triton
 from tritonscale.local.triton_server import LocalTriton
 
 SOURCE = Path(__file__).resolve().parent / "contention_models" / "shared_lock"
@@ -34,6 +37,17 @@ def contention_repository(path: Path, models: Mapping[str, bool]) -> Path:
         )
         config.write_text(text)
     return path
+
+
+@contextmanager
+def contention_triton(path: Path, models: Mapping[str, bool]) -> Iterator[LocalTriton]:
+    """A Triton on free ports serving `contention_repository(path, models)`."""
+    require_local_triton()
+    repository = contention_repository(path, models)
+    with LocalTriton(
+        repository, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=5
+    ) as server:
+        yield server
 
 
 class ClosedLoop:

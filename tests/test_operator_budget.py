@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.contention import ClosedLoop, contention_repository
+from tests.contention import ClosedLoop, contention_triton
 from tests.operator_harness import (
     IGA,
     NAMESPACE,
@@ -33,7 +33,6 @@ from tests.operator_harness import (
     status_of,
     triton_pod,
 )
-from tests.tooling import require_local_triton
 from tritonscale.drivers import kopf_operator as kopf_driver
 from tritonscale.local.triton_server import LocalTriton
 
@@ -45,12 +44,8 @@ BUDGET = 5
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory) -> Iterator[LocalTriton]:
-    require_local_triton()
-    repository = contention_repository(
+    with contention_triton(
         tmp_path_factory.mktemp("budget"), {BUSY: False, LIGHT: False}
-    )
-    with LocalTriton(
-        repository, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=5
     ) as server:
         yield server
 

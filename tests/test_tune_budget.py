@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.contention import ClosedLoop, contention_repository
-from tests.tooling import require_local_triton
+from tests.contention import ClosedLoop, contention_triton
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.tick import TickResult
 from tritonscale.drivers.tune import Tuner, parse_config
@@ -51,12 +50,8 @@ SPEC = {
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory) -> Iterator[LocalTriton]:
-    require_local_triton()
-    repository = contention_repository(
+    with contention_triton(
         tmp_path_factory.mktemp("budget"), {BUSY: False, LIGHT: False}
-    )
-    with LocalTriton(
-        repository, http_port=0, grpc_port=0, metrics_port=0, exit_timeout_s=5
     ) as server:
         yield server
 
