@@ -7,9 +7,11 @@ A `Loop` plays the driver: it builds the snapshot for the load of the moment, ca
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +26,7 @@ from tritonscale.core.behavior import (
 )
 from tritonscale.core.policy import Decision, decide
 from tritonscale.core.spec import AutoscalerSpec, ScalingPolicy, ScalingRules
+from tritonscale.local.demo import POLICIES
 
 pytestmark = pytest.mark.unit
 
@@ -195,22 +198,11 @@ class TestNoFlapping:
         assert loop.current == 3
 
 
-# The demo's windows (operator/examples/local/policies.yaml): 5 s ticks, 10 s rates, 30 s
-# before a scale-down, up 2 per 5 s, down 1 per 10 s.
-DEMO_WINDOWS = {
-    "metricsWindowSeconds": 10,
-    "intervalSeconds": 5,
-    "behavior": {
-        "scaleUp": {
-            "stabilizationWindowSeconds": 0,
-            "policies": [{"type": "Instances", "value": 2, "periodSeconds": 5}],
-        },
-        "scaleDown": {
-            "stabilizationWindowSeconds": 30,
-            "policies": [{"type": "Instances", "value": 1, "periodSeconds": 10}],
-        },
-    },
-}
+# The demo's windows, from its policy file (operator/examples/local/policies.yaml): 5 s ticks,
+# 10 s rates, 30 s before a scale-down, up 2 per 5 s, down 1 per 10 s.
+DEMO_WINDOWS: dict[str, Any] = yaml.safe_load(
+    (Path(__file__).resolve().parents[1] / POLICIES).read_text()
+)["x-short-windows"]
 
 
 def reversals(counts: list[int]) -> int:

@@ -17,6 +17,7 @@ import json
 
 import pytest
 
+from tests.test_policy_behavior import DEMO_WINDOWS
 from tritonscale.core import gain
 from tritonscale.core.gain import GainCheck, NoGainHold, Sample
 from tritonscale.core.policy import Decision, PolicyState, decide
@@ -28,20 +29,8 @@ START = 1_000_000.0
 IN_FLIGHT = 8
 SERVICE_S = 0.02  # one request's work: 50 requests/s per instance
 
-SHORT_WINDOWS = {
-    "metricsWindowSeconds": 10,
-    "intervalSeconds": 5,
-    "behavior": {
-        "scaleUp": {
-            "stabilizationWindowSeconds": 0,
-            "policies": [{"type": "Instances", "value": 2, "periodSeconds": 5}],
-        },
-        "scaleDown": {
-            "stabilizationWindowSeconds": 30,
-            "policies": [{"type": "Instances", "value": 1, "periodSeconds": 10}],
-        },
-    },
-}
+# The demo's windows: 5 s ticks, 10 s rates.
+SHORT_WINDOWS = DEMO_WINDOWS
 
 
 def make_spec(**overrides: object) -> AutoscalerSpec:
