@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tritonclient.http as httpclient
 
+from tritonscale.local.node.network import ApiForwarder, _Forward
 from tritonscale.local.triton_server import LocalTriton
 
 PIPELINE_MODELS = ["pipeline_async", "branch_embed", "branch_classify", "branch_rank"]
@@ -186,72 +186,44 @@ class Load:
         raise AssertionError(f"fewer than {count} successful requests {timeout_s:.0f} s after")
 
 
-class FreezableRelay:
+class _HeldWhileFrozen(_Forward):
+    """The node stand-in's TCP forward, once the relay is thawed (and not closed)."""
+
+    def handle(self) -> None:
+        relay: FreezableRelay = self.server  # type: ignore[assignment]
+        relay.thawed.wait()
+        if not relay.closed:
+            super().handle()
+
+
+class FreezableRelay(ApiForwarder):
     """A TCP relay in front of a server that can be made to hang like a stopped pod.
 
-    While frozen it accepts connections and answers nothing (as a tritonserver stopped with
-    SIGSTOP does: the kernel still accepts); thawed, it relays them to the server. Use it as a
-    context manager; `url` is the relay's http:// address.
+    The node stand-in's forwarder (tritonscale.local.node.network.ApiForwarder). While frozen
+    it accepts connections and answers nothing, as a tritonserver stopped with SIGSTOP does
+    (the kernel still accepts); thawed, it relays them to the server. Use it as a context
+    manager; `url` is the relay's http:// address.
     """
 
     def __init__(self, target_url: str) -> None:
         host, port = target_url.removeprefix("http://").rsplit(":", 1)
-        self._target = (host, int(port))
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._thawed = threading.Event()
-        self._thawed.set()
-        self._closed = threading.Event()
-        self._sockets: list[socket.socket] = []
+        super().__init__(("127.0.0.1", 0), (host, int(port)))
+        self.RequestHandlerClass = _HeldWhileFrozen
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        self.thawed = threading.Event()
+        self.thawed.set()
+        self.closed = False
 
     def freeze(self) -> None:
-        self._thawed.clear()
+        self.thawed.clear()
 
     def thaw(self) -> None:
-        self._thawed.set()
+        self.thawed.set()
 
     def __enter__(self) -> FreezableRelay:
-        threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
-        return self
+        return self.start()  # type: ignore[return-value]
 
     def __exit__(self, *exc: object) -> None:
-        self._closed.set()
-        self._thawed.set()
-        for sock in [self._listener, *self._sockets]:
-            sock.close()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            self._sockets.append(client)
-            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
-
-    def _relay(self, client: socket.socket) -> None:
-        self._thawed.wait()
-        if self._closed.is_set():
-            return
-        try:
-            server = socket.create_connection(self._target, timeout=5)
-        except OSError:
-            client.close()
-            return
-        self._sockets.append(server)
-        threading.Thread(target=self._pipe, args=(server, client), daemon=True).start()
-        self._pipe(client, server)
-
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while chunk := source.recv(65536):
-                self._thawed.wait()  # frozen mid-connection: hold what arrives
-                sink.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        self.closed = True
+        self.thawed.set()  # held connections end without being relayed
+        self.stop()
