@@ -21,6 +21,7 @@ import requests
 
 from tritonscale.local.cluster import ControlPlane
 from tritonscale.local.node import Node
+from tritonscale.local.node.services import routes_from_slices
 from tritonscale.triton.actuator import instance_count
 
 T = TypeVar("T")
@@ -238,7 +239,8 @@ def served_requests(address: str, model: str) -> float | None:
 
 class ServiceLoad:
     """Inference requests through a Service the way kube-proxy routes them: to the addresses
-    its EndpointSlices list as ready (read from the API server every half second), in turn.
+    its EndpointSlices list as ready (read from the API server every half second and read as
+    the node stand-in reads them, `routes_from_slices`), in turn.
 
     The node stand-in has no kube-proxy; this is the client side of one, for tests that must
     show which pods a Service sends traffic to. One request at a time, `pause_s` apart: a
@@ -283,13 +285,8 @@ class ServiceLoad:
                 self.errors.append(str(error))
                 continue
             if done.returncode == 0:
-                self.ready = sorted(
-                    address
-                    for item in json.loads(done.stdout)["items"]
-                    for endpoint in item.get("endpoints") or []
-                    if (endpoint.get("conditions") or {}).get("ready") is not False
-                    for address in endpoint.get("addresses") or []
-                )
+                routes = routes_from_slices(json.loads(done.stdout)["items"])
+                self.ready = routes.get((self.namespace, self.service), [])
             self._stop.wait(0.5)
 
     def _send(self) -> None:
