@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import subprocess
 import threading
 import time
@@ -22,6 +21,8 @@ import requests
 from tritonscale.local.cluster import ControlPlane
 from tritonscale.local.node import Node
 from tritonscale.local.node.services import routes_from_slices
+from tritonscale.metrics import queries
+from tritonscale.metrics.scrape import parse_metrics
 from tritonscale.triton.actuator import instance_count
 
 T = TypeVar("T")
@@ -224,17 +225,19 @@ class Stopwatch:
 
 
 def served_requests(address: str, model: str) -> float | None:
-    """Inference requests `model` has answered on the Triton at `address` (its metrics port);
-    None when it does not answer."""
+    """Inference requests `model` has answered (successes and failures) on the Triton at
+    `address`, from its metrics port (read as the operator reads them); None when it does
+    not answer."""
     try:
         text = requests.get(f"http://{address}:8002/metrics", timeout=5).text
     except requests.RequestException:
         return None
-    total = 0.0
-    for name in ("nv_inference_request_success", "nv_inference_request_failure"):
-        for value in re.findall(rf'^{name}{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M):
-            total += float(value)
-    return total
+    return sum(
+        value
+        for (name, labels), value in parse_metrics(text).items()
+        if name in (queries.REQUEST_SUCCESS, queries.REQUEST_FAILURE)
+        and dict(labels).get("model") == model
+    )
 
 
 class ServiceLoad:
