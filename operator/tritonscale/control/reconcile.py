@@ -59,7 +59,7 @@ from tritonscale.core.budget import Claim, Limits
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.source import MetricsSource
-from tritonscale.triton.actuator import ActuationError, Actuator, PodResult, is_decoupled
+from tritonscale.triton.actuator import Actuator, PodResult, instance_count, is_decoupled
 from tritonscale.triton.client import free_thread_hub
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.healing import CONDITION_TYPE as HEALTH_CONDITION
@@ -294,7 +294,8 @@ def plan(
     # would wait out its timeout once more, and delay the decision for all pods.
     unreachable = {h.pod: h.message for h in healing if h.reason == POD_UNREACHABLE}
     reachable = [e for e in asked if e.name not in unreachable]
-    live, unreadable = actuator.live_counts(reachable, spec.model)
+    configs, unreadable = actuator.live_configs(reachable, spec.model)
+    live = {pod: instance_count(config) for pod, config in configs.items()}
     unreadable = {**unreachable, **unreadable}
     for endpoint in asked:
         if endpoint.name in unreadable:
@@ -320,12 +321,18 @@ def plan(
     # read below wait out its timeout again, and delay this model's decision for all pods.
     answered = [e for e in endpoints if e.name in live]
 
+    # Each model's live configs, read once: the counts, and whether it is decoupled.
+    configs_of = {spec.model: configs}
+    for child in spec.calls:
+        # Given the children's counts, only the first pod's configs are needed.
+        asked_for = answered if child_instances is None else answered[:1]
+        configs_of[child], _ = actuator.live_configs(asked_for, child)
     if child_instances is None:
-        child_instances = {}
-        for child in spec.calls:
-            counts, _ = actuator.live_counts(answered, child)
-            if counts:
-                child_instances[child] = min(counts.values())
+        child_instances = {
+            child: min(instance_count(config) for config in configs_of[child].values())
+            for child in spec.calls
+            if configs_of[child]
+        }
     children = dict(child_instances)
 
     errors: list[TickError] = []
@@ -336,7 +343,7 @@ def plan(
             models,
             answered,
             spec.metrics_window_seconds,
-            decoupled=_decoupled(actuator, answered[0], models),
+            decoupled=_decoupled(configs_of, answered[0]),
         )
     except MetricsUnavailable as error:
         errors.append(TickError(FAILED_GET_METRICS, str(error)))
@@ -489,20 +496,15 @@ def finish(
     )
 
 
-def _decoupled(actuator: Actuator, endpoint: Endpoint, models: Sequence[str]) -> set[str]:
-    """The models whose live config on `endpoint` is decoupled; their signals differ.
-
-    A config that cannot be read counts as not decoupled: Triton's own counters then size
-    the model, as they do for every other.
-    """
-    found = set()
-    for model in models:
-        try:
-            if is_decoupled(actuator.live_config(endpoint, model)):
-                found.add(model)
-        except ActuationError:
-            continue
-    return found
+def _decoupled(configs_of: Mapping[str, Mapping[str, Any]], first: Endpoint) -> set[str]:
+    """The models whose live config on the first pod that answered is decoupled; their
+    signals differ. A config that could not be read counts as not decoupled: Triton's own
+    counters then size the model, as they do for every other."""
+    return {
+        model
+        for model, configs in configs_of.items()
+        if first.name in configs and is_decoupled(configs[first.name])
+    }
 
 
 def _health(healing: Sequence[HealingResult]) -> policy.Condition | None:

@@ -172,10 +172,10 @@ class Actuator:
     def live_count(self, endpoint: Endpoint, model: str) -> int:
         return instance_count(self.live_config(endpoint, model))
 
-    def live_counts(
+    def live_configs(
         self, endpoints: Sequence[Endpoint], model: str
-    ) -> tuple[dict[str, int], dict[str, str]]:
-        """({pod: count} for the pods that answered, {pod: reason} for those that did not).
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """({pod: live config} for the pods that answered, {pod: reason} for those that did not).
 
         The pods are read at the same time, `parallel_pods` at once: a pod that does not
         answer costs the tick one timeout, not one for itself and a wait for every pod after it.
@@ -187,22 +187,29 @@ class Actuator:
                 answers = list(pool.map(lambda pod: self._read_in_worker(pod, model), endpoints))
         else:
             answers = [self._read(endpoint, model) for endpoint in endpoints]
-        counts: dict[str, int] = {}
+        configs: dict[str, dict[str, Any]] = {}
         failures: dict[str, str] = {}
-        for endpoint, (count, reason) in zip(endpoints, answers, strict=True):
-            if count is None:
+        for endpoint, (config, reason) in zip(endpoints, answers, strict=True):
+            if config is None:
                 failures[endpoint.name] = reason
             else:
-                counts[endpoint.name] = count
-        return counts, failures
+                configs[endpoint.name] = config
+        return configs, failures
 
-    def _read(self, endpoint: Endpoint, model: str) -> tuple[int | None, str]:
+    def live_counts(
+        self, endpoints: Sequence[Endpoint], model: str
+    ) -> tuple[dict[str, int], dict[str, str]]:
+        """`live_configs`, each config's instance count."""
+        configs, failures = self.live_configs(endpoints, model)
+        return {pod: instance_count(config) for pod, config in configs.items()}, failures
+
+    def _read(self, endpoint: Endpoint, model: str) -> tuple[dict[str, Any] | None, str]:
         try:
-            return self.live_count(endpoint, model), ""
+            return self.live_config(endpoint, model), ""
         except TritonError as error:
             return None, error.reason
 
-    def _read_in_worker(self, endpoint: Endpoint, model: str) -> tuple[int | None, str]:
+    def _read_in_worker(self, endpoint: Endpoint, model: str) -> tuple[dict[str, Any] | None, str]:
         try:
             return self._read(endpoint, model)
         finally:
