@@ -146,12 +146,16 @@ def test_a_broken_latency_gate_fails_the_run_and_says_which(triton: LocalTriton)
 
 
 def test_a_broken_failure_ratio_gate_fails_the_run(triton: LocalTriton) -> None:
-    # A 1 us client deadline: every request fails, which the gate must catch.
+    # A 1 us client deadline: nearly every request fails, which the gate must catch. gRPC
+    # lets the odd request through a deadline that short (one of 77 did in CI), so the
+    # test reads the ratio the gate printed instead of expecting exactly 1.
     done = run_locust(
         triton, "--request-timeout-s", "0.000001", "--max-failure-ratio", "0.5", seconds=2
     )
     assert done.returncode == 1
-    assert re.search(r"gate broken: failure ratio 1\.000 > 0\.5", done.stderr), done.stderr[-2000:]
+    gate = re.search(r"gate broken: failure ratio (\d\.\d{3}) > 0\.5", done.stderr)
+    assert gate, done.stderr[-2000:]
+    assert float(gate.group(1)) > 0.9, gate.group(0)
 
 
 def _the_one_line(done: subprocess.CompletedProcess[str]) -> str:
