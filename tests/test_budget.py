@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from tritonscale.core.budget import Allocation, Claim, Limits, allocate, strictest
 
+pytestmark = pytest.mark.unit
+
 PIPELINE = ("branch_embed", "branch_classify", "branch_rank")
 PROFILE = settings(
     max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]

@@ -10,8 +10,12 @@ from __future__ import annotations
 import random
 import threading
 
+import pytest
+
 from tritonscale.control.ledger import BudgetLedger
 from tritonscale.core.budget import Claim, Limits
+
+pytestmark = pytest.mark.unit
 
 KEY = ("ml", "pods")
 LIMITS = Limits(6)

@@ -24,6 +24,8 @@ from tritonscale.core.policy import Decision, PolicyState, decide
 from tritonscale.core.signals import MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec
 
+pytestmark = pytest.mark.unit
+
 MODEL = "branch_locked"
 START = 1_000_000.0
 IN_FLIGHT = 8
@@ -252,6 +254,54 @@ class TestOverTicks:
         loop.tick()
         assert loop.state.no_gain is None
 
+    def test_an_increase_whose_load_outlives_its_tick_is_judged_once_the_count_is_live(
+        self,
+    ) -> None:
+        # Seen in CI with the other core busy: a locked model's load took 36 s, past the
+        # actuator's 30 s deadline. The next ticks still read the old count; the check must
+        # survive them (the driver marks it loading) and judge a window after the landing.
+        loop = Loop("contended")
+        first = loop.tick(apply=False)
+        assert first.direction == "up"
+        decided_at, target = loop.now - loop.spec.interval_seconds, first.desired_instances
+        for _ in range(4):  # 20 s in flight: the old count serves
+            loop.state = loop.state.loading(True)
+            during = loop.tick(apply=False)
+            assert during.current_instances == 1 and during.reason != "NoGain"
+            check = loop.state.gain_check
+            assert check is not None and (check.since, check.before.instances) == (decided_at, 1)
+        loop.state = loop.state.loading(True)
+        loop.current = target  # the load landed between two ticks
+        landed_at = loop.now
+        loop.tick()
+        check = loop.state.gain_check
+        assert check is not None and check.since == landed_at and check.before.instances == 1
+        loop.state = loop.state.loading(False)  # that tick found no load in flight
+        reverted = next(d for d in loop.run(10) if d.reason == "NoGain")
+        assert reverted.desired_instances == 1
+        assert f"bought nothing (1 -> {reverted.current_instances} instances" in reverted.message
+        # Its window lay wholly after the tick that saw the new count live.
+        window_s = loop.spec.metrics_window_seconds
+        judged_at = START + loop.spec.interval_seconds * loop.decisions.index(reverted)
+        assert judged_at - window_s >= landed_at + gain.SETTLE_S
+
+    def test_a_load_that_ended_without_landing_drops_its_check(self) -> None:
+        # The load failed (Triton answered it with an error): nothing is in flight any more
+        # and the count is the baseline's; there is no increase to judge.
+        loop = Loop("contended", make_spec(maxInstances=2))
+        loop.tick(apply=False)
+        loop.state = loop.state.loading(True)
+        loop.tick(apply=False)
+        assert loop.state.gain_check is not None
+        loop.state = loop.state.loading(False)
+        loop.current = 1
+        # maxInstances 2 and the count at 1: the next tick decides 2 again, with a fresh check.
+        decision = loop.tick(apply=False)
+        check = loop.state.gain_check
+        assert decision.desired_instances == 2
+        assert check is not None and check.since == loop.now - loop.spec.interval_seconds
+        assert not check.loading
+
     def test_a_dry_run_is_never_reverted(self) -> None:
         # Nothing was applied: there is no increase to judge.
         loop = Loop("contended", make_spec(dryRun=True))
@@ -279,10 +329,16 @@ class TestOverTicks:
 class TestState:
     def test_the_check_and_the_hold_survive_json(self) -> None:
         state = PolicyState(
-            gain_check=GainCheck(START, TestTheVerdict.BEFORE),
+            gain_check=GainCheck(START, TestTheVerdict.BEFORE, loading=True),
             no_gain=NoGainHold(2, 50.0, START + 30),
         )
         assert PolicyState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+    def test_a_check_written_before_loading_was_kept_reads_as_not_loading(self) -> None:
+        written = {"since": START, "before": TestTheVerdict.BEFORE.to_dict()}
+        assert PolicyState.from_dict({"gainCheck": written}).gain_check == GainCheck(
+            START, TestTheVerdict.BEFORE
+        )
 
     def test_a_malformed_check_is_a_value_error(self) -> None:
         with pytest.raises(ValueError, match="malformed policy state"):

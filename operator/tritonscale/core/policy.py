@@ -235,9 +235,14 @@ class _Tick:
         active = Condition(True, VALID_METRIC_FOUND, f"sized from {winner.describe()}")
 
         check, hold = self.state.gain_check, self.state.no_gain
-        if check is not None and current <= check.before.instances:
+        if check is not None and check.loading:
+            # The increase's load was still in flight at the last tick: keep the check until
+            # the new count is live, then judge a window wholly after the tick that saw it.
+            if current > check.before.instances:
+                check = check.landed(self.now)
+        elif check is not None and current <= check.before.instances:
             check = None  # the increase never landed (a dry run, a failed load) or was undone
-        if check is not None and gain.due(check, snapshot):
+        if check is not None and not check.loading and gain.due(check, snapshot):
             verdict = gain.judge(check, gain.sample(signals, current))
             if not verdict.gained:
                 return self.no_gain(check, verdict, signals, recommended, observed, active)
