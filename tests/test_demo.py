@@ -28,9 +28,11 @@ from tritonscale.drivers.tune import Tuner, parse_config
 from tritonscale.local.demo import (
     DemoError,
     DemoResult,
+    EarlyScaleDown,
     Phase,
     PhaseRow,
     _reversals,
+    _scale_downs_before,
     run_demo,
     summary_lines,
 )
@@ -71,6 +73,18 @@ def _policies(models: dict[str, dict]) -> list[dict]:
 
 # ---- the demo: an open-loop load above the starting capacity, paused, running, dropped ----
 
+DEMO_POLICIES = {
+    "triton": {"http": ["127.0.0.1:1"], "metrics": ["http://127.0.0.1:1/metrics"]},
+    "policies": _policies(
+        {
+            "pipeline_async": {"calls": ["branch_embed"], "maxInstances": 4},
+            "branch_embed": {"maxInstances": 4},
+        }
+    ),
+}
+# Each model's floor (spec.minInstances), as the operator reads the demo's policies.
+FLOOR = {p.spec.model: p.spec.min_instances for p in parse_config(DEMO_POLICIES).policies}
+
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
@@ -79,19 +93,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
         missing("prometheus not installed (Debian package 'prometheus')")
     out = tmp_path_factory.mktemp("demo")
     policies = out / "policies.yaml"
-    policies.write_text(
-        yaml.safe_dump(
-            {
-                "triton": {"http": ["127.0.0.1:1"], "metrics": ["http://127.0.0.1:1/metrics"]},
-                "policies": _policies(
-                    {
-                        "pipeline_async": {"calls": ["branch_embed"], "maxInstances": 4},
-                        "branch_embed": {"maxInstances": 4},
-                    }
-                ),
-            }
-        )
-    )
+    policies.write_text(yaml.safe_dump(DEMO_POLICIES))
     lines: list[str] = []
     result = run_demo(
         out,
@@ -130,11 +132,28 @@ def test_running_a_count_rises_and_the_pipeline_serves_more(demo: DemoResult) ->
 
 
 def test_after_the_load_the_counts_come_back_down(demo: DemoResult) -> None:
+    # Inside the high phase a count may rise in the reaction and come back before the drop
+    # (the backlog drained, a NoGain give-back): the demo promises where each count ends and
+    # that whatever was still up when the load dropped came down after it, not when.
     high, low = demo.row(HIGH), demo.row(LOW)
-    for model, count in high.instances_max.items():
-        if count > 1:
-            assert low.instances_end[model] < count, f"{model} stayed at {count}"
-            assert model in demo.scale_down_after_s
+    risen = {model: peak for model, peak in high.instances_max.items() if peak > FLOOR[model]}
+    assert risen, f"no count rose under the high load: {high.instances_max}"
+    for model, peak in risen.items():
+        assert low.instances_end[model] < peak, f"{model} stayed at its peak {peak}"
+        at_drop = high.instances_end[model]
+        if at_drop > FLOOR[model]:
+            assert model in demo.scale_down_after_s, (
+                f"{model} was at {at_drop} (floor {FLOOR[model]}) when the load dropped and "
+                f"never came down after it: {demo.scale_down_after_s}"
+            )
+        else:
+            # Back at the floor before the drop: the summary names when and which signal.
+            early = demo.scaled_down_before_drop.get(model)
+            assert early is not None, f"{model} rose to {peak}, was at {at_drop} at the drop"
+            assert early.phase == HIGH and early.reason, early
+    text = "\n".join(summary_lines(demo))
+    for model, early in demo.scaled_down_before_drop.items():
+        assert f"{model} {early.seconds_into_phase:.0f} s into '{early.phase}'" in text, text
 
 
 def test_the_demo_reports_its_run(demo: DemoResult) -> None:
@@ -147,6 +166,7 @@ def test_the_demo_reports_its_run(demo: DemoResult) -> None:
         "offered",
         "served",
         "p95 back under",
+        "came down before the load dropped",
         "first scale-up applied",
         "reversed the previous one",
         "given back once",
@@ -188,6 +208,23 @@ def test_reversals_count_flaps_and_not_a_no_gain_give_back() -> None:
         ("d", _tick("d", 10, 2, 1, "LowUtilization")),
     ]
     assert _reversals(ticks, [row]) == ({"a": 1}, {"b": 1})
+
+
+@pytest.mark.unit
+def test_a_decrease_before_the_drop_is_reported_with_its_phase_time_and_signal() -> None:
+    paused = PhaseRow(Phase("paused", 1.4, 10, operator=False), start=0.0, end=10.0, rate=100.0)
+    high = PhaseRow(Phase("high", 1.4, 100), start=10.0, end=110.0, rate=100.0)
+    low = PhaseRow(Phase("low", 0.2, 60), start=110.0, end=170.0, rate=10.0)
+    ticks = [
+        ("a", _tick("a", 30, 1, 3, "HighUtilization")),
+        ("a", _tick("a", 70, 3, 2, "LowUtilization")),  # within the high phase: reported
+        ("a", _tick("a", 80, 2, 1, "LowUtilization")),  # a later one: the first is kept
+        ("b", _tick("b", 40, 1, 2, "HighUtilization")),
+        ("b", _tick("b", 120, 2, 1, "LowUtilization")),  # after the drop: not early
+        ("c", _tick("c", 5, 2, 1, "LowUtilization")),  # paused phase: not the operator's
+    ]
+    early = _scale_downs_before(ticks, [paused, high, low], low)
+    assert early == {"a": EarlyScaleDown("high", 60.0, "LowUtilization")}
 
 
 # ---- faults: a restarted Triton, a Prometheus outage ------------------------------------

@@ -93,6 +93,13 @@ class PhaseRow:
     instances_max: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EarlyScaleDown:
+    phase: str
+    seconds_into_phase: float
+    reason: str  # the decision's reason: the signal that took the count down
+
+
 @dataclass
 class DemoResult:
     rows: list[PhaseRow]
@@ -106,6 +113,9 @@ class DemoResult:
     step_to_applied_s: dict[str, float]
     # model -> seconds from the last low step to its first scale-down
     scale_down_after_s: dict[str, float]
+    # model -> its first scale-down while the operator ran before the load dropped (a count
+    # that rose in the reaction and came back within the phase): when, and which signal
+    scaled_down_before_drop: dict[str, EarlyScaleDown]
     # model -> applied changes against the previous direction in a steady phase
     reversals: dict[str, int]
     # model -> increases the NoGain check gave back under steady load (not flapping: once)
@@ -369,6 +379,7 @@ def _run(
         metrics=config.source,
         step_to_applied_s=_first_change(recorder.ticks, high, +1) if high else {},
         scale_down_after_s=_first_change(recorder.ticks, last_low, -1) if last_low else {},
+        scaled_down_before_drop=_scale_downs_before(recorder.ticks, rows, last_low),
         reversals=reversals,
         given_back=given_back,
         seconds_to_objective=_seconds_to_objective(load, high, p95_objective_ms) if high else None,
@@ -425,6 +436,29 @@ def _first_change(
             if pod.ok and pod.before is not None and pod.after is not None:
                 if (pod.after - pod.before) * sign > 0:
                     found[result.model] = result.at + result.duration_s - phase.start
+    return found
+
+
+def _scale_downs_before(
+    ticks: list[tuple[str, TickResult]], rows: list[PhaseRow], drop: PhaseRow | None
+) -> dict[str, EarlyScaleDown]:
+    """Per model: its first applied decrease in a phase with the operator running before
+    `drop` (every phase when there is no drop)."""
+    found: dict[str, EarlyScaleDown] = {}
+    before = [row for row in rows if row.phase.operator and (drop is None or row.end <= drop.start)]
+    for _, result in ticks:
+        row = next((r for r in before if r.start <= result.at < r.end), None)
+        if row is None or result.model in found:
+            continue
+        if any(
+            pod.ok and pod.before is not None and pod.after is not None and pod.after < pod.before
+            for pod in result.applied
+        ):
+            found[result.model] = EarlyScaleDown(
+                row.phase.name,
+                result.at - row.start,
+                result.decision.reason if result.decision else result.reason,
+            )
     return found
 
 
@@ -520,6 +554,13 @@ def summary_lines(result: DemoResult) -> list[str]:
     down = (
         ", ".join(f"{m} {s:.0f} s" for m, s in sorted(result.scale_down_after_s.items())) or "none"
     )
+    early = (
+        ", ".join(
+            f"{m} {e.seconds_into_phase:.0f} s into '{e.phase}' ({e.reason})"
+            for m, e in sorted(result.scaled_down_before_drop.items())
+        )
+        or "none"
+    )
     flaps = ", ".join(f"{m} {n}" for m, n in sorted(result.reversals.items())) or "none"
     given_back = ", ".join(f"{m} {n}" for m, n in sorted(result.given_back.items())) or "none"
     objective = (
@@ -532,6 +573,7 @@ def summary_lines(result: DemoResult) -> list[str]:
         f"operator running under the high load -> first scale-up applied: {up}",
         f"p95 back under the {result.p95_objective_ms:.0f} ms objective and kept there: {objective}",
         f"load dropped -> first scale-down applied: {down}",
+        f"came down before the load dropped (first decrease, its signal): {early}",
         f"changes that reversed the previous one under steady load: {flaps}",
         f"increases given back once because they bought nothing (NoGain): {given_back}",
         f"decision log: {result.decision_log}",
