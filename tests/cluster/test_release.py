@@ -316,6 +316,28 @@ def upgrade(cluster: Cluster, *sets: str) -> None:
     )  # fmt: skip
 
 
+def wait_load_end(cluster: Cluster, quiet_s: float = 5.0) -> float:
+    """The monotonic time of the last read at which the Triton pods' answered pipeline
+    requests had grown, once they have held still for `quiet_s`: when the load ended."""
+    last: dict[str, float] = {"total": -1.0, "grew_at": time.monotonic()}
+
+    def held_still() -> float | None:
+        addresses = [pod["status"]["podIP"] for pod in cluster.ready_pods(NAMESPACE, TRITON)]
+        total = sum(served_requests(address, "pipeline_async") or 0.0 for address in addresses)
+        now = time.monotonic()
+        if total != last["total"]:
+            last.update(total=total, grew_at=now)
+            return None
+        return last["grew_at"] if now - last["grew_at"] >= quiet_s else None
+
+    return cluster.wait(
+        f"the load to end (pipeline_async's answered requests unchanged for {quiet_s:.0f} s)",
+        held_still,
+        timeout_s=240,
+        namespace=NAMESPACE,
+    )
+
+
 def test_under_load_the_count_rises_on_every_pod_and_falls_after(release: Cluster) -> None:
     # The chart's own Locust (a headless master Job, workers) drives the pipeline through
     # the Triton Service: admitted under the restricted level, it also proves the pods'
@@ -341,14 +363,9 @@ def test_under_load_the_count_rises_on_every_pod_and_falls_after(release: Cluste
     release.timings["load start to a higher count on both pods"] = round(
         time.monotonic() - started, 1
     )
-    locust = f"{RELEASE}-tritonscale-locust-master"
-    release.wait(
-        "the Locust master Job to complete its run",
-        lambda: (release.get("job", locust, "-n", NAMESPACE).get("status") or {}).get("succeeded"),
-        timeout_s=240,
-        namespace=NAMESPACE,
-    )
-    ended = time.monotonic()
+    # The load's end is the last moment the pods answered a request: the Job completes
+    # later (Locust's shutdown, the controller's sync), by when the counts may long be down.
+    load_ended = wait_load_end(release)
     release.wait(
         "every model back at its minimum on both pods after the load",
         lambda: (
@@ -359,7 +376,14 @@ def test_under_load_the_count_rises_on_every_pod_and_falls_after(release: Cluste
         namespace=NAMESPACE,
     )
     release.timings["load end to every count back down on both pods"] = round(
-        time.monotonic() - ended, 1
+        time.monotonic() - load_ended, 1
+    )
+    locust = f"{RELEASE}-tritonscale-locust-master"
+    release.wait(
+        "the Locust master Job to complete its run",
+        lambda: (release.get("job", locust, "-n", NAMESPACE).get("status") or {}).get("succeeded"),
+        timeout_s=120,
+        namespace=NAMESPACE,
     )
     assert max(risen.values()) > MINIMUM[model]
     upgrade(release, "locust.enabled=false")
