@@ -11,7 +11,7 @@ DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s
-.PHONY: images push images-size docker-engine
+.PHONY: images push images-size docker-engine flake-hunt
 
 all: test
 
@@ -46,6 +46,12 @@ check: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest -q -m unit $(PYTEST_ARGS)
+
+# Every test that starts something real (not marked unit), 5 runs quiet and 5 with the other
+# core busy, then a table of each test that failed even once (reports/flake-hunt/). Narrow it:
+# make flake-hunt HUNT='--runs 3 tests/test_demo.py'
+flake-hunt: deps
+	$(PY) -m tests.flake_hunt $(HUNT)
 
 demo: deps
 	$(VENV)/bin/tritonscale demo
