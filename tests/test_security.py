@@ -413,14 +413,28 @@ OPERATOR_PODS = {
 }
 
 
-def test_named_scrapers_never_cut_the_operator_off_the_metrics_it_reads(helm: str) -> None:
-    # Without a Prometheus URL the operator reads every pod's :8002/metrics itself: a policy
-    # that admits only the named scrapers there leaves it unable to size anything.
-    peers = metrics_peers(rendered(helm, "networkpolicy-values.yaml"))
+@pytest.mark.parametrize(
+    "sets",
+    [(), ("operator.prometheusUrl=http://prometheus.monitoring:9090",)],
+    ids=["scrape mode", "prometheus mode"],
+)
+def test_named_scrapers_never_cut_the_operator_off_the_metrics_it_reads(
+    helm: str, sets: tuple[str, ...]
+) -> None:
+    # The operator reads every pod's :8002/metrics in both modes: to size in scrape mode, and
+    # in its health checks with Prometheus in between too (a pod whose metrics it cannot read
+    # is dropped as PodUnreachable). A policy that admits only the named scrapers there leaves
+    # it unable to size anything.
+    peers = metrics_peers(rendered(helm, "networkpolicy-values.yaml", sets))
     assert OPERATOR_PODS in peers
     assert {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
     } in peers
-    # With Prometheus in between, the operator never calls the port: the scrapers alone.
-    sets = ("operator.prometheusUrl=http://prometheus.monitoring:9090",)
-    assert OPERATOR_PODS not in metrics_peers(rendered(helm, "networkpolicy-values.yaml", sets))
+
+
+def test_with_the_operator_off_only_the_named_scrapers_reach_the_metrics(helm: str) -> None:
+    sets = ("operator.enabled=false",)
+    peers = metrics_peers(rendered(helm, "networkpolicy-values.yaml", sets))
+    assert peers == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ], peers
