@@ -341,7 +341,7 @@ def test_every_rendering_gives_the_least_privilege(helm: str, values: str) -> No
             # The restricted PodSecurity level rejects a pod without a seccomp profile.
             seccomp = context.get("seccompProfile") or pod_context.get("seccompProfile") or {}
             assert seccomp.get("type") in ("RuntimeDefault", "Localhost"), where
-            if component(workload) == "operator":
+            if component(workload) in ("operator", "triton"):
                 assert context.get("readOnlyRootFilesystem") is True, where
 
 

@@ -227,8 +227,16 @@ class TestTritonPod:
         objects = render("gpu-node-values.yaml").objects
         pdb = one(objects, "PodDisruptionBudget")
         assert pdb["spec"]["minAvailable"] == 1 and "maxUnavailable" not in pdb["spec"]
+        # A pod the readiness gate holds NotReady (operator down) must not block a drain.
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
         pod_labels = one(objects, "Deployment", "-triton")["spec"]["template"]["metadata"]["labels"]
         assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+    def test_triton_runs_with_a_read_only_root_and_a_bounded_tmp(self, render) -> None:
+        objects = render().objects
+        assert triton_container(objects)["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "tmp", "mountPath": "/tmp"} in triton_container(objects)["volumeMounts"]
+        assert {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}} in triton_pod(objects)["volumes"]
 
     def test_pod_annotations_labels_and_affinity_pass_through(self, render) -> None:
         objects = render(
@@ -252,7 +260,10 @@ class TestModelRepositorySources:
         init = pod["initContainers"][0]
         assert init["image"] == "registry.example.com/team/models:2024-11-29"
         assert init["command"] == ["cp", "-R", "/opt/models/.", "/models/"]
-        assert {"name": "models", "emptyDir": {}} in pod["volumes"]
+        # Bounded and requested, as a namespace with a ResourceQuota and a node's disk need.
+        assert {"name": "models", "emptyDir": {"sizeLimit": "10Gi"}} in pod["volumes"]
+        assert init["resources"]["requests"] == {"cpu": "100m", "memory": "64Mi"}
+        assert init["resources"]["limits"] == {"memory": "256Mi"}
         assert model_configs(objects) == {}
 
     def test_pvc_source_mounts_the_claim_read_only(self, render) -> None:
@@ -545,11 +556,14 @@ class TestHpaLocustAndHelmTest:
         assert job["spec"]["backoffLimit"] == 0
         assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
         master = container(job, "locust")
-        workers = one(objects, "Deployment", "-locust-worker")
+        # The workers quit with the master: a Job too, or they would be restarted into a
+        # master that is gone; each worker runs once, retried only when it fails.
+        workers = one(objects, "Job", "-locust-worker")
+        assert workers["spec"]["parallelism"] == workers["spec"]["completions"] == 4
+        assert workers["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
         # Locust's own image (loadtests/Dockerfile), not the operator's: that one has no Locust.
         for locust in (master, container(workers, "locust")):
             assert locust["image"] == "ghcr.io/tritonscale/tritonscale-locust:0.1.0"
-        assert workers["spec"]["replicas"] == 4
         assert "--locustfile=/mnt/locust/bls.py" in master["args"]
         assert f"--host=http://demo-tritonscale-triton.{NAMESPACE}.svc:8000" in master["args"]
         assert {"--headless", "--users=64", "--run-time=10m", "--expect-workers=4"} <= set(
@@ -673,6 +687,7 @@ def test_locust_with_its_web_ui_keeps_the_master_running(render) -> None:
     master = one(objects, "Deployment", "-locust-master")
     assert master["spec"]["replicas"] == 1
     assert "--headless" not in container(master, "locust")["args"]
+    assert one(objects, "Deployment", "-locust-worker")["spec"]["replicas"] >= 1
 
 
 @pytest.mark.parametrize("values_file", ["default-values.yaml", "peering-values.yaml"])
