@@ -28,8 +28,9 @@ One execute call, for all the requests the dynamic batcher gave it:
    a request whose client cancelled while the branches worked gets a
    CANCELLED response instead.
 
-pipeline_sync (the sync twin) and pipeline_gateway (the decoupled gateway)
-import this file and reuse its steps, so all three give bit-identical outputs.
+pipeline_sync (the sync twin), pipeline_gateway (the decoupled gateway) and
+the ensemble's Python steps (pipeline_preprocess, pipeline_score) import this
+file and reuse its steps, so all four give bit-identical outputs.
 Every computation here works row by row (see `project`), so a request's
 outputs never depend on which requests it was batched with.
 """
@@ -249,13 +250,17 @@ def describe(error):
 
 def merge(embedding, label_probs, relevance):
     """The pipeline's outputs for the whole batch."""
-    confidence = label_probs.max(axis=1, keepdims=True)
-    score = confidence / (1.0 + np.exp(-relevance))
     return {
         "EMBEDDING": embedding.astype(np.float32),
         "LABEL_PROBS": label_probs.astype(np.float32),
-        "SCORE": score.astype(np.float32),
+        "SCORE": score(label_probs, relevance),
     }
+
+
+def score(label_probs, relevance):
+    """sigmoid(relevance) times the top class probability, row by row."""
+    confidence = label_probs.max(axis=1, keepdims=True)
+    return (confidence / (1.0 + np.exp(-relevance))).astype(np.float32)
 
 
 def split(outputs, sizes):
