@@ -87,7 +87,7 @@ def test_gateway_quick(triton: LocalTriton, tmp_path: Path) -> None:
     result = gateway.run(triton, gateway.QUICK)
     doc = _written("gateway", result, tmp_path, lambda p: gateway.plot(result, p))
     [point] = doc["by_in_flight"]
-    assert set(point["variants"]) == {"gateway", "plain_gateway", "async", "sync"}
+    assert set(point["variants"]) == {"gateway", "plain_gateway", "async", "sync", "ensemble"}
     for variant, run in point["variants"].items():
         assert run["requests"] > 0 and run["failures"] == 0, (variant, run)
         assert run["server_cpu_ms_per_request"] > 0 and run["rows_per_branch_call"] >= 1

@@ -3,14 +3,17 @@
     python -m loadtests.bench.gateway            # full, about ten minutes
     python -m loadtests.bench.gateway --quick    # one point per part, seconds (CI)
 
-Four variants of the same pipeline, at equal instances, under the same closed-loop load over
-a gRPC stream (the only way to a decoupled model; the other two get the same client path):
+Five variants of the same pipeline, at equal instances, under the same closed-loop load over
+a gRPC stream (the only way to a decoupled model; the others get the same client path):
 
 - gateway: pipeline_gateway as shipped (decoupled, its own micro-batcher);
 - plain gateway: pipeline_gateway reloaded with `max_batch_rows: 1`, so every request makes
   its own three branch calls (a decoupled async model without a micro-batcher);
 - async: pipeline_async (non-decoupled; the dynamic batcher batches, one execute at a time);
-- sync: pipeline_sync (the same, branches one after another).
+- sync: pipeline_sync (the same, branches one after another);
+- ensemble: pipeline_ensemble, the same steps as a Triton ensemble (pre-processing and the
+  score as Python models of their own, at the parents' count; Triton's C++ scheduler moves
+  the tensors, no Python orchestrates).
 
 Parts:
 
@@ -31,6 +34,7 @@ Result: reports/bench/gateway.json (+ .png).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -42,13 +46,22 @@ BRANCHES = ("branch_embed", "branch_classify", "branch_rank")
 BRANCH_MS = {"branch_embed": 15, "branch_classify": 10, "branch_rank": 5}
 BRANCH_MAX_BATCH = 64
 GATEWAY = "pipeline_gateway"
-PARENTS = ("pipeline_gateway", "pipeline_async", "pipeline_sync")
+# The ensemble's Python steps count as its parents: they get the parents' instances.
+PARENTS = (
+    "pipeline_gateway",
+    "pipeline_async",
+    "pipeline_sync",
+    "pipeline_preprocess",
+    "pipeline_score",
+)
+ENSEMBLE = "pipeline_ensemble"
 # Variant name -> (model, parameters the gateway is reloaded with, or None for as shipped).
 VARIANTS: dict[str, tuple[str, dict[str, str] | None]] = {
     "gateway": (GATEWAY, None),
     "plain_gateway": (GATEWAY, {"max_batch_rows": "1"}),
     "async": ("pipeline_async", None),
     "sync": ("pipeline_sync", None),
+    "ensemble": (ENSEMBLE, None),
 }
 
 
@@ -75,6 +88,22 @@ class Counters:
     def read(self, model: str) -> tuple[int, int]:
         stats = self.client.get_inference_statistics(model)["model_stats"][0]
         return stats["inference_stats"]["success"]["count"], stats["execution_count"]
+
+    def settled(
+        self, models: tuple[str, ...], timeout_s: float = 2.0
+    ) -> dict[str, tuple[int, int]]:
+        """Every model's counters once two reads 50 ms apart agree. The client has every
+        answer when a run ends, but a decoupled model's statistics are updated after its last
+        response is sent: read at once, its count can trail its branches' by a request."""
+        last = {model: self.read(model) for model in models}
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = {model: self.read(model) for model in models}
+            if now == last:
+                break
+            last = now
+        return last
 
     def close(self) -> None:
         self.client.close()
@@ -118,7 +147,7 @@ class Bench:
             warmup_s=self.settings["warmup_s"],
         )
         cpu_s = self.cpu.spent(cpu_before, self.cpu.per_process())
-        after = {m: self.counters.read(m) for m in (model, "branch_embed")}
+        after = self.counters.settled((model, "branch_embed"))
         answered = after[model][0] - before[model][0]
         branch_calls = after["branch_embed"][0] - before["branch_embed"][0]
         row = result.to_dict()
@@ -362,7 +391,7 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = common.parser(__doc__.splitlines()[0]).parse_args(argv)
-    models = [*PARENTS, *BRANCHES]
+    models = [*PARENTS, *BRANCHES, ENSEMBLE]
     with common.local_triton(models) as triton:
         result = run(triton, QUICK if args.quick else FULL)
     path = common.write_result("gateway", result, args.out)
