@@ -156,6 +156,30 @@ class TestStartup:
         if seen == "by tritonserver":
             assert f"Socket '127.0.0.1:{chosen}' already in use" in log  # the first try's
 
+    def test_a_server_that_crashes_while_starting_is_started_again(self, tmp_path: Path) -> None:
+        """Triton 2.51's Python backend can abort the server while it starts stubs on a busy
+        machine (boost::interprocess::lock_exception): here a model does the same, once."""
+        crash_once = ECHO_MODEL.replace(
+            "class TritonPythonModel:\n",
+            "import os, signal, sys\n\n\nclass TritonPythonModel:\n"
+            "    def initialize(self, args):\n"
+            "        marker = os.path.join(os.path.dirname(__file__), 'crashed')\n"
+            "        if not os.path.exists(marker):\n"
+            "            open(marker, 'w').close()\n"
+            "            print('terminate called after throwing an instance of '\n"
+            "                  \"'boost::interprocess::lock_exception'\", file=sys.stderr, flush=True)\n"
+            "            os.kill(os.getppid(), signal.SIGABRT)\n\n",
+        )
+        write_model(tmp_path, "echo", crash_once)
+        with LocalTriton(tmp_path, http_port=0, grpc_port=0, metrics_port=0) as server:
+            assert server.ready_models() == ["echo"]
+            log = server.log_path.read_text(errors="replace")
+        restarted = [line for line in log.splitlines() if line.startswith("tritonscale: ")]
+        assert restarted == [
+            "tritonscale: tritonserver exited with code -6: terminate called after throwing an "
+            "instance of 'boost::interprocess::lock_exception'; starting it again (attempt 2)"
+        ], restarted
+
     def test_a_killed_server_leaves_no_shared_memory_once_stopped(self, tmp_path: Path) -> None:
         write_model(tmp_path, "echo")
         server = LocalTriton(tmp_path, http_port=0, grpc_port=0, metrics_port=0).start()

@@ -41,11 +41,25 @@ DEFAULT_MODEL_REPOSITORY = Path("models")
 
 
 # Starts on freshly chosen ports when another process took one of ours first (start()).
-PORT_ATTEMPTS = 3
+# Starts tried before giving up: a port taken meanwhile, or a crash while loading (below).
+START_ATTEMPTS = 3
+# What a crashed tritonserver or stub leaves at the end of its log: C++'s terminate handler.
+CRASH_MARKERS = ("terminate called", "what():")
 
 
 class LocalTritonError(RuntimeError):
     """The local server could not start or stay up; the message is one line for a person."""
+
+
+class TritonCrashedWhileStarting(LocalTritonError):
+    """tritonserver died from a signal before its models were ready.
+
+    Triton 2.51's Python backend can abort the whole server while it starts many stubs at
+    once on a busy machine (`terminate called after throwing an instance of
+    'boost::interprocess::lock_exception'`, from a stub launch; seen with both cores busy, a
+    known upstream crash). Like a kubelet restarting a crashed container, `start` starts it
+    again, and says so in the server's log.
+    """
 
 
 # Where the Python backend keeps its shared-memory regions (one per model instance).
@@ -262,10 +276,14 @@ class LocalTriton:
         self._workdir = Path(tempfile.mkdtemp(prefix="tritonscale-"))
         if self._log_path is None:
             self._log_path = self._workdir / "tritonserver.log"
-        for attempt in range(1, PORT_ATTEMPTS + 1):
+        for attempt in range(1, START_ATTEMPTS + 1):
             try:
                 self._launch(install, append_log=attempt > 1)
                 return self
+            except TritonCrashedWhileStarting as error:
+                if attempt == START_ATTEMPTS:
+                    raise
+                self._note(f"{error}; starting it again (attempt {attempt + 1})")
             except LocalTritonError as error:
                 # A free port is free when chosen, not when Triton binds it (after loading
                 # the models, seconds later): another process may take it meanwhile (seen
@@ -273,7 +291,7 @@ class LocalTriton:
                 # again.
                 if not (self._free_ports and "already in use" in str(error)):
                     raise
-                if attempt == PORT_ATTEMPTS:
+                if attempt == START_ATTEMPTS:
                     raise
                 self._choose_ports()
         raise AssertionError("unreachable")
@@ -331,9 +349,9 @@ class LocalTriton:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise LocalTritonError(
-                    f"tritonserver exited with code {self.process.returncode}: {self._last_error()}"
-                )
+                code = self.process.returncode
+                crashed = TritonCrashedWhileStarting if code < 0 else LocalTritonError
+                raise crashed(f"tritonserver exited with code {code}: {self._last_error()}")
             try:
                 states = self._repository_index()
             except TritonError:  # not listening yet, or not answering yet
@@ -379,11 +397,19 @@ class LocalTriton:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "no log"
+        crash = [line.strip() for line in lines if any(m in line for m in CRASH_MARKERS)]
+        if crash:
+            return " ".join(crash[-2:])
         for pattern in (r"^E\d+", r"error", r"failed"):
             hits = [line for line in lines if re.search(pattern, line, re.IGNORECASE)]
             if hits:
                 return hits[-1].strip()
         return lines[-1].strip() if lines else "no output"
+
+    def _note(self, line: str) -> None:
+        """A line of our own in the server's log, between two of its runs."""
+        with open(self.log_path, "a") as log:
+            log.write(f"tritonscale: {line}\n")
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
