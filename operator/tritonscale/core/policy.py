@@ -118,12 +118,15 @@ def decide(
     state: PolicyState,
     now: float,
     child_instances: Mapping[str, int] = _NO_CHILDREN,
+    *,
+    scale_down_margin: float = sizing.SCALE_DOWN_MARGIN,
 ) -> Decision:
     """Decide the instance count of `spec.model` for one tick.
 
     `current_instances` is the live count on the pods (the highest if they disagree);
     `child_instances` the live counts of the models in `spec.calls`, where known; `now` is
-    unix seconds on the same clock as `snapshot.taken_at`.
+    unix seconds on the same clock as `snapshot.taken_at`. `scale_down_margin` is how far
+    below its target a scale-down takes a signal (tritonscale.core.sizing).
 
     Raises ValueError when `current_instances` < 1: with no ready pod there is no live
     count, and the driver reports NoReadyPods itself instead of asking the policy.
@@ -135,7 +138,9 @@ def decide(
             f"current_instances must be >= 1, got {current_instances}: with no ready pod "
             "there is no live count to scale (report NoReadyPods instead)"
         )
-    tick = _Tick(spec, current_instances, state.observe(current_instances, now, spec), now)
+    tick = _Tick(
+        spec, current_instances, state.observe(current_instances, now, spec), now, scale_down_margin
+    )
     signals, problem = _usable_signals(spec, snapshot, now)
     observed = _observed(spec, current_instances, signals, snapshot)
 
@@ -172,6 +177,7 @@ class _Tick:
     current: int
     state: PolicyState
     now: float
+    scale_down_margin: float
 
     def decision(
         self,
@@ -229,9 +235,12 @@ class _Tick:
         observed: Mapping[str, float],
     ) -> Decision:
         spec, current = self.spec, self.current
-        all_needs = sizing.needs(signals, current, spec.targets, spec.tolerance)
+        margin = self.scale_down_margin
+        all_needs = sizing.needs(signals, current, spec.targets, spec.tolerance, margin)
         recommended, reason, winner = sizing.recommend(all_needs, current)
-        clauses = [_because(reason, winner, all_needs, spec.tolerance, recommended, current)]
+        clauses = [
+            _because(reason, winner, all_needs, spec.tolerance, margin, recommended, current)
+        ]
         active = Condition(True, VALID_METRIC_FOUND, f"sized from {winner.describe()}")
 
         check, hold = self.state.gain_check, self.state.no_gain
@@ -493,6 +502,7 @@ def _because(
     winner: sizing.Need,
     all_needs: list[sizing.Need],
     tolerance: float,
+    scale_down_margin: float,
     recommended: int,
     current: int,
 ) -> str:
@@ -502,7 +512,7 @@ def _because(
             return (
                 f"the signals ask for no other count ({described}): with fewer instances the "
                 f"load would not be clearly below its target (scale-down margin "
-                f"{sizing.SCALE_DOWN_MARGIN:.2f})"
+                f"{scale_down_margin:.2f})"
             )
         return f"the signals ask for no other count ({described}; tolerance {tolerance:.2f})"
     side = "above" if winner.ratio > 1 else "below"
