@@ -1,4 +1,4 @@
-"""Scale up fast, down slowly: HPA's `behavior` (stabilization windows, rate policies, bounds).
+"""Scale up fast, down slowly: HPA's `behavior` (stabilization windows, rate policies).
 
 The functions follow Kubernetes' HorizontalController (`stabilizeRecommendationWithBehaviors`,
 `convertDesiredReplicasWithBehaviorRate`, `calculateScale{Up,Down}LimitWithBehaviors`), with
@@ -189,33 +189,22 @@ def limit_rate(
     desired: int,
     now: float,
 ) -> tuple[int, str | None]:
-    """HPA's `convertDesiredReplicasWithBehaviorRate`: the rate policies, then min/max.
+    """HPA's `convertDesiredReplicasWithBehaviorRate`, less its min/max clamp: the rate policies.
 
-    Returns the allowed count and why it differs from `desired` (ScaleUpLimit,
-    ScaleDownLimit, TooManyInstances, TooFewInstances), or None when it does not.
+    The policy clamps once, before stabilizing (tritonscale.core.policy); a count within
+    [min, max] stabilizes to one within it too, so a clamp here could never bite. Returns the
+    allowed count and ScaleUpLimit / ScaleDownLimit when it differs from `desired`, else None.
     """
     if desired > current_instances:
-        up_limit = max(
-            scale_up_limit(spec.behavior.scale_up, events, current_instances, now),
-            current_instances,
-        )
-        if spec.max_instances > up_limit:
-            ceiling, reason = up_limit, SCALE_UP_LIMIT
-        else:
-            ceiling, reason = spec.max_instances, TOO_MANY_INSTANCES
+        up_limit = scale_up_limit(spec.behavior.scale_up, events, current_instances, now)
+        ceiling = max(up_limit, current_instances)
         if desired > ceiling:
-            return ceiling, reason
+            return ceiling, SCALE_UP_LIMIT
     elif desired < current_instances:
-        down_limit = min(
-            scale_down_limit(spec.behavior.scale_down, events, current_instances, now),
-            current_instances,
-        )
-        if spec.min_instances < down_limit:
-            floor, reason = down_limit, SCALE_DOWN_LIMIT
-        else:
-            floor, reason = spec.min_instances, TOO_FEW_INSTANCES
+        down_limit = scale_down_limit(spec.behavior.scale_down, events, current_instances, now)
+        floor = min(down_limit, current_instances)
         if desired < floor:
-            return floor, reason
+            return floor, SCALE_DOWN_LIMIT
     return desired, None
 
 
