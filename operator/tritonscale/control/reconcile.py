@@ -20,9 +20,9 @@ timed-out loads back off exponentially per autoscaler (`Backoff`, in the state, 
 caller's clock).
 
 A model whose spec names a budget (`spec.budget`) shares it with the other members: with a
-`ledger` (tritonscale.control.ledger, one per driver) the tick claims its decision, applies
-what the budget grants (`policy.within_budget`: BudgetExhausted when it grants less) and
-settles what the pods then run. The local driver allocates a round of ticks jointly with
+`ledger` (tritonscale.control.ledger, one per driver) the tick claims its decision, decides
+again with what the budget grants (an input of `policy.decide`: BudgetExhausted when it grants
+less), applies that and settles what the pods then run. The local driver allocates a round of ticks jointly with
 the two halves of a tick, `plan` (everything up to the decision) and `finish` (the grant,
 the loads, the result).
 
@@ -31,6 +31,7 @@ Nothing here imports kopf; the clock is the `now` argument (unix seconds).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +57,7 @@ from tritonscale.control.tick import (
     iso_time,
 )
 from tritonscale.core import policy, sizing
-from tritonscale.core.budget import Claim, Limits
+from tritonscale.core.budget import Claim, Grant, Limits
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.source import MetricsSource
@@ -234,10 +235,26 @@ class Plan:
     current: int
     children: dict[str, int]
     snapshot: MetricSnapshot | None
-    decision: policy.Decision
     errors: tuple[TickError, ...]
     notes: tuple[str, ...]
     healing: tuple[HealingResult, ...]
+
+    def decide(self, grant: Grant | None = None) -> policy.Decision:
+        """The policy on this tick's inputs, of which a budget's grant is one."""
+        return policy.decide(
+            self.spec,
+            self.current,
+            self.snapshot,
+            self.tick.state.policy,
+            self.tick.now,
+            self.children,
+            grant=grant,
+        )
+
+    @functools.cached_property
+    def decision(self) -> policy.Decision:
+        """The decision before any budget's grant: what this tick asks for."""
+        return self.decide()
 
     def claim(self, member: str) -> Claim:
         """What this tick asks of its budget (tritonscale.core.budget)."""
@@ -349,7 +366,6 @@ def plan(
     except MetricsUnavailable as error:
         errors.append(TickError(FAILED_GET_METRICS, str(error)))
 
-    decision = policy.decide(spec, current, snapshot, state.policy, now, children)
     return Plan(
         spec=spec,
         tick=tick,
@@ -358,7 +374,6 @@ def plan(
         current=current,
         children=children,
         snapshot=snapshot,
-        decision=decision,
         errors=tuple(errors),
         notes=tuple(notes),
         healing=tuple(healing),
@@ -394,14 +409,13 @@ def finish(
     backoff_cap_s: float = BACKOFF_CAP_S,
 ) -> TickResult:
     """The second half of a tick: the budget's grant, the loads, the conditions, the result."""
-    spec, tick, decision = planned.spec, planned.tick, planned.decision
+    spec, tick = planned.spec, planned.tick
     now, state = tick.now, tick.state
     errors, notes = list(planned.errors), list(planned.notes)
     live = dict(planned.live)
+    decision = planned.decision
     if granted is not None:
-        decision = policy.within_budget(
-            spec, decision, granted.grant.granted, granted.grant.message, now
-        )
+        decision = planned.decide(granted.grant)
         if granted.budget.problem:
             notes.append(granted.budget.problem)
     able, active = decision.able_to_scale, decision.scaling_active

@@ -19,9 +19,10 @@ A tick ends in the first of these that applies:
    - min/max, the one clamp;
    - HPA behavior (tritonscale.core.behavior): stabilization windows, then rate policies.
 
-A model that shares a budget with others (spec.budget) then gets what the budget grants it
-(tritonscale.core.budget; `within_budget` applies the grant). The reason of a decision is the
-last stage that changed the count; its message (the stages' clauses, in order) and its
+Whichever way it ends, a last stage gives a model that shares a budget with others
+(spec.budget) what the budget grants it: the grant (tritonscale.core.budget) is an input, and
+a driver that allocates a budget decides once for the ask and again with the grant. The reason
+of a decision is the last stage that changed the count; its message (the stages' clauses, in order) and its
 conditions are rendered from the stages at the end.
 """
 
@@ -35,7 +36,7 @@ from typing import NamedTuple
 
 from tritonscale.core import behavior, gain, sizing
 from tritonscale.core.behavior import PolicyState
-from tritonscale.core.budget import BUDGET_EXHAUSTED
+from tritonscale.core.budget import BUDGET_EXHAUSTED, Grant
 from tritonscale.core.signals import MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec
 
@@ -45,7 +46,6 @@ __all__ = [
     "PolicyState",
     "decide",
     "max_snapshot_age_s",
-    "within_budget",
 ]
 
 UP, DOWN, NONE = "up", "down", "none"
@@ -108,7 +108,6 @@ class Decision:
     scaling_limited: Condition
     observed: dict[str, float] = field(hash=False)  # status.observedMetrics (camelCase keys)
     state: PolicyState  # store it and pass it to the next call
-    why: str = ""  # the message without its outcome ("model 2 -> 3 instances: ")
 
     @property
     def changes(self) -> bool:
@@ -128,13 +127,15 @@ def decide(
     now: float,
     child_instances: Mapping[str, int] = _NO_CHILDREN,
     *,
+    grant: Grant | None = None,
     scale_down_margin: float = sizing.SCALE_DOWN_MARGIN,
 ) -> Decision:
     """Decide the instance count of `spec.model` for one tick.
 
     `current_instances` is the live count on the pods (the highest if they disagree);
     `child_instances` the live counts of the models in `spec.calls`, where known; `now` is
-    unix seconds on the same clock as `snapshot.taken_at`. `scale_down_margin` is how far
+    unix seconds on the same clock as `snapshot.taken_at`. `grant` is what the model's budget
+    grants this tick's ask (spec.budget; None without one). `scale_down_margin` is how far
     below its target a scale-down takes a signal (tritonscale.core.sizing).
 
     Raises ValueError when `current_instances` < 1: with no ready pod there is no live
@@ -163,6 +164,9 @@ def decide(
         proposal = _scale(
             spec, current, signals, snapshot, child_instances, state, now, scale_down_margin
         )
+    asked = proposal.steps[-1]
+    granted = _within_grant(grant, current, asked.count, asked.reason)
+    proposal = replace(proposal, steps=(*proposal.steps, granted))
     return _rendered(spec, current, proposal, _observed(spec, current, signals, snapshot), now)
 
 
@@ -428,6 +432,13 @@ def _rate_limited(
     return _Step(allowed, limit_reason, f"the {rules} policies allow {_instances(allowed)} now")
 
 
+def _within_grant(grant: Grant | None, current: int, count: int, reason: str) -> _Step:
+    """A budget only ever cuts an increase, to what it grants (at least the current count)."""
+    if grant is None or grant.granted >= count:
+        return _Step(count, reason)
+    return _Step(max(grant.granted, current), BUDGET_EXHAUSTED, grant.message)
+
+
 # ---- the decision in words -------------------------------------------------------------------
 
 
@@ -459,7 +470,6 @@ def _rendered(
         scaling_limited=limited,
         observed=dict(observed),
         state=proposal.state.ticked(current, desired, now),
-        why=why,
     )
 
 
@@ -469,32 +479,6 @@ def _able_to_scale(steps: tuple[_Step, ...]) -> Condition:
         if step.clause and step.reason in STABILIZED_REASONS:
             return Condition(True, step.reason, step.clause)
     return Condition(True, READY_FOR_NEW_SCALE, "no stabilization window holds the count")
-
-
-def within_budget(
-    spec: AutoscalerSpec, decision: Decision, granted: int, why: str, now: float
-) -> Decision:
-    """The decision as the model's budget grants it (tritonscale.core.budget).
-
-    A budget only ever cuts an increase, to `granted` (at least the current count); `why` says
-    by how much room. The reason becomes BudgetExhausted, a limiting reason.
-    """
-    if granted >= decision.desired_instances:
-        return decision
-    current = decision.current_instances
-    granted = max(granted, current)
-    clause = f"{decision.why}; {why}" if decision.why else why
-    message = f"{_outcome(spec.model, current, granted)}: {clause}"
-    return replace(
-        decision,
-        desired_instances=granted,
-        direction=UP if granted > current else NONE,
-        reason=BUDGET_EXHAUSTED,
-        message=message,
-        why=clause,
-        scaling_limited=Condition(True, BUDGET_EXHAUSTED, message),
-        state=decision.state.ticked(current, granted, now),
-    )
 
 
 def _instances(count: int) -> str:
