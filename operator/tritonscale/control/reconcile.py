@@ -14,8 +14,9 @@ it (`Actuator.apply`: the first pod alone, then the others in parallel). Errors 
 not exceptions: `TickResult.errors` holds each with its HPA-style reason (FailedGetMetrics,
 FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec) and one line. A load that does not
 finish within the actuator's deadline ends the tick's wait with ReloadTimeout; while it is in
-flight no other load goes to that pod, each tick says so (ReloadTimeout again), and the
-increase keeps its gain check (core.gain) for the tick that sees the new count live. Failed and
+flight no other load goes to that pod, each tick says so (ReloadTimeout again), and the next
+tick tells the policy (`load_in_flight`), so that the increase keeps its gain check
+(core.gain) for the tick that sees the new count live. Failed and
 timed-out loads back off exponentially per autoscaler (`Backoff`, in the state, on the
 caller's clock).
 
@@ -249,6 +250,7 @@ class Plan:
             self.tick.now,
             self.children,
             grant=grant,
+            load_in_flight=self.tick.state.load_in_flight,
         )
 
     @functools.cached_property
@@ -484,14 +486,12 @@ def finish(
             live = {**live, **{p.pod: p.after for p in applied if p.after is not None}}
 
     conditions = tick.conditions(able, active, decision.scaling_limited, _health(planned.healing))
-    # An increase whose load is still in flight keeps its gain check for the tick that sees
-    # the new count live (core.gain).
-    loading = bool(in_flight) or any(p.pending for p in applied)
     new_state = ReconcileState(
-        policy=decision.state.loading(loading),
+        policy=decision.state,
         backoff=backoff,
         last_scale_time=last_scale,
         conditions=tuple(conditions),
+        load_in_flight=bool(in_flight) or any(p.pending for p in applied),
     )
     return TickResult(
         model=spec.model,

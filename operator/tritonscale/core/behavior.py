@@ -101,13 +101,6 @@ class PolicyState:
             self, last_instances=current_instances, last_desired=desired_instances, last_tick_at=now
         )
 
-    def loading(self, in_flight: bool) -> PolicyState:
-        """Mark the pending increase's check with whether a load is still in flight."""
-        check = self.gain_check
-        if check is None or check.loading == in_flight:
-            return self
-        return replace(self, gain_check=replace(check, loading=in_flight))
-
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly form for the CR's status (`status.policyState`)."""
         return {

@@ -2,7 +2,8 @@
 
 `decide` reads no clock and does no I/O; the driver passes `now` and the `PolicyState` it
 kept from the last tick, applies `desired_instances` (unless `spec.dry_run`), and stores
-`decision.state` for the next tick.
+`decision.state` for the next tick. `decide` is the state's one owner: what the driver knows
+(a budget's grant, a load still in flight) comes in as arguments.
 
 A tick ends in the first of these that applies:
 
@@ -128,6 +129,7 @@ def decide(
     child_instances: Mapping[str, int] = _NO_CHILDREN,
     *,
     grant: Grant | None = None,
+    load_in_flight: bool = False,
     scale_down_margin: float = sizing.SCALE_DOWN_MARGIN,
 ) -> Decision:
     """Decide the instance count of `spec.model` for one tick.
@@ -135,8 +137,10 @@ def decide(
     `current_instances` is the live count on the pods (the highest if they disagree);
     `child_instances` the live counts of the models in `spec.calls`, where known; `now` is
     unix seconds on the same clock as `snapshot.taken_at`. `grant` is what the model's budget
-    grants this tick's ask (spec.budget; None without one). `scale_down_margin` is how far
-    below its target a scale-down takes a signal (tritonscale.core.sizing).
+    grants this tick's ask (spec.budget; None without one). `load_in_flight`: a load of the
+    model was still in flight when the last tick ended (it outlived the actuator's deadline).
+    `scale_down_margin` is how far below its target a scale-down takes a signal
+    (tritonscale.core.sizing).
 
     Raises ValueError when `current_instances` < 1: with no ready pod there is no live
     count, and the driver reports NoReadyPods itself instead of asking the policy.
@@ -162,7 +166,15 @@ def decide(
     else:
         assert signals is not None and snapshot is not None
         proposal = _scale(
-            spec, current, signals, snapshot, child_instances, state, now, scale_down_margin
+            spec,
+            current,
+            signals,
+            snapshot,
+            child_instances,
+            state,
+            now,
+            load_in_flight,
+            scale_down_margin,
         )
     asked = proposal.steps[-1]
     granted = _within_grant(grant, current, asked.count, asked.reason)
@@ -211,6 +223,7 @@ def _scale(
     child_instances: Mapping[str, int],
     state: PolicyState,
     now: float,
+    load_in_flight: bool,
     scale_down_margin: float,
 ) -> _Proposal:
     """Size the model from its signals, judge its last increase, then run the stages."""
@@ -218,8 +231,8 @@ def _scale(
     recommended, reason, winner = sizing.recommend(all_needs, current)
     active = Condition(True, VALID_METRIC_FOUND, f"sized from {winner.describe()}")
 
-    check = _carried_check(state.gain_check, current, now)
-    if check is not None and not check.loading and gain.due(check, snapshot):
+    check = _carried_check(state.gain_check, current, now, load_in_flight)
+    if check is not None and not load_in_flight and gain.due(check, snapshot):
         verdict = gain.judge(check, gain.sample(signals, current))
         if not verdict.gained:
             return _reverted(spec, check, verdict, state, now, recommended, active)
@@ -252,11 +265,13 @@ def _scale(
     return _Proposal(steps, active, kept, recommended)
 
 
-def _carried_check(check: gain.GainCheck | None, current: int, now: float) -> gain.GainCheck | None:
+def _carried_check(
+    check: gain.GainCheck | None, current: int, now: float, load_in_flight: bool
+) -> gain.GainCheck | None:
     """The check of the last increase as this tick finds it."""
     if check is None:
         return None
-    if check.loading:
+    if load_in_flight:
         # The increase's load was still in flight at the last tick: keep the check until the
         # new count is live, then judge a window wholly after the tick that saw it.
         return check.landed(now) if current > check.before.instances else check
