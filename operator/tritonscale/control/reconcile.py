@@ -15,17 +15,16 @@ not exceptions: `TickResult.errors` holds each with its HPA-style reason (Failed
 FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec) and one line. A load that does not
 finish within the actuator's deadline ends the tick's wait with ReloadTimeout; while it is in
 flight no other load goes to that pod, each tick says so (ReloadTimeout again), and the next
-tick tells the policy (`load_in_flight`), so that the increase keeps its gain check
-(core.gain) for the tick that sees the new count live. Failed and
-timed-out loads back off exponentially per autoscaler (`Backoff`, in the state, on the
-caller's clock).
+tick tells the policy (`load_in_flight`, kept in the state), so that the increase keeps its
+gain check (core.gain) for the tick that sees the new count live. Failed and timed-out loads
+back off exponentially per autoscaler (`Backoff`, in the state, on the caller's clock).
 
 A model whose spec names a budget (`spec.budget`) shares it with the other members: with a
 `ledger` (tritonscale.control.ledger, one per driver) the tick claims its decision, decides
 again with what the budget grants (an input of `policy.decide`: BudgetExhausted when it grants
-less), applies that and settles what the pods then run. The local driver allocates a round of ticks jointly with
-the two halves of a tick, `plan` (everything up to the decision) and `finish` (the grant,
-the loads, the result).
+less), applies that and settles what the pods then run. The local driver allocates a round of
+ticks jointly with the two halves of a tick, `plan` (everything up to the decision) and
+`finish` (the grant, the loads, the result).
 
 Nothing here imports kopf; the clock is the `now` argument (unix seconds).
 """

@@ -184,9 +184,10 @@ def limit_rate(
 ) -> tuple[int, str | None]:
     """HPA's `convertDesiredReplicasWithBehaviorRate`, less its min/max clamp: the rate policies.
 
-    The policy clamps once, before stabilizing (tritonscale.core.policy); a count within
-    [min, max] stabilizes to one within it too, so a clamp here could never bite. Returns the
-    allowed count and ScaleUpLimit / ScaleDownLimit when it differs from `desired`, else None.
+    The policy clamps the count to [min, max] once, before stabilizing it
+    (tritonscale.core.policy), and stabilization only moves it towards the current count,
+    within them too: a clamp here could never change it. Returns the allowed count and
+    ScaleUpLimit / ScaleDownLimit when it differs from `desired`, else None.
     """
     if desired > current_instances:
         up_limit = scale_up_limit(spec.behavior.scale_up, events, current_instances, now)

@@ -5,26 +5,26 @@ kept from the last tick, applies `desired_instances` (unless `spec.dry_run`), an
 `decision.state` for the next tick. `decide` is the state's one owner: what the driver knows
 (a budget's grant, a load still in flight) comes in as arguments.
 
-A tick ends in the first of these that applies:
+The decision comes from the first of these that applies:
 
 1. paused: hold, report what was seen;
 2. the live count outside [min, max]: go to the bound at once (as the HPA does);
 3. no usable metrics (none, model missing, stale, incomplete window): hold;
 4. the check of the last increase (tritonscale.core.gain) finds it bought nothing: back to
    the count before it at once (NoGain), past the windows and rate limits below;
-5. sizing (tritonscale.core.sizing: each signal's count, the largest wins), then the stages,
-   in this order, each a function from (count, reason) to (count, reason, clause), the way
-   the HPA's `normalizeDesiredReplicasWithBehaviors` reads:
+5. sizing (tritonscale.core.sizing: each signal's count, the largest wins), then the stages
+   in order, each a function from (count, reason) to (count, reason, clause), the way the
+   HPA's `normalizeDesiredReplicasWithBehaviors` reads:
    - held where an increase bought nothing (NoGain), a full GPU (more pods are the answer),
      a saturated model this one calls (scale the child): these only stop additions;
-   - min/max, the one clamp;
+   - min/max: the one clamp (the NoGain revert goes through it too);
    - HPA behavior (tritonscale.core.behavior): stabilization windows, then rate policies.
 
-Whichever way it ends, a last stage gives a model that shares a budget with others
-(spec.budget) what the budget grants it: the grant (tritonscale.core.budget) is an input, and
-a driver that allocates a budget decides once for the ask and again with the grant. The reason
-of a decision is the last stage that changed the count; its message (the stages' clauses, in order) and its
-conditions are rendered from the stages at the end.
+Whichever it is, a last stage gives a model that shares a budget with others (spec.budget)
+what the budget grants it (tritonscale.core.budget): the grant is an input, so a driver that
+allocates a budget decides once for the ask and again with the grant. The reason of a
+decision is the last stage that changed the count; its message (the stages' clauses, in
+order) and its conditions are rendered from the stages at the end.
 """
 
 from __future__ import annotations
