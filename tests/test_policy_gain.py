@@ -219,6 +219,22 @@ class TestOverTicks:
         assert "held at 1 instance" in after[-1].message
         assert loop.counts[-1] == 1
 
+    def test_a_revert_below_a_raised_min_instances_stops_at_it_and_is_still_no_gain(
+        self,
+    ) -> None:
+        # minInstances went from 1 to 2 after the increase from 1: the verdict takes the
+        # count back to 2, not 1, and the reason is the verdict's, not the bound's.
+        loop = Loop("contended")
+        loop.tick()
+        loop.spec = make_spec(minInstances=2)
+        while loop.decisions[-1].direction != "down":
+            assert len(loop.decisions) < 20, "no revert within 20 ticks"
+            loop.tick()
+        reverted = loop.decisions[-1]
+        assert (reverted.desired_instances, reverted.reason) == (2, "NoGain")
+        assert "back to 2 instances, held there" in reverted.message
+        assert loop.state.no_gain is not None and loop.state.no_gain.instances == 2
+
     def test_an_increase_that_helped_is_kept(self) -> None:
         loop = Loop("scalable")
         loop.run(40)

@@ -17,7 +17,7 @@ The decision comes from the first of these that applies:
    HPA's `normalizeDesiredReplicasWithBehaviors` reads:
    - held where an increase bought nothing (NoGain), a full GPU (more pods are the answer),
      a saturated model this one calls (scale the child): these only stop additions;
-   - min/max: the one clamp (the NoGain revert goes through it too);
+   - min/max: the one clamp (the NoGain revert's count goes through it too);
    - HPA behavior (tritonscale.core.behavior): stabilization windows, then rate policies.
 
 Whichever it is, a last stage gives a model that shares a budget with others (spec.budget)
@@ -293,18 +293,19 @@ def _reverted(
 
     Past the behavior's windows and rate limits: it is a verdict, not a reading of the load.
     """
-    before = check.before.instances
+    # The count before the increase, within today's bounds (the spec may have changed since
+    # the increase); the verdict, not the bound, stays the reason.
+    back = _bounded(spec, check.before.instances, NO_GAIN).count
     reverted = _Step(
-        before,
+        back,
         NO_GAIN,
-        f"the increase bought nothing ({verdict.message}): back to {_instances(before)}, "
+        f"the increase bought nothing ({verdict.message}): back to {_instances(back)}, "
         f"held there until the request rate moves by more than "
         f"{100 * gain.RELEASE_CHANGE:.0f} %",
     )
-    bounded = _bounded(spec, reverted.count, reverted.reason)
-    hold = gain.NoGainHold(bounded.count, check.before.request_rate, now)
-    kept = replace(state, gain_check=None, no_gain=hold).recommend(bounded.count, now, spec)
-    return _Proposal((reverted, bounded), active, kept, recommended)
+    hold = gain.NoGainHold(back, check.before.request_rate, now)
+    kept = replace(state, gain_check=None, no_gain=hold).recommend(back, now, spec)
+    return _Proposal((reverted,), active, kept, recommended)
 
 
 # ---- the stages: each maps (count, reason) to (count, reason, clause) ----------------------
