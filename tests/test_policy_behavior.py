@@ -56,10 +56,17 @@ def one_policy(kind: str, value: int, period_seconds: int) -> ScalingRules:
 class Loop:
     """The driver, reduced to what the policy sees; `busy_seconds` is the load (s/s)."""
 
-    def __init__(self, spec: AutoscalerSpec, current: int, interval_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        spec: AutoscalerSpec,
+        current: int,
+        interval_s: float = 15.0,
+        scale_down_margin: float = sizing.SCALE_DOWN_MARGIN,
+    ) -> None:
         self.spec = spec
         self.current = current
         self.interval_s = interval_s
+        self.scale_down_margin = scale_down_margin
         self.now = START
         self.state = PolicyState()
         self.counts: list[int] = []
@@ -74,7 +81,14 @@ class Loop:
         """One tick; `queue_ratio` is queue time per compute time (0: no queue)."""
         model = signals(compute=busy_seconds, queue=queue_ratio * busy_seconds)
         snap = snapshot(model, taken_at=self.now)
-        decision = decide(self.spec, self.current, snap, self.state, self.now)
+        decision = decide(
+            self.spec,
+            self.current,
+            snap,
+            self.state,
+            self.now,
+            scale_down_margin=self.scale_down_margin,
+        )
         self.state = decision.state
         if roundtrip:  # what the kopf driver does: status is JSON
             self.state = PolicyState.from_dict(json.loads(json.dumps(self.state.to_dict())))
@@ -211,10 +225,21 @@ def reversals(counts: list[int]) -> int:
     return sum(1 for a, b in zip(steps, steps[1:], strict=False) if (a > 0) != (b > 0))
 
 
-def noisy_run(load: float, noise: list[float], current: int, queue_ratio: float = 0.0) -> list[int]:
+def noisy_run(
+    load: float,
+    noise: list[float],
+    current: int,
+    queue_ratio: float = 0.0,
+    scale_down_margin: float = sizing.SCALE_DOWN_MARGIN,
+) -> list[int]:
     """Ten minutes of a steady load (busy seconds per second, and queue time per compute
     time) read with noise, tick by tick."""
-    loop = Loop(spec_with(**DEMO_WINDOWS), current=current, interval_s=5.0)
+    loop = Loop(
+        spec_with(**DEMO_WINDOWS),
+        current=current,
+        interval_s=5.0,
+        scale_down_margin=scale_down_margin,
+    )
     for wobble in noise:
         loop.tick(load * (1 + wobble), queue_ratio=queue_ratio)
     return [current, *loop.counts]
@@ -237,11 +262,8 @@ class TestHysteresis:
         assert reversals(counts) == 0
         assert set(counts) == {3}
 
-    def test_the_hpas_tolerance_alone_flaps_on_the_same_windows(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        monkeypatch.setattr(sizing, "SCALE_DOWN_MARGIN", 0.0)
-        counts = noisy_run(1.5, self.SAWTOOTH, current=3)
+    def test_the_hpas_tolerance_alone_flaps_on_the_same_windows(self) -> None:
+        counts = noisy_run(1.5, self.SAWTOOTH, current=3, scale_down_margin=0.0)
         assert reversals(counts) >= 10
         assert set(counts) == {2, 3}
 
@@ -269,11 +291,8 @@ class TestHysteresis:
         assert reversals(counts) == 0
         assert counts[-1] == 3
 
-    def test_without_the_margin_the_queue_and_busy_signals_take_turns(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        monkeypatch.setattr(sizing, "SCALE_DOWN_MARGIN", 0.0)
-        counts = noisy_run(1.4, self.SAWTOOTH, current=2, queue_ratio=1.4)
+    def test_without_the_margin_the_queue_and_busy_signals_take_turns(self) -> None:
+        counts = noisy_run(1.4, self.SAWTOOTH, current=2, queue_ratio=1.4, scale_down_margin=0.0)
         assert reversals(counts) >= 10
 
     @settings(max_examples=200, deadline=None, database=None)

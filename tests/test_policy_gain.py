@@ -75,6 +75,7 @@ class Loop:
         self.service_s = SERVICE_S
         self.now = START
         self.state = PolicyState()
+        self.load_in_flight = False  # what the driver tells the next tick
         self.counts: list[int] = []
         self.decisions: list[Decision] = []
 
@@ -84,7 +85,14 @@ class Loop:
             window_s=float(self.spec.metrics_window_seconds),
             models={MODEL: world(self.kind, self.current, self.service_s)},
         )
-        decision = decide(self.spec, self.current, snapshot, self.state, self.now)
+        decision = decide(
+            self.spec,
+            self.current,
+            snapshot,
+            self.state,
+            self.now,
+            load_in_flight=self.load_in_flight,
+        )
         # What the kopf driver does: status is JSON.
         self.state = PolicyState.from_dict(json.loads(json.dumps(decision.state.to_dict())))
         if apply:
@@ -211,6 +219,22 @@ class TestOverTicks:
         assert "held at 1 instance" in after[-1].message
         assert loop.counts[-1] == 1
 
+    def test_a_revert_below_a_raised_min_instances_stops_at_it_and_is_still_no_gain(
+        self,
+    ) -> None:
+        # minInstances went from 1 to 2 after the increase from 1: the verdict takes the
+        # count back to 2, not 1, and the reason is the verdict's, not the bound's.
+        loop = Loop("contended")
+        loop.tick()
+        loop.spec = make_spec(minInstances=2)
+        while loop.decisions[-1].direction != "down":
+            assert len(loop.decisions) < 20, "no revert within 20 ticks"
+            loop.tick()
+        reverted = loop.decisions[-1]
+        assert (reverted.desired_instances, reverted.reason) == (2, "NoGain")
+        assert "back to 2 instances, held there" in reverted.message
+        assert loop.state.no_gain is not None and loop.state.no_gain.instances == 2
+
     def test_an_increase_that_helped_is_kept(self) -> None:
         loop = Loop("scalable")
         loop.run(40)
@@ -259,24 +283,25 @@ class TestOverTicks:
     ) -> None:
         # Seen in CI with the other core busy: a locked model's load took 36 s, past the
         # actuator's 30 s deadline. The next ticks still read the old count; the check must
-        # survive them (the driver marks it loading) and judge a window after the landing.
+        # survive them (the driver says the load is in flight) and judge a window after the
+        # landing.
         loop = Loop("contended")
         first = loop.tick(apply=False)
         assert first.direction == "up"
         decided_at, target = loop.now - loop.spec.interval_seconds, first.desired_instances
         for _ in range(4):  # 20 s in flight: the old count serves
-            loop.state = loop.state.loading(True)
+            loop.load_in_flight = True
             during = loop.tick(apply=False)
             assert during.current_instances == 1 and during.reason != "NoGain"
             check = loop.state.gain_check
             assert check is not None and (check.since, check.before.instances) == (decided_at, 1)
-        loop.state = loop.state.loading(True)
+        loop.load_in_flight = True
         loop.current = target  # the load landed between two ticks
         landed_at = loop.now
         loop.tick()
         check = loop.state.gain_check
         assert check is not None and check.since == landed_at and check.before.instances == 1
-        loop.state = loop.state.loading(False)  # that tick found no load in flight
+        loop.load_in_flight = False  # that tick found no load in flight
         reverted = next(d for d in loop.run(10) if d.reason == "NoGain")
         assert reverted.desired_instances == 1
         assert f"bought nothing (1 -> {reverted.current_instances} instances" in reverted.message
@@ -290,17 +315,23 @@ class TestOverTicks:
         # and the count is the baseline's; there is no increase to judge.
         loop = Loop("contended", make_spec(maxInstances=2))
         loop.tick(apply=False)
-        loop.state = loop.state.loading(True)
+        loop.load_in_flight = True
         loop.tick(apply=False)
         assert loop.state.gain_check is not None
-        loop.state = loop.state.loading(False)
+        loop.load_in_flight = False
         loop.current = 1
         # maxInstances 2 and the count at 1: the next tick decides 2 again, with a fresh check.
         decision = loop.tick(apply=False)
         check = loop.state.gain_check
         assert decision.desired_instances == 2
-        assert check is not None and check.since == loop.now - loop.spec.interval_seconds
-        assert not check.loading
+        decided_at = loop.now - loop.spec.interval_seconds
+        assert check is not None and check.since == decided_at
+        # Not a load in flight: the tick that sees 2 live (too soon for a verdict) keeps the
+        # check's clock where it was, rather than restarting it as for a landed load.
+        loop.current = 2
+        loop.tick(apply=False)
+        check = loop.state.gain_check
+        assert check is not None and check.since == decided_at
 
     def test_a_dry_run_is_never_reverted(self) -> None:
         # Nothing was applied: there is no increase to judge.
@@ -329,16 +360,21 @@ class TestOverTicks:
 class TestState:
     def test_the_check_and_the_hold_survive_json(self) -> None:
         state = PolicyState(
-            gain_check=GainCheck(START, TestTheVerdict.BEFORE, loading=True),
+            gain_check=GainCheck(START, TestTheVerdict.BEFORE),
             no_gain=NoGainHold(2, 50.0, START + 30),
         )
         assert PolicyState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
 
-    def test_a_check_written_before_loading_was_kept_reads_as_not_loading(self) -> None:
+    def test_a_check_reads_back_with_or_without_the_loading_mark_it_once_carried(self) -> None:
+        # The mark of a load in flight is the driver's now (ReconcileState.load_in_flight);
+        # a status written while the check carried it still reads.
         written = {"since": START, "before": TestTheVerdict.BEFORE.to_dict()}
         assert PolicyState.from_dict({"gainCheck": written}).gain_check == GainCheck(
             START, TestTheVerdict.BEFORE
         )
+        assert PolicyState.from_dict(
+            {"gainCheck": {**written, "loading": True}}
+        ).gain_check == GainCheck(START, TestTheVerdict.BEFORE)
 
     def test_a_malformed_check_is_a_value_error(self) -> None:
         with pytest.raises(ValueError, match="malformed policy state"):

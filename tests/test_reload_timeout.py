@@ -246,21 +246,21 @@ def test_an_increase_whose_load_hangs_keeps_its_gain_check_until_the_count_is_li
         first = tick()
         assert first.reason == RELOAD_TIMEOUT and not hanging.released(), first.line()
         check = state.policy.gain_check
-        assert check is not None and check.loading and check.before.instances == 1
+        assert check is not None and state.load_in_flight and check.before.instances == 1
         decided_at = check.since
         for _ in range(3):
             time.sleep(1.0)
             during = tick()
             assert during.reason == RELOAD_TIMEOUT and during.current_instances == 1
             check = state.policy.gain_check
-            assert check is not None and (check.since, check.loading) == (decided_at, True)
+            assert check is not None and (check.since, state.load_in_flight) == (decided_at, True)
 
         hanging.release()
         wait_for(lambda: hanging.live_count(HANGS) == 2, "the released load to finish")
         landed = tick()
         assert landed.current_instances == 2 and landed.errors == [], landed.line()
         check = state.policy.gain_check
-        assert check is not None and not check.loading and check.since == landed.at
+        assert check is not None and not state.load_in_flight and check.since == landed.at
 
         # Judged once a window lies wholly after the landing (2 s window + SETTLE_S): the
         # check ends, with a verdict either way (NoGain here holds the count at minInstances).

@@ -208,6 +208,8 @@ def test_the_state_survives_a_round_trip_through_status(actuator, pods) -> None:
     assert back.policy == result.state.policy
     assert back.backoff == result.state.backoff
     assert back.last_scale_time == now
+    assert back.load_in_flight is result.state.load_in_flight is False
+    assert ReconcileState.from_status({"loadInFlight": True}).load_in_flight
     assert (
         ReconcileState.from_status({"policyState": {"recommendations": "junk"}}) == ReconcileState()
     )

@@ -14,23 +14,24 @@ it (`Actuator.apply`: the first pod alone, then the others in parallel). Errors 
 not exceptions: `TickResult.errors` holds each with its HPA-style reason (FailedGetMetrics,
 FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec) and one line. A load that does not
 finish within the actuator's deadline ends the tick's wait with ReloadTimeout; while it is in
-flight no other load goes to that pod, each tick says so (ReloadTimeout again), and the
-increase keeps its gain check (core.gain) for the tick that sees the new count live. Failed and
-timed-out loads back off exponentially per autoscaler (`Backoff`, in the state, on the
-caller's clock).
+flight no other load goes to that pod, each tick says so (ReloadTimeout again), and the next
+tick tells the policy (`load_in_flight`, kept in the state), so that the increase keeps its
+gain check (core.gain) for the tick that sees the new count live. Failed and timed-out loads
+back off exponentially per autoscaler (`Backoff`, in the state, on the caller's clock).
 
 A model whose spec names a budget (`spec.budget`) shares it with the other members: with a
-`ledger` (tritonscale.control.ledger, one per driver) the tick claims its decision, applies
-what the budget grants (`policy.within_budget`: BudgetExhausted when it grants less) and
-settles what the pods then run. The local driver allocates a round of ticks jointly with
-the two halves of a tick, `plan` (everything up to the decision) and `finish` (the grant,
-the loads, the result).
+`ledger` (tritonscale.control.ledger, one per driver) the tick claims its decision, decides
+again with what the budget grants (an input of `policy.decide`: BudgetExhausted when it grants
+less), applies that and settles what the pods then run. The local driver allocates a round of
+ticks jointly with the two halves of a tick, `plan` (everything up to the decision) and
+`finish` (the grant, the loads, the result).
 
 Nothing here imports kopf; the clock is the `now` argument (unix seconds).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +57,7 @@ from tritonscale.control.tick import (
     iso_time,
 )
 from tritonscale.core import policy, sizing
-from tritonscale.core.budget import Claim, Limits
+from tritonscale.core.budget import Claim, Grant, Limits
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.source import MetricsSource
@@ -234,10 +235,27 @@ class Plan:
     current: int
     children: dict[str, int]
     snapshot: MetricSnapshot | None
-    decision: policy.Decision
     errors: tuple[TickError, ...]
     notes: tuple[str, ...]
     healing: tuple[HealingResult, ...]
+
+    def decide(self, grant: Grant | None = None) -> policy.Decision:
+        """The policy on this tick's inputs, of which a budget's grant is one."""
+        return policy.decide(
+            self.spec,
+            self.current,
+            self.snapshot,
+            self.tick.state.policy,
+            self.tick.now,
+            self.children,
+            grant=grant,
+            load_in_flight=self.tick.state.load_in_flight,
+        )
+
+    @functools.cached_property
+    def decision(self) -> policy.Decision:
+        """The decision before any budget's grant: what this tick asks for."""
+        return self.decide()
 
     def claim(self, member: str) -> Claim:
         """What this tick asks of its budget (tritonscale.core.budget)."""
@@ -349,7 +367,6 @@ def plan(
     except MetricsUnavailable as error:
         errors.append(TickError(FAILED_GET_METRICS, str(error)))
 
-    decision = policy.decide(spec, current, snapshot, state.policy, now, children)
     return Plan(
         spec=spec,
         tick=tick,
@@ -358,7 +375,6 @@ def plan(
         current=current,
         children=children,
         snapshot=snapshot,
-        decision=decision,
         errors=tuple(errors),
         notes=tuple(notes),
         healing=tuple(healing),
@@ -394,30 +410,26 @@ def finish(
     backoff_cap_s: float = BACKOFF_CAP_S,
 ) -> TickResult:
     """The second half of a tick: the budget's grant, the loads, the conditions, the result."""
-    spec, tick, decision = planned.spec, planned.tick, planned.decision
+    spec, tick = planned.spec, planned.tick
     now, state = tick.now, tick.state
     errors, notes = list(planned.errors), list(planned.notes)
     live = dict(planned.live)
+    decision = planned.decision
     if granted is not None:
-        decision = policy.within_budget(
-            spec, decision, granted.grant.granted, granted.grant.message, now
-        )
+        decision = planned.decide(granted.grant)
         if granted.budget.problem:
             notes.append(granted.budget.problem)
-    able, active = decision.able_to_scale, decision.scaling_active
+    active = decision.scaling_active
     if planned.snapshot is None:
         active = policy.Condition(False, FAILED_GET_METRICS, errors[0].message)
 
-    applied: list[PodResult] = []
-    backoff, last_scale = state.backoff, state.last_scale_time
     desired = decision.desired_instances
     # A load that outlived its deadline on an earlier tick: nothing more goes to that pod
     # until Triton has answered it (a second load would only wait behind the first).
     in_flight = [load for e in planned.endpoints if (load := actuator.in_flight(e, spec.model))]
+    in_flight_error = None
     if in_flight:
-        message = actuator.in_flight_reason(in_flight[0])
-        errors.append(TickError(RELOAD_TIMEOUT, message))
-        able = policy.Condition(False, RELOAD_TIMEOUT, message)
+        in_flight_error = TickError(RELOAD_TIMEOUT, actuator.in_flight_reason(in_flight[0]))
     busy = {load.pod for load in in_flight}
     # Pods that did not answer are left out (reported in notes); with instanceKind set every
     # pod is visited, since the kind may differ where the count does not.
@@ -426,58 +438,24 @@ def finish(
         for e in planned.endpoints
         if e.name in live and e.name not in busy and (live[e.name] != desired or spec.instance_kind)
     ]
-    if spec.paused:
-        pass
-    elif spec.dry_run:
-        if decision.changes:
-            able = policy.Condition(
-                True, DRY_RUN, f"dryRun: {desired} instances decided, not applied"
-            )
-    elif pending:
-        if backoff.holds(now):
-            wait = (backoff.retry_at or now) - now
-            message = (
-                f"backing off after {backoff.failures} failed load(s) of {spec.model}; "
-                f"next try in {wait:.0f} s"
-            )
-            errors.append(TickError(FAILED_RESCALE, message))
-            able = policy.Condition(False, FAILED_RESCALE, message)
-        else:
-            applied = actuator.apply(pending, spec.model, desired, spec.instance_kind)
-            failures = [p for p in applied if not p.ok]
-            if failures:
-                backoff = backoff.failed(now, backoff_base_s, backoff_cap_s)
-                first = failures[0]
-                if first.pending:
-                    reason, message = RELOAD_TIMEOUT, first.reason
-                else:
-                    reason = FAILED_RESCALE
-                    message = (
-                        f"the load of {spec.model} with {desired} instances failed on "
-                        f"{first.pod}: {first.reason}"
-                    )
-                errors.append(TickError(reason, message))
-                able = policy.Condition(False, reason, message)
-            else:
-                backoff = Backoff()
-                if applied:
-                    last_scale = now
-                    able = policy.Condition(
-                        True,
-                        SUCCEEDED_RESCALE,
-                        f"set {spec.model} to {desired} instances on {len(applied)} pod(s)",
-                    )
-            live = {**live, **{p.pod: p.after for p in applied if p.after is not None}}
+    applied: list[PodResult] = []
+    backoff, load_error = state.backoff, None
+    if pending and not spec.paused and not spec.dry_run:
+        applied, backoff, load_error = _apply(
+            planned, actuator, pending, desired, backoff_base_s, backoff_cap_s
+        )
+    errors += [error for error in (in_flight_error, load_error) if error is not None]
+    live = {**live, **{p.pod: p.after for p in applied if p.after is not None}}
+    able = _able_to_scale(spec, decision, in_flight_error, load_error, applied)
+    last_scale = now if applied and load_error is None else state.last_scale_time
 
     conditions = tick.conditions(able, active, decision.scaling_limited, _health(planned.healing))
-    # An increase whose load is still in flight keeps its gain check for the tick that sees
-    # the new count live (core.gain).
-    loading = bool(in_flight) or any(p.pending for p in applied)
     new_state = ReconcileState(
-        policy=decision.state.loading(loading),
+        policy=decision.state,
         backoff=backoff,
         last_scale_time=last_scale,
         conditions=tuple(conditions),
+        load_in_flight=bool(in_flight) or any(p.pending for p in applied),
     )
     return TickResult(
         model=spec.model,
@@ -498,6 +476,66 @@ def finish(
         healing=list(planned.healing),
         budget=granted.budget if granted is not None else None,
     )
+
+
+def _apply(
+    planned: Plan,
+    actuator: Actuator,
+    pods: Sequence[Endpoint],
+    desired: int,
+    backoff_base_s: float,
+    backoff_cap_s: float,
+) -> tuple[list[PodResult], Backoff, TickError | None]:
+    """Bring `pods` to `desired` unless the back-off holds: the pods' results, the back-off
+    after them, and what stopped the loads (None when nothing did)."""
+    spec, now, backoff = planned.spec, planned.tick.now, planned.tick.state.backoff
+    if backoff.holds(now):
+        wait = (backoff.retry_at or now) - now
+        message = (
+            f"backing off after {backoff.failures} failed load(s) of {spec.model}; "
+            f"next try in {wait:.0f} s"
+        )
+        return [], backoff, TickError(FAILED_RESCALE, message)
+    applied = actuator.apply(pods, spec.model, desired, spec.instance_kind)
+    failures = [p for p in applied if not p.ok]
+    if not failures:
+        return applied, Backoff(), None
+    first = failures[0]
+    if first.pending:
+        load_error = TickError(RELOAD_TIMEOUT, first.reason)
+    else:
+        load_error = TickError(
+            FAILED_RESCALE,
+            f"the load of {spec.model} with {desired} instances failed on "
+            f"{first.pod}: {first.reason}",
+        )
+    return applied, backoff.failed(now, backoff_base_s, backoff_cap_s), load_error
+
+
+def _able_to_scale(
+    spec: AutoscalerSpec,
+    decision: policy.Decision,
+    in_flight_error: TickError | None,
+    load_error: TickError | None,
+    applied: Sequence[PodResult],
+) -> policy.Condition:
+    """AbleToScale after the loads: what stopped this tick's loads, else what they did, else a
+    dry run's change, else a load still in flight from an earlier tick, else the policy's."""
+    if load_error is not None:
+        return policy.Condition(False, load_error.reason, load_error.message)
+    if applied:
+        return policy.Condition(
+            True,
+            SUCCEEDED_RESCALE,
+            f"set {spec.model} to {decision.desired_instances} instances on {len(applied)} pod(s)",
+        )
+    if spec.dry_run and not spec.paused and decision.changes:
+        return policy.Condition(
+            True, DRY_RUN, f"dryRun: {decision.desired_instances} instances decided, not applied"
+        )
+    if in_flight_error is not None:
+        return policy.Condition(False, in_flight_error.reason, in_flight_error.message)
+    return decision.able_to_scale
 
 
 def _decoupled(configs_of: Mapping[str, Mapping[str, Any]], first: Endpoint) -> set[str]:

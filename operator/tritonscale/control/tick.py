@@ -74,6 +74,9 @@ class ReconcileState:
     backoff: Backoff = field(default_factory=Backoff)
     last_scale_time: float | None = None  # unix seconds of the last successful load
     conditions: tuple[Mapping[str, Any], ...] = ()  # the last conditions, for transition times
+    # A load of the model was still in flight when the last tick ended (past the actuator's
+    # deadline): the policy keeps the increase's gain check until the new count is live.
+    load_in_flight: bool = False
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any] | None) -> ReconcileState:
@@ -89,6 +92,7 @@ class ReconcileState:
             backoff=Backoff.from_dict(status.get("backoff")),
             last_scale_time=parse_iso_time(last) if isinstance(last, str) else None,
             conditions=tuple(c for c in status.get("conditions") or () if isinstance(c, Mapping)),
+            load_in_flight=status.get("loadInFlight") is True,
         )
 
 
@@ -209,6 +213,7 @@ class TickResult:
             "conditions": self.conditions,
             "policyState": self.state.policy.to_dict(),
             "backoff": self.state.backoff.to_dict(),
+            "loadInFlight": self.state.load_in_flight,
         }
         if self.state.last_scale_time is not None:
             status["lastScaleTime"] = iso_time(self.state.last_scale_time)

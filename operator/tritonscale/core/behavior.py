@@ -1,4 +1,4 @@
-"""Scale up fast, down slowly: HPA's `behavior` (stabilization windows, rate policies, bounds).
+"""Scale up fast, down slowly: HPA's `behavior` (stabilization windows, rate policies).
 
 The functions follow Kubernetes' HorizontalController (`stabilizeRecommendationWithBehaviors`,
 `convertDesiredReplicasWithBehaviorRate`, `calculateScale{Up,Down}LimitWithBehaviors`), with
@@ -101,13 +101,6 @@ class PolicyState:
             self, last_instances=current_instances, last_desired=desired_instances, last_tick_at=now
         )
 
-    def loading(self, in_flight: bool) -> PolicyState:
-        """Mark the pending increase's check with whether a load is still in flight."""
-        check = self.gain_check
-        if check is None or check.loading == in_flight:
-            return self
-        return replace(self, gain_check=replace(check, loading=in_flight))
-
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly form for the CR's status (`status.policyState`)."""
         return {
@@ -189,33 +182,23 @@ def limit_rate(
     desired: int,
     now: float,
 ) -> tuple[int, str | None]:
-    """HPA's `convertDesiredReplicasWithBehaviorRate`: the rate policies, then min/max.
+    """HPA's `convertDesiredReplicasWithBehaviorRate`, less its min/max clamp: the rate policies.
 
-    Returns the allowed count and why it differs from `desired` (ScaleUpLimit,
-    ScaleDownLimit, TooManyInstances, TooFewInstances), or None when it does not.
+    The policy clamps the count to [min, max] once, before stabilizing it
+    (tritonscale.core.policy), and stabilization only moves it towards the current count,
+    within them too: a clamp here could never change it. Returns the allowed count and
+    ScaleUpLimit / ScaleDownLimit when it differs from `desired`, else None.
     """
     if desired > current_instances:
-        up_limit = max(
-            scale_up_limit(spec.behavior.scale_up, events, current_instances, now),
-            current_instances,
-        )
-        if spec.max_instances > up_limit:
-            ceiling, reason = up_limit, SCALE_UP_LIMIT
-        else:
-            ceiling, reason = spec.max_instances, TOO_MANY_INSTANCES
+        up_limit = scale_up_limit(spec.behavior.scale_up, events, current_instances, now)
+        ceiling = max(up_limit, current_instances)
         if desired > ceiling:
-            return ceiling, reason
+            return ceiling, SCALE_UP_LIMIT
     elif desired < current_instances:
-        down_limit = min(
-            scale_down_limit(spec.behavior.scale_down, events, current_instances, now),
-            current_instances,
-        )
-        if spec.min_instances < down_limit:
-            floor, reason = down_limit, SCALE_DOWN_LIMIT
-        else:
-            floor, reason = spec.min_instances, TOO_FEW_INSTANCES
+        down_limit = scale_down_limit(spec.behavior.scale_down, events, current_instances, now)
+        floor = min(down_limit, current_instances)
         if desired < floor:
-            return floor, reason
+            return floor, SCALE_DOWN_LIMIT
     return desired, None
 
 

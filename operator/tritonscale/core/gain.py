@@ -23,8 +23,9 @@ asks for ever more. So the policy checks each increase:
 
 Later increases made while a check is pending are judged with it, against the same baseline.
 An increase whose load outlives the actuator's deadline keeps its check while the load is in
-flight (the driver marks it `loading`); the tick that sees the new count live restarts the
-check's clock, so the window it is judged by lies wholly after the load.
+flight (the driver tells the policy so: `decide`'s `load_in_flight`); the tick that sees the
+new count live restarts the check's clock, so the window it is judged by lies wholly after the
+load.
 Decoupled models sized by their streams are not checked: Triton's timings miss their streams.
 Pure: the policy passes the clock and stores the state in PolicyState.
 """
@@ -88,23 +89,19 @@ class Sample:
 class GainCheck:
     """An increase waiting for its verdict."""
 
-    since: float  # unix seconds of the tick that decided the first increase
+    since: float  # unix seconds of the tick that decided the first increase, or saw it land
     before: Sample
-    # The increase's load was still in flight when the last tick ended (it outlived the
-    # actuator's deadline): the count may still be the baseline's, and the verdict waits for
-    # a window wholly after the tick that sees the new count live.
-    loading: bool = False
 
     def landed(self, now: float) -> GainCheck:
         """The check of a load seen live at `now`: its window starts after `now`."""
         return replace(self, since=now)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"since": self.since, "before": self.before.to_dict(), "loading": self.loading}
+        return {"since": self.since, "before": self.before.to_dict()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GainCheck:
-        return cls(float(d["since"]), Sample.from_dict(d["before"]), bool(d.get("loading", False)))
+        return cls(float(d["since"]), Sample.from_dict(d["before"]))
 
 
 @dataclass(frozen=True)

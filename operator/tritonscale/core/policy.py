@@ -2,21 +2,29 @@
 
 `decide` reads no clock and does no I/O; the driver passes `now` and the `PolicyState` it
 kept from the last tick, applies `desired_instances` (unless `spec.dry_run`), and stores
-`decision.state` for the next tick. The stages run in a fixed order, each a small helper:
+`decision.state` for the next tick. `decide` is the state's one owner: what the driver knows
+(a budget's grant, a load still in flight) comes in as arguments.
+
+The decision comes from the first of these that applies:
 
 1. paused: hold, report what was seen;
 2. the live count outside [min, max]: go to the bound at once (as the HPA does);
 3. no usable metrics (none, model missing, stale, incomplete window): hold;
-4. sizing (tritonscale.core.sizing): each signal's count, the largest wins;
-5. the check of the last increase (tritonscale.core.gain): one that bought nothing is reverted
-   to the count before it (NoGain), and further increases are held there;
-6. guards that only stop additions: a full GPU (more pods are the answer), then a saturated
-   model this one calls (scale the child, not the parent);
-7. min/max, then HPA behavior (tritonscale.core.behavior): stabilization windows, rate policies.
+4. the check of the last increase (tritonscale.core.gain) finds it bought nothing: back to
+   the count before it at once (NoGain), past the windows and rate limits below;
+5. sizing (tritonscale.core.sizing: each signal's count, the largest wins), then the stages
+   in order, each a function from (count, reason) to (count, reason, clause), the way the
+   HPA's `normalizeDesiredReplicasWithBehaviors` reads:
+   - held where an increase bought nothing (NoGain), a full GPU (more pods are the answer),
+     a saturated model this one calls (scale the child): these only stop additions;
+   - min/max: the one clamp (the NoGain revert's count goes through it too);
+   - HPA behavior (tritonscale.core.behavior): stabilization windows, then rate policies.
 
-A model that shares a budget with others (spec.budget) then gets what the budget grants it
-(tritonscale.core.budget; `within_budget` applies the grant). The reason of a decision names
-the last stage that changed the count.
+Whichever it is, a last stage gives a model that shares a budget with others (spec.budget)
+what the budget grants it (tritonscale.core.budget): the grant is an input, so a driver that
+allocates a budget decides once for the ask and again with the grant. The reason of a
+decision is the last stage that changed the count; its message (the stages' clauses, in
+order) and its conditions are rendered from the stages at the end.
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import NamedTuple
 
 from tritonscale.core import behavior, gain, sizing
 from tritonscale.core.behavior import PolicyState
-from tritonscale.core.budget import BUDGET_EXHAUSTED
+from tritonscale.core.budget import BUDGET_EXHAUSTED, Grant
 from tritonscale.core.signals import MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec
 
@@ -38,7 +47,6 @@ __all__ = [
     "PolicyState",
     "decide",
     "max_snapshot_age_s",
-    "within_budget",
 ]
 
 UP, DOWN, NONE = "up", "down", "none"
@@ -67,6 +75,8 @@ LIMITING_REASONS = frozenset(
         BUDGET_EXHAUSTED,
     }
 )
+
+STABILIZED_REASONS = frozenset({behavior.SCALE_UP_STABILIZED, behavior.SCALE_DOWN_STABILIZED})
 
 # A source stamps a snapshot with the end of its window, which may trail the tick by up to a
 # scrape interval; beyond two control intervals plus this grace the numbers are stale.
@@ -99,7 +109,6 @@ class Decision:
     scaling_limited: Condition
     observed: dict[str, float] = field(hash=False)  # status.observedMetrics (camelCase keys)
     state: PolicyState  # store it and pass it to the next call
-    why: str = ""  # the message without its outcome ("model 2 -> 3 instances: ")
 
     @property
     def changes(self) -> bool:
@@ -118,12 +127,20 @@ def decide(
     state: PolicyState,
     now: float,
     child_instances: Mapping[str, int] = _NO_CHILDREN,
+    *,
+    grant: Grant | None = None,
+    load_in_flight: bool = False,
+    scale_down_margin: float = sizing.SCALE_DOWN_MARGIN,
 ) -> Decision:
     """Decide the instance count of `spec.model` for one tick.
 
     `current_instances` is the live count on the pods (the highest if they disagree);
     `child_instances` the live counts of the models in `spec.calls`, where known; `now` is
-    unix seconds on the same clock as `snapshot.taken_at`.
+    unix seconds on the same clock as `snapshot.taken_at`. `grant` is what the model's budget
+    grants this tick's ask (spec.budget; None without one). `load_in_flight`: a load of the
+    model was still in flight when the last tick ended (it outlived the actuator's deadline).
+    `scale_down_margin` is how far below its target a scale-down takes a signal
+    (tritonscale.core.sizing).
 
     Raises ValueError when `current_instances` < 1: with no ready pod there is no live
     count, and the driver reports NoReadyPods itself instead of asking the policy.
@@ -135,230 +152,349 @@ def decide(
             f"current_instances must be >= 1, got {current_instances}: with no ready pod "
             "there is no live count to scale (report NoReadyPods instead)"
         )
-    tick = _Tick(spec, current_instances, state.observe(current_instances, now, spec), now)
+    current = current_instances
+    state = state.observe(current, now, spec)
     signals, problem = _usable_signals(spec, snapshot, now)
-    observed = _observed(spec, current_instances, signals, snapshot)
-
     if spec.paused:
-        return tick.hold(PAUSED, "paused (observing only)", observed, active=False)
-    if current_instances < spec.min_instances:
-        return tick.to_bound(
-            spec.min_instances,
-            behavior.TOO_FEW_INSTANCES,
-            f"{_instances(current_instances)} is below minInstances {spec.min_instances}",
-            observed,
-            problem,
+        why = "paused (observing only)"
+        proposal = _Proposal((_Step(current, PAUSED, why),), Condition(False, PAUSED, why), state)
+    elif not spec.min_instances <= current <= spec.max_instances:
+        proposal = _Proposal((_to_bound(spec, current),), _active_condition(problem), state)
+    elif problem is not None:
+        reason, why = problem
+        proposal = _Proposal((_Step(current, reason, why),), Condition(False, reason, why), state)
+    else:
+        assert signals is not None and snapshot is not None
+        proposal = _scale(
+            spec,
+            current,
+            signals,
+            snapshot,
+            child_instances,
+            state,
+            now,
+            load_in_flight,
+            scale_down_margin,
         )
-    if current_instances > spec.max_instances:
-        return tick.to_bound(
-            spec.max_instances,
-            behavior.TOO_MANY_INSTANCES,
-            f"{_instances(current_instances)} is above maxInstances {spec.max_instances}",
-            observed,
-            problem,
-        )
-    if problem is not None:
-        reason, message = problem
-        return tick.hold(reason, message, observed, active=False)
-    assert signals is not None and snapshot is not None
-    return tick.scale(signals, snapshot, child_instances, observed)
+    asked = proposal.steps[-1]
+    granted = _within_grant(grant, current, asked.count, asked.reason)
+    proposal = replace(proposal, steps=(*proposal.steps, granted))
+    return _rendered(spec, current, proposal, _observed(spec, current, signals, snapshot), now)
+
+
+class _Step(NamedTuple):
+    """What one stage made of the count."""
+
+    count: int
+    reason: str
+    clause: str = ""  # why the stage changed the count; "" when it left it as it was
 
 
 @dataclass(frozen=True)
-class _Tick:
-    """The inputs of one call, and the ways a decision is made from them."""
+class _Proposal:
+    """A decision before it is put in words."""
 
-    spec: AutoscalerSpec
-    current: int
-    state: PolicyState
-    now: float
+    steps: tuple[_Step, ...]  # where the count came from, then each stage in order
+    active: Condition  # ScalingActive
+    state: PolicyState  # what to keep, before this tick is recorded in it
+    recommended: int | None = None  # what the load alone asks for (sizing)
 
-    def decision(
-        self,
-        desired: int,
-        recommended: int | None,
-        reason: str,
-        why: str,
-        observed: Mapping[str, float],
-        active: Condition,
-        state: PolicyState | None = None,
-        able: Condition | None = None,
-    ) -> Decision:
-        direction = UP if desired > self.current else DOWN if desired < self.current else NONE
-        message = f"{_outcome(self.spec.model, self.current, desired)}: {why}"
-        limited = Condition(reason in LIMITING_REASONS, reason, message)
-        if not limited.status:
-            limited = Condition(False, DESIRED_WITHIN_RANGE, "the desired count is within range")
-        if able is None:
-            able = Condition(True, READY_FOR_NEW_SCALE, "no stabilization window holds the count")
-        return Decision(
-            current_instances=self.current,
-            desired_instances=desired,
-            recommended_instances=recommended,
-            direction=direction,
-            reason=reason,
-            message=message,
-            able_to_scale=able,
-            scaling_active=active,
-            scaling_limited=limited,
-            observed=dict(observed),
-            state=(state or self.state).ticked(self.current, desired, self.now),
-            why=why,
+
+def _to_bound(spec: AutoscalerSpec, current: int) -> _Step:
+    """A live count outside [min, max] goes to the bound at once, whatever the metrics say."""
+    if current < spec.min_instances:
+        return _Step(
+            spec.min_instances,
+            behavior.TOO_FEW_INSTANCES,
+            f"{_instances(current)} is below minInstances {spec.min_instances}",
         )
-
-    def hold(self, reason: str, why: str, observed: Mapping[str, float], active: bool) -> Decision:
-        status = Condition(active, reason, why)
-        return self.decision(self.current, None, reason, why, observed, status)
-
-    def to_bound(
-        self,
-        bound: int,
-        reason: str,
-        why: str,
-        observed: Mapping[str, float],
-        problem: tuple[str, str] | None,
-    ) -> Decision:
-        active = _active_condition(problem)
-        return self.decision(bound, None, reason, why, observed, active)
-
-    def scale(
-        self,
-        signals: ModelSignals,
-        snapshot: MetricSnapshot,
-        child_instances: Mapping[str, int],
-        observed: Mapping[str, float],
-    ) -> Decision:
-        spec, current = self.spec, self.current
-        all_needs = sizing.needs(signals, current, spec.targets, spec.tolerance)
-        recommended, reason, winner = sizing.recommend(all_needs, current)
-        clauses = [_because(reason, winner, all_needs, spec.tolerance, recommended, current)]
-        active = Condition(True, VALID_METRIC_FOUND, f"sized from {winner.describe()}")
-
-        check, hold = self.state.gain_check, self.state.no_gain
-        if check is not None and check.loading:
-            # The increase's load was still in flight at the last tick: keep the check until
-            # the new count is live, then judge a window wholly after the tick that saw it.
-            if current > check.before.instances:
-                check = check.landed(self.now)
-        elif check is not None and current <= check.before.instances:
-            check = None  # the increase never landed (a dry run, a failed load) or was undone
-        if check is not None and not check.loading and gain.due(check, snapshot):
-            verdict = gain.judge(check, gain.sample(signals, current))
-            if not verdict.gained:
-                return self.no_gain(check, verdict, signals, recommended, observed, active)
-            check = None
-        if hold is not None and gain.released(hold, signals, current, snapshot):
-            hold = None
-
-        wanted = recommended
-        if wanted > current and hold is not None:
-            reason, wanted = NO_GAIN, current
-            clauses.append(_held_phrase(hold, signals))
-        elif wanted > current:
-            guard = _gpu_guard(spec, snapshot) or _child_guard(spec, snapshot, child_instances)
-            if guard is not None:
-                reason, why = guard
-                wanted = current
-                clauses.append(why)
-
-        bounded = min(max(wanted, spec.min_instances), spec.max_instances)
-        if bounded != wanted:
-            reason = behavior.TOO_MANY_INSTANCES if bounded < wanted else behavior.TOO_FEW_INSTANCES
-            clauses.append(_limit_phrase(spec, reason, wanted, bounded))
-
-        state = self.state.seeded(current, self.now, spec)
-        stabilized, stabilized_reason = behavior.stabilize(
-            spec, state.recommendations, current, bounded, self.now
-        )
-        able = Condition(True, READY_FOR_NEW_SCALE, "no stabilization window holds the count")
-        if stabilized_reason is not None:
-            reason = stabilized_reason
-            clauses.append(_window_phrase(spec, stabilized_reason, bounded, stabilized))
-            able = Condition(True, stabilized_reason, clauses[-1])
-
-        desired, limit_reason = behavior.limit_rate(
-            spec, state.scale_events, current, stabilized, self.now
-        )
-        if limit_reason is not None:
-            reason = limit_reason
-            clauses.append(_limit_phrase(spec, limit_reason, stabilized, desired))
-
-        if desired > current and check is None:
-            before = gain.sample(signals, current)
-            check = gain.GainCheck(self.now, before) if before is not None else None
-        state = replace(state, gain_check=check, no_gain=hold)
-        return self.decision(
-            desired,
-            recommended,
-            reason,
-            "; ".join(clauses),
-            observed,
-            active,
-            state=state.recommend(bounded, self.now, spec),
-            able=able,
-        )
-
-    def no_gain(
-        self,
-        check: gain.GainCheck,
-        verdict: gain.Verdict,
-        signals: ModelSignals,
-        recommended: int,
-        observed: Mapping[str, float],
-        active: Condition,
-    ) -> Decision:
-        """Revert an increase that bought nothing, at once, and hold the count there."""
-        spec = self.spec
-        back = min(max(check.before.instances, spec.min_instances), spec.max_instances)
-        hold = gain.NoGainHold(back, check.before.request_rate, self.now)
-        why = (
-            f"the increase bought nothing ({verdict.message}): back to {_instances(back)}, "
-            f"held there until the request rate moves by more than "
-            f"{100 * gain.RELEASE_CHANGE:.0f} %"
-        )
-        state = replace(self.state, gain_check=None, no_gain=hold)
-        return self.decision(
-            back,
-            recommended,
-            NO_GAIN,
-            why,
-            observed,
-            active,
-            state=state.recommend(back, self.now, spec),
-        )
+    return _Step(
+        spec.max_instances,
+        behavior.TOO_MANY_INSTANCES,
+        f"{_instances(current)} is above maxInstances {spec.max_instances}",
+    )
 
 
-def within_budget(
-    spec: AutoscalerSpec, decision: Decision, granted: int, why: str, now: float
-) -> Decision:
-    """The decision as the model's budget grants it (tritonscale.core.budget).
+def _scale(
+    spec: AutoscalerSpec,
+    current: int,
+    signals: ModelSignals,
+    snapshot: MetricSnapshot,
+    child_instances: Mapping[str, int],
+    state: PolicyState,
+    now: float,
+    load_in_flight: bool,
+    scale_down_margin: float,
+) -> _Proposal:
+    """Size the model from its signals, judge its last increase, then run the stages."""
+    all_needs = sizing.needs(signals, current, spec.targets, spec.tolerance, scale_down_margin)
+    recommended, reason, winner = sizing.recommend(all_needs, current)
+    active = Condition(True, VALID_METRIC_FOUND, f"sized from {winner.describe()}")
 
-    A budget only ever cuts an increase, to `granted` (at least the current count); `why` says
-    by how much room. The reason becomes BudgetExhausted, a limiting reason.
+    check = _carried_check(state.gain_check, current, now, load_in_flight)
+    if check is not None and not load_in_flight and gain.due(check, snapshot):
+        verdict = gain.judge(check, gain.sample(signals, current))
+        if not verdict.gained:
+            return _reverted(spec, check, verdict, state, now, recommended, active)
+        check = None
+    hold = state.no_gain
+    if hold is not None and gain.released(hold, signals, current, snapshot):
+        hold = None
+
+    because = _because(
+        reason, winner, all_needs, spec.tolerance, scale_down_margin, recommended, current
+    )
+    sized = _Step(recommended, reason, because)
+    held = _held_at_no_gain(hold, signals, current, sized.count, sized.reason)
+    gpu = _gpu_full(spec, snapshot, current, held.count, held.reason)
+    child = _child_saturated(spec, snapshot, child_instances, current, gpu.count, gpu.reason)
+    bounded = _bounded(spec, child.count, child.reason)
+    history = state.seeded(current, now, spec)
+    stabilized = _stabilized(
+        spec, history.recommendations, current, now, bounded.count, bounded.reason
+    )
+    limited = _rate_limited(
+        spec, history.scale_events, current, now, stabilized.count, stabilized.reason
+    )
+
+    if limited.count > current and check is None:
+        before = gain.sample(signals, current)
+        check = gain.GainCheck(now, before) if before is not None else None
+    kept = replace(history, gain_check=check, no_gain=hold).recommend(bounded.count, now, spec)
+    steps = (sized, held, gpu, child, bounded, stabilized, limited)
+    return _Proposal(steps, active, kept, recommended)
+
+
+def _carried_check(
+    check: gain.GainCheck | None, current: int, now: float, load_in_flight: bool
+) -> gain.GainCheck | None:
+    """The check of the last increase as this tick finds it."""
+    if check is None:
+        return None
+    if load_in_flight:
+        # The increase's load was still in flight at the last tick: keep the check until the
+        # new count is live, then judge a window wholly after the tick that saw it.
+        return check.landed(now) if current > check.before.instances else check
+    if current <= check.before.instances:
+        return None  # the increase never landed (a dry run, a failed load) or was undone
+    return check
+
+
+def _reverted(
+    spec: AutoscalerSpec,
+    check: gain.GainCheck,
+    verdict: gain.Verdict,
+    state: PolicyState,
+    now: float,
+    recommended: int,
+    active: Condition,
+) -> _Proposal:
+    """Revert an increase that bought nothing, at once, and hold the count there.
+
+    Past the behavior's windows and rate limits: it is a verdict, not a reading of the load.
     """
-    if granted >= decision.desired_instances:
-        return decision
-    current = decision.current_instances
-    granted = max(granted, current)
-    clause = f"{decision.why}; {why}" if decision.why else why
-    message = f"{_outcome(spec.model, current, granted)}: {clause}"
-    return replace(
-        decision,
-        desired_instances=granted,
-        direction=UP if granted > current else NONE,
-        reason=BUDGET_EXHAUSTED,
-        message=message,
-        why=clause,
-        scaling_limited=Condition(True, BUDGET_EXHAUSTED, message),
-        state=decision.state.ticked(current, granted, now),
+    # The count before the increase, within today's bounds (the spec may have changed since
+    # the increase); the verdict, not the bound, stays the reason.
+    back = _bounded(spec, check.before.instances, NO_GAIN).count
+    reverted = _Step(
+        back,
+        NO_GAIN,
+        f"the increase bought nothing ({verdict.message}): back to {_instances(back)}, "
+        f"held there until the request rate moves by more than "
+        f"{100 * gain.RELEASE_CHANGE:.0f} %",
     )
+    hold = gain.NoGainHold(back, check.before.request_rate, now)
+    kept = replace(state, gain_check=None, no_gain=hold).recommend(back, now, spec)
+    return _Proposal((reverted,), active, kept, recommended)
 
 
-def _held_phrase(hold: gain.NoGainHold, signals: ModelSignals) -> str:
-    return (
+# ---- the stages: each maps (count, reason) to (count, reason, clause) ----------------------
+
+
+def _held_at_no_gain(
+    hold: gain.NoGainHold | None, signals: ModelSignals, current: int, count: int, reason: str
+) -> _Step:
+    """No increase from a count where one bought nothing, until the hold ends (core.gain)."""
+    if hold is None or count <= current:
+        return _Step(count, reason)
+    return _Step(
+        current,
+        NO_GAIN,
         f"held at {_instances(hold.instances)}: an increase from there bought nothing "
-        f"(request rate {signals.request_rate:.1f} req/s, {hold.request_rate:.1f} before it)"
+        f"(request rate {signals.request_rate:.1f} req/s, {hold.request_rate:.1f} before it)",
     )
+
+
+def _gpu_full(
+    spec: AutoscalerSpec, snapshot: MetricSnapshot, current: int, count: int, reason: str
+) -> _Step:
+    """A full GPU takes no more instances: more pods (the HPA) are the answer."""
+    gpu = snapshot.gpu
+    if count <= current or gpu is None:
+        return _Step(count, reason)
+    targets = spec.targets
+    if _finite(gpu.utilization) and gpu.utilization >= targets.gpu_utilization_ceiling:
+        what = (
+            f"GPU utilization {gpu.utilization:.2f} is at or above its ceiling "
+            f"{targets.gpu_utilization_ceiling:.2f}"
+        )
+    elif _finite(gpu.memory_fraction) and gpu.memory_fraction >= targets.gpu_memory_ceiling:
+        what = (
+            f"GPU memory {gpu.memory_fraction:.2f} is at or above its ceiling "
+            f"{targets.gpu_memory_ceiling:.2f}"
+        )
+    else:
+        return _Step(count, reason)
+    return _Step(
+        current, GPU_SATURATED, f"{what}: more pods (the HPA), not more instances, are the answer"
+    )
+
+
+def _child_saturated(
+    spec: AutoscalerSpec,
+    snapshot: MetricSnapshot,
+    child_instances: Mapping[str, int],
+    current: int,
+    count: int,
+    reason: str,
+) -> _Step:
+    """A BLS parent's compute time includes its wait for the models it calls.
+
+    When one of them is saturated, more parents only queue more work in front of it; the
+    answer is to scale that child. The parent's targets and tolerance judge the children
+    (the children's own autoscalers may use others). A child without metrics or a known
+    count is not judged.
+    """
+    if count <= current:
+        return _Step(count, reason)
+    saturated = []
+    for child in spec.calls:
+        signals = snapshot.model(child)
+        instances = child_instances.get(child)
+        if signals is None or not instances or instances < 1:
+            continue
+        if sizing.unusable_field(signals) is not None:
+            continue
+        need = sizing.saturation(signals, instances, spec.targets, spec.tolerance)
+        if need is not None:
+            saturated.append((need.ratio, child, instances, need))
+    if not saturated:
+        return _Step(count, reason)
+    saturated.sort(key=lambda item: -item[0])
+    names = " and ".join(child for _, child, _, _ in saturated)
+    _, child, instances, need = saturated[0]
+    verb = "is" if len(saturated) == 1 else "are"
+    return _Step(
+        current,
+        CHILD_SATURATED,
+        f"{names} {verb} saturated ({child}: {need.describe()} at {_instances(instances)}): "
+        f"scale {names}, not {spec.model}",
+    )
+
+
+def _bounded(spec: AutoscalerSpec, count: int, reason: str) -> _Step:
+    """minInstances and maxInstances: the one place a count is clamped to them."""
+    if count > spec.max_instances:
+        return _Step(
+            spec.max_instances, behavior.TOO_MANY_INSTANCES, f"maxInstances is {spec.max_instances}"
+        )
+    if count < spec.min_instances:
+        return _Step(
+            spec.min_instances, behavior.TOO_FEW_INSTANCES, f"minInstances is {spec.min_instances}"
+        )
+    return _Step(count, reason)
+
+
+def _stabilized(
+    spec: AutoscalerSpec,
+    history: tuple[behavior.Recommendation, ...],
+    current: int,
+    now: float,
+    count: int,
+    reason: str,
+) -> _Step:
+    """HPA's stabilization windows over the earlier ticks' recommendations (core.behavior)."""
+    stabilized, window_reason = behavior.stabilize(spec, history, current, count, now)
+    if window_reason is None:
+        return _Step(count, reason)
+    if window_reason == behavior.SCALE_DOWN_STABILIZED:
+        window = spec.behavior.scale_down.stabilization_window_seconds
+        clause = (
+            f"the highest recommendation of the last {window} s was {stabilized} "
+            "(scaleDown stabilization window)"
+        )
+    else:
+        window = spec.behavior.scale_up.stabilization_window_seconds
+        clause = (
+            f"the lowest recommendation of the last {window} s was {stabilized} "
+            "(scaleUp stabilization window)"
+        )
+    return _Step(stabilized, window_reason, clause)
+
+
+def _rate_limited(
+    spec: AutoscalerSpec,
+    events: tuple[behavior.ScaleEvent, ...],
+    current: int,
+    now: float,
+    count: int,
+    reason: str,
+) -> _Step:
+    """HPA's rate policies over the recent scale events (core.behavior)."""
+    allowed, limit_reason = behavior.limit_rate(spec, events, current, count, now)
+    if limit_reason is None:
+        return _Step(count, reason)
+    rules = "scaleUp" if limit_reason == behavior.SCALE_UP_LIMIT else "scaleDown"
+    return _Step(allowed, limit_reason, f"the {rules} policies allow {_instances(allowed)} now")
+
+
+def _within_grant(grant: Grant | None, current: int, count: int, reason: str) -> _Step:
+    """A budget only ever cuts an increase, to what it grants (at least the current count)."""
+    if grant is None or grant.granted >= count:
+        return _Step(count, reason)
+    return _Step(max(grant.granted, current), BUDGET_EXHAUSTED, grant.message)
+
+
+# ---- the decision in words -------------------------------------------------------------------
+
+
+def _rendered(
+    spec: AutoscalerSpec,
+    current: int,
+    proposal: _Proposal,
+    observed: Mapping[str, float],
+    now: float,
+) -> Decision:
+    """The decision: the last stage's count and reason, the stages' clauses in order as its
+    message, and the conditions."""
+    desired, reason = proposal.steps[-1].count, proposal.steps[-1].reason
+    why = "; ".join(step.clause for step in proposal.steps if step.clause)
+    message = f"{_outcome(spec.model, current, desired)}: {why}"
+    if reason in LIMITING_REASONS:
+        limited = Condition(True, reason, message)
+    else:
+        limited = Condition(False, DESIRED_WITHIN_RANGE, "the desired count is within range")
+    return Decision(
+        current_instances=current,
+        desired_instances=desired,
+        recommended_instances=proposal.recommended,
+        direction=UP if desired > current else DOWN if desired < current else NONE,
+        reason=reason,
+        message=message,
+        able_to_scale=_able_to_scale(proposal.steps),
+        scaling_active=proposal.active,
+        scaling_limited=limited,
+        observed=dict(observed),
+        state=proposal.state.ticked(current, desired, now),
+    )
+
+
+def _able_to_scale(steps: tuple[_Step, ...]) -> Condition:
+    """AbleToScale as the HPA sets it: the stabilization window that held the count, if any."""
+    for step in steps:
+        if step.clause and step.reason in STABILIZED_REASONS:
+            return Condition(True, step.reason, step.clause)
+    return Condition(True, READY_FOR_NEW_SCALE, "no stabilization window holds the count")
 
 
 def _instances(count: int) -> str:
@@ -433,66 +569,12 @@ def _finite(value: float | None) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _gpu_guard(spec: AutoscalerSpec, snapshot: MetricSnapshot) -> tuple[str, str] | None:
-    """A full GPU takes no more instances: more pods (the HPA) are the answer."""
-    gpu = snapshot.gpu
-    if gpu is None:
-        return None
-    targets = spec.targets
-    if _finite(gpu.utilization) and gpu.utilization >= targets.gpu_utilization_ceiling:
-        what = (
-            f"GPU utilization {gpu.utilization:.2f} is at or above its ceiling "
-            f"{targets.gpu_utilization_ceiling:.2f}"
-        )
-    elif _finite(gpu.memory_fraction) and gpu.memory_fraction >= targets.gpu_memory_ceiling:
-        what = (
-            f"GPU memory {gpu.memory_fraction:.2f} is at or above its ceiling "
-            f"{targets.gpu_memory_ceiling:.2f}"
-        )
-    else:
-        return None
-    return GPU_SATURATED, f"{what}: more pods (the HPA), not more instances, are the answer"
-
-
-def _child_guard(
-    spec: AutoscalerSpec, snapshot: MetricSnapshot, child_instances: Mapping[str, int]
-) -> tuple[str, str] | None:
-    """A BLS parent's compute time includes its wait for the models it calls.
-
-    When one of them is saturated, more parents only queue more work in front of it; the
-    answer is to scale that child. The parent's targets and tolerance judge the children
-    (the children's own autoscalers may use others). A child without metrics or a known
-    count is not judged.
-    """
-    saturated = []
-    for child in spec.calls:
-        signals = snapshot.model(child)
-        instances = child_instances.get(child)
-        if signals is None or not instances or instances < 1:
-            continue
-        if sizing.unusable_field(signals) is not None:
-            continue
-        need = sizing.saturation(signals, instances, spec.targets, spec.tolerance)
-        if need is not None:
-            saturated.append((need.ratio, child, instances, need))
-    if not saturated:
-        return None
-    saturated.sort(key=lambda item: -item[0])
-    names = " and ".join(child for _, child, _, _ in saturated)
-    _, child, instances, need = saturated[0]
-    verb = "is" if len(saturated) == 1 else "are"
-    return (
-        CHILD_SATURATED,
-        f"{names} {verb} saturated ({child}: {need.describe()} at {_instances(instances)}): "
-        f"scale {names}, not {spec.model}",
-    )
-
-
 def _because(
     reason: str,
     winner: sizing.Need,
     all_needs: list[sizing.Need],
     tolerance: float,
+    scale_down_margin: float,
     recommended: int,
     current: int,
 ) -> str:
@@ -502,7 +584,7 @@ def _because(
             return (
                 f"the signals ask for no other count ({described}): with fewer instances the "
                 f"load would not be clearly below its target (scale-down margin "
-                f"{sizing.SCALE_DOWN_MARGIN:.2f})"
+                f"{scale_down_margin:.2f})"
             )
         return f"the signals ask for no other count ({described}; tolerance {tolerance:.2f})"
     side = "above" if winner.ratio > 1 else "below"
@@ -510,27 +592,3 @@ def _because(
         f"{winner.signal} {winner.value:.2f} is {side} the target {winner.target:.2f} "
         f"and asks for {_instances(recommended)}"
     )
-
-
-def _window_phrase(spec: AutoscalerSpec, reason: str, wanted: int, allowed: int) -> str:
-    if reason == behavior.SCALE_DOWN_STABILIZED:
-        window = spec.behavior.scale_down.stabilization_window_seconds
-        return (
-            f"the highest recommendation of the last {window} s was {allowed} "
-            "(scaleDown stabilization window)"
-        )
-    window = spec.behavior.scale_up.stabilization_window_seconds
-    return (
-        f"the lowest recommendation of the last {window} s was {allowed} "
-        "(scaleUp stabilization window)"
-    )
-
-
-def _limit_phrase(spec: AutoscalerSpec, reason: str, wanted: int, allowed: int) -> str:
-    if reason == behavior.SCALE_UP_LIMIT:
-        return f"the scaleUp policies allow {_instances(allowed)} now"
-    if reason == behavior.SCALE_DOWN_LIMIT:
-        return f"the scaleDown policies allow {_instances(allowed)} now"
-    if reason == behavior.TOO_MANY_INSTANCES:
-        return f"maxInstances is {spec.max_instances}"
-    return f"minInstances is {spec.min_instances}"

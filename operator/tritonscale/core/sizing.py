@@ -147,8 +147,17 @@ def queued_requests(signals: ModelSignals) -> float:
     return max(signals.queue_seconds_per_second, signals.pending_requests)
 
 
-def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: float) -> list[Need]:
-    """One need per signal that has a value (the queue ratio has none when nothing ran)."""
+def needs(
+    signals: ModelSignals,
+    instances: int,
+    targets: Targets,
+    tolerance: float,
+    scale_down_margin: float = SCALE_DOWN_MARGIN,
+) -> list[Need]:
+    """One need per signal that has a value (the queue ratio has none when nothing ran).
+
+    `scale_down_margin`: see SCALE_DOWN_MARGIN; 0 is the HPA's rule (down to the target itself).
+    """
     if instances < 1:
         raise ValueError(f"instances must be >= 1 to size a model, got {instances}")
     by_streams = sized_by_streams(signals)
@@ -162,6 +171,7 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
             busy / targets.utilization,
             instances,
             tolerance,
+            scale_down_margin,
             has_say=not by_streams,
         ),
     ]
@@ -175,7 +185,7 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
         # spare, so that a window that reads busy a little low does not silence it there (the
         # busy signal would then take the instances back: up from one signal, down from the
         # other, again and again).
-        keeps_say = math.floor(round(busy * instances * (1 - SCALE_DOWN_MARGIN) / speaks_from, 9))
+        keeps_say = math.floor(round(busy * instances * (1 - scale_down_margin) / speaks_from, 9))
         has_say = busy >= speaks_from
         need = _need(
             "queue/compute ratio",
@@ -185,6 +195,7 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
             (1 + queue_ratio) / (1 + target),
             instances,
             tolerance,
+            scale_down_margin,
             only_up=True,
             has_say=not by_streams and has_say,
             ceiling=keeps_say,
@@ -205,6 +216,7 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
                 streams / targets.pending_per_instance,
                 instances,
                 tolerance,
+                scale_down_margin,
             )
         )
         return result
@@ -218,6 +230,7 @@ def needs(signals: ModelSignals, instances: int, targets: Targets, tolerance: fl
             pending / targets.pending_per_instance,
             instances,
             tolerance,
+            scale_down_margin,
         )
     )
     return result
@@ -231,12 +244,13 @@ def _need(
     ratio: float,
     instances: int,
     tolerance: float,
+    scale_down_margin: float,
     only_up: bool = False,
     has_say: bool = True,
     ceiling: int | None = None,
 ) -> Need:
     count: int | None
-    below = 1.0 - SCALE_DOWN_MARGIN  # read at call time: tests compare with the HPA's rule (0)
+    below = 1.0 - scale_down_margin
     if not has_say:
         count = None
     elif round(abs(1.0 - ratio), 9) <= tolerance:  # 2.31 / 3 / 0.7 is 1.1000000000000003

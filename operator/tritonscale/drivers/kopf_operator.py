@@ -8,10 +8,11 @@ matches (from kopf's index of pods), then `reconcile.reconcile` (snapshot, polic
 actuator), then the result into `status` and Kubernetes events. The handlers only move
 data between kopf and `reconcile`; the arithmetic lives in the policy.
 
-State lives in the object's status (`status.policyState`, `status.backoff`, the conditions),
-so a restarted or failed-over operator carries on where the last one stopped. An invalid
-spec is a status condition (ScalingActive False, InvalidSpec) and one Warning event, never
-an exception: kopf would retry it forever, and a fixed spec is picked up on the next tick.
+State lives in the object's status (`status.policyState`, `status.backoff`,
+`status.loadInFlight`, the conditions), so a restarted or failed-over operator carries on
+where the last one stopped. An invalid spec is a status condition (ScalingActive False,
+InvalidSpec) and one Warning event, never an exception: kopf would retry it forever, and a
+fixed spec is picked up on the next tick.
 
 Objects tick independently: kopf runs each object's timer as a task of its own, its sync
 handler in a worker thread. A tick is bounded: a load waits at most the actuator's
