@@ -180,7 +180,7 @@ def test_tune_runs_the_loop_logs_decisions_and_exports_metrics(
             "--metrics-port",
             str(port),
             "--duration",
-            "4",
+            "8",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -204,7 +204,9 @@ def test_tune_runs_the_loop_logs_decisions_and_exports_metrics(
     assert lines[0].startswith("tuning adder (add_sub) on 1 Triton(s), metrics from scrape")
     assert "add_sub 1 -> 2 TooFewInstances" in output
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(records) >= 3, "one tick a second for four seconds"
+    # The first tick applies 1 -> 2 (seconds on a busy machine); a later one reads it live.
+    # How many ticks fit in the run is the machine's business, not this test's.
+    assert len(records) >= 2, "no tick after the first one's change"
     assert records[0]["autoscaler"] == "adder" and records[0]["applied"][0]["ok"]
     assert records[-1]["current"] == 2
     assert (
