@@ -98,18 +98,18 @@ clean:
 # upstream sources with Go into .tools/kubernetes-vX.Y.Z/bin (10-25 minutes cold on 2 cores,
 # seconds afterwards), on loopback; the admin kubeconfig is .cluster/kubeconfig.
 cluster-build: venv
-	$(PY) -m tritonscale.local.cluster build
+	$(PY) -m hack.cluster build
 
 cluster-up: venv
-	$(PY) -m tritonscale.local.cluster up
+	$(PY) -m hack.cluster up
 
 cluster-down: venv
-	$(PY) -m tritonscale.local.cluster down
+	$(PY) -m hack.cluster down
 
 # The chart on that control plane with the node stand-in (root): helm install, a step load
 # from the chart's Locust, the operator scaling, a table per phase, helm uninstall.
 demo-k8s: deps tools
-	$(PY) -m tritonscale.local.demo_k8s
+	$(PY) -m hack.demo_k8s
 
 # The images: the operator (operator/Dockerfile, the base install) and Locust
 # (loadtests/Dockerfile), tagged with the chart's appVersion under REGISTRY. Building needs a

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from hack import cluster as control_plane
 from tests.chart.helm import REPO_ROOT, load_tool
 from tests.cluster.harness import Cluster, Stopwatch
 from tests.tooling import missing, require_local_triton, require_tool
-from tritonscale.local import cluster as control_plane
 from tritonscale.local.node import Node, NodeError
 
 TOOLS_DIR = REPO_ROOT / ".tools"

@@ -15,10 +15,10 @@ a Deployment/HPA workload needs. It writes an admin kubeconfig and returns once 
 is ok and the default ServiceAccount exists. `up`/`down` do the same for processes that
 outlive Python (their pids and ports are in STATE/cluster.json).
 
-    python -m tritonscale.local.cluster build   # once: 10-25 minutes cold on 2 cores
-    python -m tritonscale.local.cluster up      # then: kubectl --kubeconfig .cluster/kubeconfig
-    python -m tritonscale.local.cluster status
-    python -m tritonscale.local.cluster down
+    python -m hack.cluster build   # once: 10-25 minutes cold on 2 cores
+    python -m hack.cluster up      # then: kubectl --kubeconfig .cluster/kubeconfig
+    python -m hack.cluster status
+    python -m hack.cluster down
 """
 
 from __future__ import annotations
@@ -662,7 +662,7 @@ class ControlPlane:
         if missing:
             raise ClusterError(
                 f"{', '.join(missing)} not built in {bin_dir(self.tools_dir)}: run "
-                f"`python -m tritonscale.local.cluster build --tools-dir {self.tools_dir}`"
+                f"`python -m hack.cluster build --tools-dir {self.tools_dir}`"
             )
         self._pick_ports()
         _remove_state(self.state_dir, self.kubeconfig)  # each start is a fresh cluster
@@ -815,7 +815,7 @@ def status(state_dir: Path = Path(".cluster"), progress: Callable[[str], Any] = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tritonscale.local.cluster", description=__doc__.split("\n\n")[0]
+        prog="python -m hack.cluster", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("command", choices=("build", "up", "down", "status"))
     parser.add_argument("--state-dir", type=Path, default=Path(".cluster"))

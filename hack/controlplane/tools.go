@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package controlplane pins the Kubernetes commands that tritonscale.local.cluster
+// Package controlplane pins the Kubernetes commands that hack.cluster
 // builds, so that `go mod tidy` keeps them (and their go.sum lines) in this module.
 package controlplane
 
