@@ -4,8 +4,8 @@ No container engine and no prebuilt Kubernetes binary exist on our machines, but
 the Go module proxy do. `controlplane/` next to this file is a tiny Go module that
 requires k8s.io/kubernetes at one release (and the k8s.io staging modules at the matching
 v0.x versions, as k/k's own go.mod replaces them), plus etcd at the version k/k pins.
-`build` compiles etcd, kube-apiserver and kube-controller-manager from it into
-TOOLS/kubernetes-vX.Y.Z/bin. There is no scheduler and no kubelet: whoever uses the
+`build` compiles etcd, kube-apiserver, kube-controller-manager and the node's kube-scheduler,
+kube-proxy and kubelet from it into TOOLS/kubernetes-vX.Y.Z/bin. There is no scheduler and no kubelet: whoever uses the
 cluster binds pods itself, and pods stay Pending otherwise.
 
 `ControlPlane` (a context manager) starts the three on 127.0.0.1 with a small CA made by
@@ -54,7 +54,12 @@ PACKAGES = {
     "etcd": "./etcd",
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    # The node's (hack.node): the same module, so the same versions and build cache.
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+    "kubelet": "k8s.io/kubernetes/cmd/kubelet",
 }
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
 # The controllers a Deployment + Service + HPA + PDB + Job workload needs, and the ones that
 # make RBAC, service accounts and quotas behave as in a real cluster: clusterrole-aggregation
 # fills admin/edit/view, root-ca-certificate-publisher writes kube-root-ca.crt, and a
@@ -212,8 +217,8 @@ def _go_build(
 
 
 def build(tools_dir: Path, progress: Callable[[str], Any] = print) -> dict[str, Path]:
-    """Build etcd, kube-apiserver and kube-controller-manager into
-    TOOLS/kubernetes-vX.Y.Z/bin, or return at once when they are there already."""
+    """Build every binary of PACKAGES into TOOLS/kubernetes-vX.Y.Z/bin, or return at once
+    when they are there already."""
     paths = binaries(tools_dir)
     if all(path.is_file() for path in paths.values()):
         return paths
@@ -766,7 +771,7 @@ def up(
     cluster.json. When one is up already, say so and return its state."""
     state = _read_state(state_dir)
     if state is not None:
-        if len(_running(state)) == len(PACKAGES):
+        if len(_running(state)) == len(CONTROL_PLANE):
             progress(f"cluster already up at {state['server']} (kubeconfig {state['kubeconfig']})")
             return state
         down(state_dir, progress=lambda _line: None)  # a half-dead one: clear it first
@@ -810,7 +815,7 @@ def status(state_dir: Path = Path(".cluster"), progress: Callable[[str], Any] = 
     answer = readyz[1] if readyz[0] == 200 else f"HTTP {readyz[0]}: {readyz[1].strip()[:200]}"
     progress(f"{state['server']}/readyz: {answer if readyz[0] else 'unreachable'}")
     progress(f"kubeconfig: {state['kubeconfig']}")
-    return len(running) == len(PACKAGES) and readyz == (200, "ok")
+    return len(running) == len(CONTROL_PLANE) and readyz == (200, "ok")
 
 
 def main(argv: list[str] | None = None) -> int:
