@@ -5,15 +5,16 @@ the Go module proxy do. `controlplane/` next to this file is a tiny Go module th
 requires k8s.io/kubernetes at one release (and the k8s.io staging modules at the matching
 v0.x versions, as k/k's own go.mod replaces them), plus etcd at the version k/k pins.
 `build` compiles etcd, kube-apiserver, kube-controller-manager and the node's kube-scheduler,
-kube-proxy and kubelet from it into TOOLS/kubernetes-vX.Y.Z/bin. There is no scheduler and no kubelet: whoever uses the
-cluster binds pods itself, and pods stay Pending otherwise.
+kube-proxy and kubelet from it into TOOLS/kubernetes-vX.Y.Z/bin.
 
 `ControlPlane` (a context manager) starts the three on 127.0.0.1 with a small CA made by
 openssl: TLS everywhere (etcd included), Node and RBAC authorization, PodSecurity
 admission, service account tokens, aggregator routing to endpoints, and the controllers
 a Deployment/HPA workload needs. It writes an admin kubeconfig and returns once /readyz
 is ok and the default ServiceAccount exists. `up`/`down` do the same for processes that
-outlive Python (their pids and ports are in STATE/cluster.json).
+outlive Python (their pids and ports are in STATE/cluster.json), and `up` adds a real node
+(hack.node: containerd, kubelet, kube-proxy, kube-scheduler; root needed) that `down` removes
+with everything it made.
 
     python -m hack.cluster build   # once: 10-25 minutes cold on 2 cores
     python -m hack.cluster up      # then: kubectl --kubeconfig .cluster/kubeconfig
@@ -46,6 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from hack import node
 from tritonscale.local.ports import free_port, port_is_taken
 
 GO_MODULE_DIR = Path(__file__).resolve().parent / "controlplane"
@@ -340,6 +342,10 @@ def _make_pki(pki: Path) -> None:
     _new_cert(pki, "admin", "tritonscale-admin", ca="ca", org="system:masters", usage=client)
     _new_cert(pki, "controller-manager", "system:kube-controller-manager", ca="ca", usage=client)
     _new_cert(pki, "front-proxy-client", "front-proxy-client", ca="front-proxy-ca", usage=client)
+    # The API server's identity towards kubelets (logs, exec, port-forward): the kubelet's
+    # webhook authorizer asks the API server, and system:masters may do all of it.
+    _new_cert(pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ca="ca",
+              org="system:masters", usage=client)  # fmt: skip
     # The service account signing key: RSA, which every token consumer understands.
     _new_key(pki / "sa.key", "RSA")
     _openssl("pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
@@ -587,6 +593,12 @@ class ControlPlane:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                # Kubelets are reached at their node's InternalIP (the node's --node-ip),
+                # checked against the cluster's CA, as the kubelet client above.
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--profiling=false",
             ],
             "kube-controller-manager": [
@@ -762,23 +774,43 @@ def _running(state: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def _node_running(state_dir: Path) -> bool:
+    state = node.read_state(state_dir)
+    if state is None:
+        return True  # a cluster started without a node
+    return all(_is_running(pid, state["binaries"][n]) for n, pid in state["pids"].items())
+
+
 def up(
     state_dir: Path = Path(".cluster"),
     tools_dir: Path = Path(".tools"),
     progress: Callable[[str], Any] = print,
+    with_node: bool = True,
 ) -> dict[str, Any]:
-    """Build if needed, then start a control plane that outlives this process; return its
-    cluster.json. When one is up already, say so and return its state."""
+    """Build if needed, then start a control plane and (`with_node`) a node (hack.node) that
+    outlive this process; return cluster.json. When one is up already, say so and return its
+    state. What a crashed run left is removed first."""
     state = _read_state(state_dir)
     if state is not None:
-        if len(_running(state)) == len(CONTROL_PLANE):
+        if len(_running(state)) == len(CONTROL_PLANE) and _node_running(state_dir):
             progress(f"cluster already up at {state['server']} (kubeconfig {state['kubeconfig']})")
             return state
         down(state_dir, progress=lambda _line: None)  # a half-dead one: clear it first
     build(tools_dir, progress)
-    plane = ControlPlane(state_dir, tools_dir, detach=True, progress=progress)
+    # The kubelet registers its node tainted not-ready; node-lifecycle-controller lifts the
+    # taint once the node is Ready (a repeated --controllers adds to the list).
+    extra = {"kube-controller-manager": ["--controllers=node-lifecycle-controller"]}
+    plane = ControlPlane(
+        state_dir, tools_dir, detach=True, progress=progress, extra_args=extra if with_node else {}
+    )
     plane.start()
-    progress(f"cluster up: kubectl --kubeconfig {plane.kubeconfig} get ns")
+    if with_node:
+        try:
+            node.start_node(state_dir, tools_dir, plane.server, progress)
+        except BaseException:
+            plane.stop()
+            raise
+    progress(f"cluster up: kubectl --kubeconfig {plane.kubeconfig} get nodes")
     return _read_state(state_dir) or {}
 
 
@@ -786,6 +818,9 @@ def down(state_dir: Path = Path(".cluster"), progress: Callable[[str], Any] = pr
     """Stop the components recorded in STATE/cluster.json, verify that none remains, and
     remove the state. When no cluster is up, say so."""
     state_dir = Path(state_dir)
+    # The node first, and always: a run that crashed before cluster.json was written may
+    # have left a node's processes, mounts, namespaces or chains.
+    node.stop_node(state_dir, progress)
     state = _read_state(state_dir)
     if state is None:
         progress(f"no cluster up in {state_dir}")
@@ -809,13 +844,17 @@ def status(state_dir: Path = Path(".cluster"), progress: Callable[[str], Any] = 
     running = _running(state)
     for name, pid in state["pids"].items():
         progress(f"{name}: pid {pid} {'running' if name in running else 'NOT running'}")
+    node_state = node.read_state(state_dir) or {"pids": {}, "binaries": {}}
+    for name, pid in node_state["pids"].items():
+        alive = _is_running(pid, node_state["binaries"][name])
+        progress(f"{name}: pid {pid} {'running' if alive else 'NOT running'}")
     plane = ControlPlane(state_dir)
     plane.ports = state["ports"]
     readyz = plane.get("/readyz")
     answer = readyz[1] if readyz[0] == 200 else f"HTTP {readyz[0]}: {readyz[1].strip()[:200]}"
     progress(f"{state['server']}/readyz: {answer if readyz[0] else 'unreachable'}")
     progress(f"kubeconfig: {state['kubeconfig']}")
-    return len(running) == len(CONTROL_PLANE) and readyz == (200, "ok")
+    return len(running) == len(CONTROL_PLANE) and _node_running(state_dir) and readyz == (200, "ok")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -836,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
             down(args.state_dir)
         else:
             return 0 if status(args.state_dir) else 1
-    except ClusterError as error:
+    except (ClusterError, node.NodeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
