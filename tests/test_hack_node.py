@@ -1,0 +1,71 @@
+"""hack.node's configuration, pure: what containerd, the CNI plugins, the kubelet and kube-proxy
+are told. tests/cluster/test_real_node.py runs them for real."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from hack import node
+
+pytestmark = pytest.mark.unit
+
+STATE = Path("/state")
+PATHS = node._paths(STATE)
+PORTS = {
+    "kubelet": 10250,
+    "kubelet-healthz": 10248,
+    "kube-proxy-healthz": 10256,
+    "kube-proxy-metrics": 10249,
+    "kube-scheduler": 10259,
+}
+
+
+def test_containerd_keeps_everything_under_the_state_folder_and_restricts_oom_score_adj() -> None:
+    config = tomllib.loads(node._containerd_config(PATHS))
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["restrict_oom_score_adj"] is True
+    assert cri["sandbox_image"] == node.PAUSE_IMAGE
+    runc = cri["containerd"]["runtimes"]["runc"]["options"]
+    assert runc["SystemdCgroup"] is False
+    paths = [config["root"], config["state"], config["grpc"]["address"], runc["Root"]]
+    paths.append(cri["cni"]["conf_dir"])
+    assert all(Path(path).is_relative_to(STATE / "node") for path in paths), paths
+
+
+def test_the_pod_network_is_ours_and_apart_from_the_node_stand_in() -> None:
+    config = node._cni_config(PATHS)
+    bridge = config["plugins"][0]
+    assert bridge["bridge"] == node.BRIDGE and not bridge["bridge"].startswith("tsn")
+    subnet = ipaddress.ip_network(bridge["ipam"]["ranges"][0][0]["subnet"])
+    assert not subnet.overlaps(ipaddress.ip_network("10.244.0.0/16"))  # the stand-in's pods
+    assert Path(bridge["ipam"]["dataDir"]).is_relative_to(STATE / "node")
+
+
+def test_the_kubelet_runs_on_cgroup_v1_without_qos_cgroups_and_authorizes_by_webhook() -> None:
+    config = node._kubelet_config(PATHS, STATE / "pki", "192.0.2.2", PORTS)
+    assert config["cgroupDriver"] == "cgroupfs"
+    assert config["failCgroupV1"] is False and config["cgroupsPerQOS"] is False
+    assert config["enforceNodeAllocatable"] == []
+    assert config["authentication"]["anonymous"]["enabled"] is False
+    assert config["authorization"]["mode"] == "Webhook"
+    assert config["address"] == "192.0.2.2" and config["readOnlyPort"] == 0
+
+
+def test_kube_proxy_uses_iptables_and_leaves_route_localnet_alone() -> None:
+    config = node._kube_proxy_config(STATE / "kube-proxy.kubeconfig", PORTS)
+    assert config["mode"] == "iptables"
+    assert config["iptables"]["localhostNodePorts"] is False
+    assert config["hostnameOverride"] == node.NODE_NAME
+
+
+def test_a_shim_socket_is_where_containerd_1_6_puts_it() -> None:
+    # runtime/v2/shim.SocketAddress: sha256 of ADDRESS/NAMESPACE/ID, under /run/containerd/s.
+    digest = hashlib.sha256(b"/s/containerd.sock/k8s.io/abc").hexdigest()
+    assert node._shim_socket(Path("/s/containerd.sock"), "abc") == Path(
+        f"/run/containerd/s/{digest}"
+    )
