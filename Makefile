@@ -101,7 +101,7 @@ clean:
 
 # A local Kubernetes built from upstream sources with Go into .tools/kubernetes-vX.Y.Z/bin
 # (10-25 minutes cold on 2 cores, seconds afterwards): the control plane on loopback and a
-# real node (containerd, kubelet, kube-proxy, kube-scheduler; root). The admin kubeconfig is
+# real node (containerd, kubelet, kube-proxy, kube-scheduler, CoreDNS; root). The kubeconfig is
 # .cluster/kubeconfig; cluster-down removes everything cluster-up made.
 cluster-build: venv
 	$(PY) -m hack.cluster build

@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hack import node
+from hack import dns, node
 from tritonscale.local.ports import free_port, port_is_taken
 
 GO_MODULE_DIR = Path(__file__).resolve().parent / "controlplane"
@@ -181,13 +181,26 @@ def _go_build(
         str(output),
         PACKAGES[name],
     ]
-    env = dict(os.environ, CGO_ENABLED="0", GOWORK="off")
+    return run_go(command, module, name, log, progress)
+
+
+def run_go(
+    command: list[str],
+    cwd: Path,
+    name: str,
+    log: Path,
+    progress: Callable[[str], Any],
+    env: dict[str, str] | None = None,
+) -> float:
+    """Run a `go build -v` or `go install -v` COMMAND with a progress line every
+    PROGRESS_EVERY_S; return the seconds it took, or raise ClusterError with go's error."""
+    env = dict(os.environ, CGO_ENABLED="0", GOWORK="off", **(env or {}))
     started = time.monotonic()
     with open(log, "wb") as log_file:
         # Should we be killed, go dies too instead of building on for minutes.
         process = subprocess.Popen(
             command,
-            cwd=module,
+            cwd=cwd,
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -202,10 +215,11 @@ def _go_build(
                 # Bare package paths are `-v`'s lines; the rest is downloads and messages.
                 lines = log.read_text(errors="replace").splitlines()
                 packages = [line for line in lines if line and " " not in line]
+                downloads = sum(line.startswith("go: downloading") for line in lines)
                 last = f" (last: {packages[-1]})" if packages else ""
                 progress(
-                    f"  {name}: {time.monotonic() - started:.0f} s, "
-                    f"{len(packages)} packages compiled{last}"
+                    f"  {name}: {time.monotonic() - started:.0f} s, {downloads} modules "
+                    f"downloaded, {len(packages)} packages compiled{last}"
                 )
     finally:
         if process.poll() is None:  # interrupted: leave no go process behind
@@ -219,8 +233,13 @@ def _go_build(
 
 
 def build(tools_dir: Path, progress: Callable[[str], Any] = print) -> dict[str, Path]:
-    """Build every binary of PACKAGES into TOOLS/kubernetes-vX.Y.Z/bin, or return at once
-    when they are there already."""
+    """Build every binary of PACKAGES into TOOLS/kubernetes-vX.Y.Z/bin and CoreDNS (hack.dns),
+    or return at once when they are there already."""
+    paths = _build_kubernetes(tools_dir, progress)
+    return {**paths, "coredns": dns.build(tools_dir, progress)}
+
+
+def _build_kubernetes(tools_dir: Path, progress: Callable[[str], Any]) -> dict[str, Path]:
     paths = binaries(tools_dir)
     if all(path.is_file() for path in paths.values()):
         return paths
@@ -806,8 +825,10 @@ def up(
     plane.start()
     if with_node:
         try:
-            node.start_node(state_dir, tools_dir, plane.server, progress)
+            address = node.start_node(state_dir, tools_dir, plane.server, progress)["node_ip"]
+            dns.deploy(state_dir, tools_dir, plane.server, address, progress)
         except BaseException:
+            node.stop_node(state_dir, progress=lambda _line: None)
             plane.stop()
             raise
     progress(f"cluster up: kubectl --kubeconfig {plane.kubeconfig} get nodes")

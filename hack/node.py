@@ -46,6 +46,8 @@ CNI_NETWORK = "tritonscale-node"
 POD_SUBNET = "10.88.0.0/24"
 POD_GATEWAY = "10.88.0.1"
 CLUSTER_DOMAIN = "cluster.local"
+# The kube-dns Service (hack.dns): in hack.cluster's service range, .10 as kubeadm picks.
+CLUSTER_DNS_IP = "10.0.0.10"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 PAUSE_IMAGE = "tritonscale.local/pause:3.10.1"
 COMPONENTS = ("containerd", "kube-scheduler", "kube-proxy", "kubelet")
@@ -296,6 +298,7 @@ def _kubelet_config(paths: dict[str, Path], pki: Path, address: str, ports: dict
         "enforceNodeAllocatable": [],
         "failSwapOn": False,
         "clusterDomain": CLUSTER_DOMAIN,
+        "clusterDNS": [CLUSTER_DNS_IP],
         "podLogsDir": str(paths["pod-logs"]),
         "volumePluginDir": str(paths["node"] / "volume-plugins"),
         # A shared development disk is often fuller than eviction's defaults allow, and image

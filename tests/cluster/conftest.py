@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from hack import cluster as control_plane
+from hack import dns as hack_dns
 from tests.chart.helm import REPO_ROOT, load_tool
 from tests.cluster.harness import Cluster, Stopwatch
 from tests.tooling import missing, require_local_triton, require_tool
@@ -40,7 +41,8 @@ TIMINGS: dict[str, float] = {}
 
 
 def _built() -> bool:
-    return all(path.is_file() for path in control_plane.binaries(TOOLS_DIR).values())
+    paths = [*control_plane.binaries(TOOLS_DIR).values(), hack_dns.binary(TOOLS_DIR)]
+    return all(path.is_file() for path in paths)
 
 
 class BackgroundBuild:

@@ -1,7 +1,7 @@
-"""A real node: `hack.cluster up` starts the control plane, containerd, the kubelet, kube-proxy
-and kube-scheduler, and pods from a locally built image run confined, log, get an address from
-the node's CNI bridge and sit behind a ClusterIP Service that kube-proxy routes; `down` leaves
-nothing behind.
+"""A real node: `hack.cluster up` starts the control plane, containerd, the kubelet, kube-proxy,
+kube-scheduler and CoreDNS, and pods from a locally built image run confined, log, get an
+address from the node's CNI bridge, sit behind a ClusterIP Service that kube-proxy routes and
+that CoreDNS names; `down` leaves nothing behind.
 
 The cluster is this module's own (a state folder of its own), not the stand-in session's.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -237,6 +238,21 @@ def test_a_cluster_ip_service_reaches_both_pods_through_kube_proxy(real: RealClu
         real.wait(f"answers from both pods via {cluster_ip} from {where}", both, 60)
 
 
+def test_pods_resolve_a_service_by_name_through_coredns(real: RealCluster) -> None:
+    real.wait("both web pods Ready", lambda: ready(real), 120)
+    cluster_ip = real.get("service", "web")["spec"]["clusterIP"]
+    resolv = real.kubectl("exec", PODS[0], "--", "/bin/busybox", "cat", "/etc/resolv.conf")
+    assert f"nameserver {hack_node.CLUSTER_DNS_IP}" in resolv, resolv
+    name = f"web.{NAMESPACE}.svc.{hack_node.CLUSTER_DOMAIN}"
+
+    def resolved() -> str | None:
+        lookup = ("exec", PODS[0], "--", "/bin/busybox", "nslookup", name)
+        answer = real.kubectl(*lookup, check=False)
+        return answer if cluster_ip in answer else None
+
+    real.wait(f"{name} to resolve to {cluster_ip} in a pod", resolved, 30)
+
+
 def test_cluster_down_leaves_nothing(real: RealCluster) -> None:
     node_state = hack_node.read_state(real.state_dir)
     plane_state = json.loads((real.state_dir / hack_cluster.STATE_FILE).read_text())
@@ -263,3 +279,30 @@ def test_cluster_down_leaves_nothing(real: RealCluster) -> None:
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(real.state_dir) not in mounts, "mounts under the state folder outlived down"
     assert not (real.state_dir / "node").exists()
+
+
+def test_the_next_up_cleans_up_after_a_crashed_cluster(real: RealCluster) -> None:
+    """Every component killed with its pods running (as a lost terminal or a reboot of the
+    test's process would leave them): `up` removes what is left and starts afresh."""
+    hack_cluster.up(real.state_dir, TOOLS_DIR, progress=print)
+    hack_node.import_image(real.state_dir, real.state_dir / "busybox.tar")
+    real.kubectl("create", "namespace", NAMESPACE)
+    real.kubectl("apply", "-f", "-", stdin=json.dumps(pod_manifest(PODS[0])))
+    real.wait(
+        "a pod Ready before the crash", lambda: real.get("pod", PODS[0])["status"].get("podIP"), 120
+    )
+    crashed_netns = hack_node._our_netns()
+    for state in (
+        hack_node.read_state(real.state_dir),
+        json.loads((real.state_dir / hack_cluster.STATE_FILE).read_text()),
+    ):
+        for pid in state["pids"].values():
+            os.kill(pid, signal.SIGKILL)
+
+    hack_cluster.up(real.state_dir, TOOLS_DIR, progress=print)
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert [name for name in crashed_netns if name in netns] == []
+    assert real.get("node", hack_node.NODE_NAME)["metadata"]["name"] == hack_node.NODE_NAME
+    hack_cluster.down(real.state_dir, progress=print)
+    assert hack_node.kube_chains() == {}
+    assert str(real.state_dir) not in Path("/proc/self/mountinfo").read_text()
