@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from hack import node
+from hack import dns, node
 
 pytestmark = pytest.mark.unit
 
@@ -69,3 +69,39 @@ def test_a_shim_socket_is_where_containerd_1_6_puts_it() -> None:
     assert node._shim_socket(Path("/s/containerd.sock"), "abc") == Path(
         f"/run/containerd/s/{digest}"
     )
+
+
+def test_coredns_is_the_kubelets_cluster_dns_and_answers_only_the_cluster() -> None:
+    ports = {"dns": 40053, "health": 40080, "ready": 40081}
+    objects = {body["kind"]: body for body in dns.objects("192.0.2.2", 6443, ports)}
+    service = objects["Service"]["spec"]
+    kubelet = node._kubelet_config(PATHS, STATE / "pki", "192.0.2.2", PORTS)
+    assert kubelet["clusterDNS"] == [service["clusterIP"]]
+    assert {(p["port"], p["targetPort"], p["protocol"]) for p in service["ports"]} == {
+        (53, 40053, "UDP"),
+        (53, 40053, "TCP"),
+    }
+    corefile = objects["ConfigMap"]["data"]["Corefile"]
+    assert "bind 192.0.2.2" in corefile and "forward" not in corefile  # nothing leaves
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    environment = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert environment == {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": "6443",
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "path"),
+    [
+        ("ServiceAccount", "/api/v1/namespaces/kube-system/serviceaccounts"),
+        ("ClusterRole", "/apis/rbac.authorization.k8s.io/v1/clusterroles"),
+        ("Deployment", "/apis/apps/v1/namespaces/kube-system/deployments"),
+    ],
+)
+def test_each_dns_object_is_created_at_its_collection(kind: str, path: str) -> None:
+    ports = {"dns": 1, "health": 2, "ready": 3}
+    body = next(b for b in dns.objects("192.0.2.2", 6443, ports) if b["kind"] == kind)
+    assert dns._collection(body) == path
