@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hack import dns, node
+from hack import dns, node, registry
 from tritonscale.local.ports import free_port, port_is_taken
 
 GO_MODULE_DIR = Path(__file__).resolve().parent / "controlplane"
@@ -232,11 +232,40 @@ def run_go(
     return time.monotonic() - started
 
 
+def go_install(package: str, target: Path, progress: Callable[[str], Any]) -> Path:
+    """`go install PACKAGE@VERSION` (the module's own go.mod and go.sum, checked against the
+    checksum database) into the file `target`, or return at once when it is there."""
+    if target.is_file():
+        return target
+    go = shutil.which("go")
+    if go is None:
+        raise ClusterError(f"go not found on PATH: install Go to build {package}")
+    name = target.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    progress(f"building {package} into {target.parent} (minutes cold, seconds cached)")
+    with tempfile.TemporaryDirectory(prefix=f"tritonscale-{name}-build-") as scratch:
+        command = [go, "install", "-v", "-trimpath", "-ldflags=-s -w", package]
+        log = Path(scratch) / "build.log"
+        seconds = run_go(command, Path(scratch), name, log, progress, env={"GOBIN": scratch})
+        built = next(path for path in Path(scratch).iterdir() if path.name != "build.log")
+        # Through a name in the final folder: nobody sees a half-written binary.
+        partial = target.with_name(f".{name}.partial")
+        shutil.copyfile(built, partial)
+        partial.chmod(0o755)
+        partial.replace(target)
+    progress(f"built {name} in {seconds:.0f} s")
+    return target
+
+
 def build(tools_dir: Path, progress: Callable[[str], Any] = print) -> dict[str, Path]:
-    """Build every binary of PACKAGES into TOOLS/kubernetes-vX.Y.Z/bin and CoreDNS (hack.dns),
-    or return at once when they are there already."""
+    """Build every binary of PACKAGES into TOOLS/kubernetes-vX.Y.Z/bin, CoreDNS (hack.dns) and
+    the registry (hack.registry), or return at once when they are there already."""
     paths = _build_kubernetes(tools_dir, progress)
-    return {**paths, "coredns": dns.build(tools_dir, progress)}
+    return {
+        **paths,
+        "coredns": dns.build(tools_dir, progress),
+        "registry": registry.build(tools_dir, progress),
+    }
 
 
 def _build_kubernetes(tools_dir: Path, progress: Callable[[str], Any]) -> dict[str, Path]:
@@ -896,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
             down(args.state_dir)
         else:
             return 0 if status(args.state_dir) else 1
-    except (ClusterError, node.NodeError) as error:
+    except (ClusterError, node.NodeError, registry.RegistryError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

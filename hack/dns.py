@@ -16,9 +16,7 @@ only the cluster's names are answered, and no query leaves the machine.
 from __future__ import annotations
 
 import json
-import shutil
 import ssl
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -42,28 +40,7 @@ def binary(tools_dir: Path) -> Path:
 
 def build(tools_dir: Path, progress: Callable[[str], Any] = print) -> Path:
     """CoreDNS into TOOLS/coredns-vX.Y.Z/bin, or at once when it is there."""
-    target = binary(tools_dir)
-    if target.is_file():
-        return target
-    go = shutil.which("go")
-    if go is None:
-        raise cluster.ClusterError("go not found on PATH: install Go to build CoreDNS")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    progress(f"building CoreDNS {COREDNS_VERSION} into {target.parent} (a few minutes cold)")
-    with tempfile.TemporaryDirectory(prefix="tritonscale-coredns-build-") as scratch:
-        command = [go, "install", "-v", "-trimpath", "-ldflags=-s -w",
-                   f"{COREDNS_MODULE}@{COREDNS_VERSION}"]  # fmt: skip
-        seconds = cluster.run_go(
-            command, Path(scratch), "coredns", Path(scratch) / "build.log", progress,
-            env={"GOBIN": scratch},
-        )  # fmt: skip
-        # Through a name in the final folder: nobody sees a half-written binary.
-        partial = target.with_name(".coredns.partial")
-        shutil.copyfile(Path(scratch) / "coredns", partial)
-        partial.chmod(0o755)
-        partial.replace(target)
-    progress(f"built coredns in {seconds:.0f} s")
-    return target
+    return cluster.go_install(f"{COREDNS_MODULE}@{COREDNS_VERSION}", binary(tools_dir), progress)
 
 
 def corefile(address: str, ports: dict[str, int]) -> str:

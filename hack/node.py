@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hack import cluster
+from hack import cluster, registry
 from tritonscale.local.ports import free_port
 
 NODE_NAME = "tritonscale-node"
@@ -202,6 +202,8 @@ def _paths(state_dir: Path) -> dict[str, Path]:
         "cni-conf": node / "cni" / "net.d",
         "cni-ipam": node / "cni" / "ipam",
         "config": node / "config",
+        "registry": node / "registry",
+        "certs.d": node / "containerd" / "certs.d",
         "logs": state_dir / "logs",
     }
 
@@ -239,6 +241,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         SystemdCgroup = false
         # runc's state beside ours, not in the machine-wide /run/containerd/runc.
         Root = "{root / "runc"}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    # hosts.toml per registry: the local one (hack.registry) is plain HTTP on loopback.
+    config_path = "{paths["certs.d"]}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{paths["cni-conf"]}"
@@ -366,6 +371,8 @@ def start_node(
     pki = state_dir / "pki"
     binaries = cluster.binaries(tools_dir)
     missing = [name for name in COMPONENTS[1:] if not binaries[name].is_file()]
+    if not registry.binary(tools_dir).is_file():
+        missing.append("registry")
     if missing:
         raise NodeError(f"{', '.join(missing)} not built: run `python -m hack.cluster build`")
     stop_node(state_dir, progress=lambda _line: None)  # whatever a crashed run left
@@ -383,6 +390,8 @@ def start_node(
         "kube-proxy-healthz": free_port(),
         "kube-proxy-metrics": free_port(),
         "kube-scheduler": free_port(),
+        "registry": free_port(),
+        "registry-debug": free_port(),
     }
     config = paths["config"]
     (config / "containerd.toml").write_text(_containerd_config(paths))
@@ -396,12 +405,19 @@ def start_node(
     (config / "kube-proxy.yaml").write_text(
         json.dumps(_kube_proxy_config(config / "kube-proxy.kubeconfig", ports), indent=2) + "\n"
     )
+    hosts = paths["certs.d"] / f"127.0.0.1:{ports['registry']}" / "hosts.toml"
+    hosts.parent.mkdir(parents=True, exist_ok=True)
+    hosts.write_text(registry.containerd_hosts(ports["registry"]))
+    registry_config = registry.write_config(
+        paths["registry"], ports["registry"], ports["registry-debug"]
+    )
     ip_forward = Path("/proc/sys/net/ipv4/ip_forward")
     state: dict[str, Any] = {
         "node": NODE_NAME,
         "node_ip": address,
         "ports": ports,
         "containerd_address": str(paths["socket"]),
+        "registry": f"127.0.0.1:{ports['registry']}",
         "ip_forward_before": ip_forward.read_text().strip(),
         "pids": {},
         "binaries": {},
@@ -442,6 +458,8 @@ def start_node(
         _write_state(state_dir, state)  # from here on, `down` cleans up whatever happens
         # Service cluster IPs are forwarded to pods on the bridge: routing must be on.
         ip_forward.write_text("1\n")
+        spawn("registry", [str(registry.binary(tools_dir)), "serve", str(registry_config)])
+        wait("the registry", lambda: registry.answers(state["registry"]))
         containerd = shutil.which("containerd") or "containerd"
         spawn("containerd", [containerd, f"--config={config / 'containerd.toml'}"])
         wait("containerd's socket", lambda: _ctr_answers(paths["socket"]))
@@ -487,7 +505,7 @@ def start_node(
     progress(
         f"node {NODE_NAME} Ready in {time.monotonic() - started:.1f} s "
         f"(kubelet at {address}:{ports['kubelet']}, containerd {_containerd_version()}, "
-        f"pods on {BRIDGE} {POD_SUBNET})"
+        f"pods on {BRIDGE} {POD_SUBNET}, registry {state['registry']})"
     )
     return state
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from hack import dns, node
+from hack import dns, node, registry
 
 pytestmark = pytest.mark.unit
 
@@ -105,3 +105,15 @@ def test_each_dns_object_is_created_at_its_collection(kind: str, path: str) -> N
     ports = {"dns": 1, "health": 2, "ready": 3}
     body = next(b for b in dns.objects("192.0.2.2", 6443, ports) if b["kind"] == kind)
     assert dns._collection(body) == path
+
+
+def test_the_registry_listens_on_loopback_and_containerd_pulls_from_it_over_http() -> None:
+    config = registry.config(Path("/state/node/registry/data"), 5123, 5124)
+    assert config["http"]["addr"] == "127.0.0.1:5123"
+    assert config["http"]["debug"]["addr"] == "127.0.0.1:5124"
+    hosts = tomllib.loads(registry.containerd_hosts(5123))
+    assert hosts["server"] == "http://127.0.0.1:5123"
+    assert hosts["host"]["http://127.0.0.1:5123"]["capabilities"] == ["pull", "resolve"]
+    containerd = tomllib.loads(node._containerd_config(PATHS))
+    cri_registry = containerd["plugins"]["io.containerd.grpc.v1.cri"]["registry"]
+    assert Path(cri_registry["config_path"]) == PATHS["certs.d"]

@@ -28,6 +28,7 @@ import pytest
 
 from hack import cluster as control_plane
 from hack import dns as hack_dns
+from hack import registry as hack_registry
 from tests.chart.helm import REPO_ROOT, load_tool
 from tests.cluster.harness import Cluster, Stopwatch
 from tests.tooling import missing, require_local_triton, require_tool
@@ -41,7 +42,11 @@ TIMINGS: dict[str, float] = {}
 
 
 def _built() -> bool:
-    paths = [*control_plane.binaries(TOOLS_DIR).values(), hack_dns.binary(TOOLS_DIR)]
+    paths = [
+        *control_plane.binaries(TOOLS_DIR).values(),
+        hack_dns.binary(TOOLS_DIR),
+        hack_registry.binary(TOOLS_DIR),
+    ]
     return all(path.is_file() for path in paths)
 
 

@@ -25,6 +25,7 @@ import pytest
 
 from hack import cluster as hack_cluster
 from hack import node as hack_node
+from hack import registry as hack_registry
 from tests.chart.helm import load_tool
 from tests.cluster.conftest import TIMINGS, TIMINGS_FILE, TOOLS_DIR, ensure_built
 from tests.tooling import missing, require_tool
@@ -253,12 +254,30 @@ def test_pods_resolve_a_service_by_name_through_coredns(real: RealCluster) -> No
     real.wait(f"{name} to resolve to {cluster_ip} in a pod", resolved, 30)
 
 
+def test_a_pod_pulls_its_image_from_the_local_registry(real: RealCluster) -> None:
+    address = hack_node.read_state(real.state_dir)["registry"]
+    reference = f"{address}/tritonscale/busybox:pushed"
+    hack_registry.push(real.state_dir / "busybox.tar", reference)
+    manifest = pod_manifest("pulled")
+    manifest["metadata"]["labels"] = {"app": "pulled"}  # not behind the web Service
+    manifest["spec"]["containers"][0].update(image=reference, imagePullPolicy="Always")
+    real.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def running() -> bool:
+        return real.get("pod", "pulled")["status"].get("phase") == "Running"
+
+    real.wait(f"a pod of {reference}, pulled from the registry, Running", running, 90)
+    events = real.kubectl("get", "events", "--field-selector", "involvedObject.name=pulled")
+    assert "Successfully pulled image" in events, events
+
+
 def test_cluster_down_leaves_nothing(real: RealCluster) -> None:
     node_state = hack_node.read_state(real.state_dir)
     plane_state = json.loads((real.state_dir / hack_cluster.STATE_FILE).read_text())
     assert node_state is not None
     namespaces = hack_node._our_netns()
-    assert len(namespaces) == len(PODS), f"one network namespace per pod: {namespaces}"
+    # One per pod: the two web pods and the one pulled from the registry.
+    assert len(namespaces) == len(PODS) + 1, f"one network namespace per pod: {namespaces}"
     socket = Path(node_state["containerd_address"])
     assert hack_node.shim_pids(socket), "no containerd shim found before down"
 
