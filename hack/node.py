@@ -1,7 +1,8 @@
 """A real Kubernetes node beside the local control plane (hack.cluster).
 
 kubelet, kube-proxy and kube-scheduler come from the control plane's Go module; the container
-runtime is Debian's containerd with Debian's runc and CNI plugins. Everything the node keeps
+runtime is Debian's containerd with Debian's runc and CNI plugins; the local registry
+(hack.registry) starts and stops with the node, and hack.dns deploys CoreDNS on it. Everything the node keeps
 lives under STATE/node (containerd's root, state and socket, the kubelet's root, pod logs, the
 CNI configuration and its address leases), plus what the kernel keeps machine-wide: the bridge
 BRIDGE, the pods' network namespaces, kube-proxy's and the kubelet's iptables chains.
@@ -32,6 +33,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -361,8 +363,9 @@ def start_node(
     progress: Callable[[str], Any] = print,
     timeout_s: float = READY_TIMEOUT_S,
 ) -> dict[str, Any]:
-    """Start containerd, kube-scheduler, kube-proxy and the kubelet against `server` (the
-    control plane of STATE), detached; return STATE/node.json once the node is Ready."""
+    """Start the registry, containerd, kube-scheduler, kube-proxy and the kubelet against
+    `server` (the control plane of STATE), detached; return STATE/node.json once the node is
+    Ready and kube-proxy has synced."""
     if os.geteuid() != 0:
         raise NodeError("the node needs root (containerd, iptables, network namespaces)")
     require_programs()
@@ -546,8 +549,6 @@ def _node_ready(plane: cluster.ControlPlane) -> bool:
 
 
 def _http_ok(url: str) -> bool:
-    import urllib.request
-
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
