@@ -184,9 +184,12 @@ def _module_dir() -> str:
 
 
 def import_image(state_dir: Path, archive: Path) -> None:
-    """Import an OCI archive into the node's containerd, for the kubelet (namespace k8s.io)."""
-    address = _paths(Path(state_dir).resolve())["socket"]
-    _run("ctr", f"--address={address}", "-n", "k8s.io", "images", "import", str(archive),
+    """Import an OCI archive into the node's containerd, for the kubelet (namespace k8s.io),
+    unpacked for the snapshotter the kubelet's containers use."""
+    paths = _paths(Path(state_dir).resolve())
+    address, snapshotter = paths["socket"], snapshotter_for(paths["containerd"])
+    _run("ctr", f"--address={address}", "-n", "k8s.io", "images", "import",
+         f"--snapshotter={snapshotter}", str(archive),
          timeout_s=120)  # fmt: skip
 
 
@@ -208,6 +211,26 @@ def _paths(state_dir: Path) -> dict[str, Path]:
         "certs.d": node / "containerd" / "certs.d",
         "logs": state_dir / "logs",
     }
+
+
+def filesystem_type(folder: Path, mountinfo: str | None = None) -> str:
+    """The type of the filesystem `folder` (existing or not) is on, from the mount table."""
+    if mountinfo is None:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    best, kind = "", ""
+    for line in mountinfo.splitlines():
+        fields, _, rest = line.partition(" - ")
+        point = fields.split()[4].encode().decode("unicode_escape")
+        inside = str(folder) == point or str(folder).startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, rest.split()[0]
+    return kind
+
+
+def snapshotter_for(folder: Path) -> str:
+    """overlayfs, unless containerd's root is itself on overlayfs (a container's root, as in
+    CI), where the kernel refuses an overlay upper layer: then the copying `native`."""
+    return "native" if filesystem_type(Path(folder).resolve()) == "overlay" else "overlayfs"
 
 
 def _containerd_config(paths: dict[str, Path]) -> str:
@@ -235,7 +258,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   enable_selinux = false
   stream_server_address = "127.0.0.1"
   [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+    snapshotter = "{snapshotter_for(paths["containerd"])}"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
@@ -699,10 +722,10 @@ def _shim_socket(address: Path, container_id: str) -> Path:
 
 def _remove_cgroups(container_ids: list[str]) -> None:
     """With no cgroup parent (cgroupsPerQOS off), containerd puts each container in
-    CONTROLLER/k8s.io/ID (cgroup v1). rmdir removes only empty groups, so a k8s.io that
-    another containerd still uses stays."""
-    for controller in Path("/sys/fs/cgroup").iterdir():
-        group = controller / "k8s.io"
+    CONTROLLER/k8s.io/ID (cgroup v1) or k8s.io/ID (v2). rmdir removes only empty groups, so a
+    k8s.io that another containerd still uses stays."""
+    root = Path("/sys/fs/cgroup")
+    for group in [root / "k8s.io", *(c / "k8s.io" for c in root.iterdir() if c.is_dir())]:
         for folder in [*(group / name for name in container_ids), group]:
             with contextlib.suppress(OSError):
                 folder.rmdir()

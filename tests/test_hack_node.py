@@ -117,3 +117,23 @@ def test_the_registry_listens_on_loopback_and_containerd_pulls_from_it_over_http
     containerd = tomllib.loads(node._containerd_config(PATHS))
     cri_registry = containerd["plugins"]["io.containerd.grpc.v1.cri"]["registry"]
     assert Path(cri_registry["config_path"]) == PATHS["certs.d"]
+
+
+MOUNTINFO = """\
+22 1 254:0 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+23 22 0:5 / /proc rw - proc proc rw
+24 22 8:1 / /__w rw,relatime - ext4 /dev/sda1 rw
+"""
+
+
+@pytest.mark.parametrize(
+    ("folder", "kind"),
+    [
+        ("/tmp/pytest-of-root/real-node0/node/containerd", "overlay"),
+        ("/__w/tritonscale/.cluster/node/containerd", "ext4"),
+        ("/__w", "ext4"),
+        ("/proc/1", "proc"),
+    ],
+)
+def test_the_filesystem_of_a_folder_is_its_deepest_mount(folder: str, kind: str) -> None:
+    assert node.filesystem_type(Path(folder), MOUNTINFO) == kind
