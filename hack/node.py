@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -125,7 +126,7 @@ def build_scratch_image(
     with tempfile.TemporaryDirectory(prefix="tritonscale-buildah-") as scratch:
         buildah = [
             "buildah",
-            f"--root={scratch}/root",
+            f"--root={scratch}/storage",
             f"--runroot={scratch}/run",
             "--storage-driver=vfs",
         ]
@@ -701,13 +702,8 @@ def _remove_kube_chains() -> None:
             for rule in re.findall(r"^-A (\S+) (.*-j KUBE-\S+.*)$", dump, re.MULTILINE):
                 chain, spec = rule
                 if not chain.startswith("KUBE-"):
-                    # iptables-save quotes as the shell does: let the shell split it.
-                    subprocess.run(
-                        f"{tool} -w -t {table} -D {chain} {spec}",
-                        shell=True,
-                        capture_output=True,
-                        timeout=30,
-                    )
+                    # iptables-save quotes comments as a shell does: shlex splits them back.
+                    _run(tool, "-w", "-t", table, "-D", chain, *shlex.split(spec), check=False)
             for chain in chains:
                 _run(tool, "-w", "-t", table, "-F", chain, check=False)
             for chain in chains:

@@ -70,7 +70,7 @@ def push(archive: Path, reference: str) -> None:
     """Push an OCI archive to the registry as `reference` (127.0.0.1:PORT/NAME:TAG) with
     buildah, through storage of its own that is thrown away."""
     with tempfile.TemporaryDirectory(prefix="tritonscale-push-") as scratch:
-        buildah = ["buildah", f"--root={scratch}/root", f"--runroot={scratch}/run",
+        buildah = ["buildah", f"--root={scratch}/storage", f"--runroot={scratch}/run",
                    "--storage-driver=vfs"]  # fmt: skip
         env = dict(os.environ, STORAGE_DRIVER="vfs", BUILDAH_ISOLATION="chroot")
 

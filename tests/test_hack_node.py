@@ -129,7 +129,7 @@ MOUNTINFO = """\
 @pytest.mark.parametrize(
     ("folder", "kind"),
     [
-        ("/tmp/pytest-of-root/real-node0/node/containerd", "overlay"),
+        ("/cluster/node/containerd", "overlay"),
         ("/__w/tritonscale/.cluster/node/containerd", "ext4"),
         ("/__w", "ext4"),
         ("/proc/1", "proc"),

@@ -39,8 +39,8 @@ UID = 65532
 COMMAND_TIMEOUT_S = 60
 # Each pod writes its name as the page it serves, so an answer says which pod gave it.
 SERVE = (
-    "mkdir -p /tmp/www && echo $POD_NAME > /tmp/www/index.html && echo serving $POD_NAME "
-    "&& exec /bin/busybox httpd -f -p 8080 -h /tmp/www"
+    "echo $POD_NAME > /www/index.html && echo serving $POD_NAME "
+    "&& exec /bin/busybox httpd -f -p 8080 -h /www"
 )
 
 
@@ -129,10 +129,10 @@ def pod_manifest(name: str) -> dict[str, Any]:
                         "allowPrivilegeEscalation": False,
                         "capabilities": {"drop": ["ALL"]},
                     },
-                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                    "volumeMounts": [{"name": "www", "mountPath": "/www"}],
                 }
             ],
-            "volumes": [{"name": "tmp", "emptyDir": {}}],
+            "volumes": [{"name": "www", "emptyDir": {}}],
         },
     }
 
