@@ -7,7 +7,12 @@ STAMP := $(VENV)/.installed
 # Debian packages the tests and the demo use: Prometheus (and promtool) for the real
 # metrics path, libpython3.11 for the Triton Python backend stub, and shellcheck, with which
 # actionlint checks the workflows' scripts; iproute2 for the node stand-in's pod network.
-DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2
+# The local cluster's real node (hack/node.py): containerd and runc, the CNI plugins,
+# iptables and conntrack for kube-proxy, buildah and a static gcc for the pause image, and
+# busybox-static for the node test's image.
+DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 \
+	containerd runc containernetworking-plugins iptables conntrack buildah gcc libc6-dev \
+	busybox-static
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s
@@ -94,22 +99,23 @@ manifests: tools crd
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
-# A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) built from
-# upstream sources with Go into .tools/kubernetes-vX.Y.Z/bin (10-25 minutes cold on 2 cores,
-# seconds afterwards), on loopback; the admin kubeconfig is .cluster/kubeconfig.
+# A local Kubernetes built from upstream sources with Go into .tools/kubernetes-vX.Y.Z/bin
+# (10-25 minutes cold on 2 cores, seconds afterwards): the control plane on loopback and a
+# real node (containerd, kubelet, kube-proxy, kube-scheduler, CoreDNS; root). The kubeconfig is
+# .cluster/kubeconfig; cluster-down removes everything cluster-up made.
 cluster-build: venv
-	$(PY) -m tritonscale.local.cluster build
+	$(PY) -m hack.cluster build
 
-cluster-up: venv
-	$(PY) -m tritonscale.local.cluster up
+cluster-up: deps
+	$(PY) -m hack.cluster up
 
 cluster-down: venv
-	$(PY) -m tritonscale.local.cluster down
+	$(PY) -m hack.cluster down
 
 # The chart on that control plane with the node stand-in (root): helm install, a step load
 # from the chart's Locust, the operator scaling, a table per phase, helm uninstall.
 demo-k8s: deps tools
-	$(PY) -m tritonscale.local.demo_k8s
+	$(PY) -m hack.demo_k8s
 
 # The images: the operator (operator/Dockerfile, the base install) and Locust
 # (loadtests/Dockerfile), tagged with the chart's appVersion under REGISTRY. Building needs a

@@ -44,7 +44,7 @@ def crdcheck() -> Path:
     """tests/crdcheck, built into .tools/bin (Go's build cache makes a rebuild take seconds)."""
     go = require_tool("go")
     try:
-        # The flags of the local control plane's build (tritonscale.local.cluster), so that
+        # The flags of the local control plane's build (hack.cluster), so that
         # the packages both compile at the same versions come from Go's build cache.
         done = subprocess.run(
             [go, "build", "-mod=mod", "-trimpath", "-tags=selinux,notest,grpcnotrace"]

