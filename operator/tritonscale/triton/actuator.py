@@ -222,8 +222,6 @@ class Actuator:
                 return triton.is_live()
         except TritonError:
             return False
-        finally:
-            free_thread_hub()
 
     def is_ready(self, endpoint: Endpoint, model: str) -> bool:
         with self.client(endpoint) as triton:

@@ -109,9 +109,20 @@ class TritonClient:
             return http.get_model_config(model)
 
     def is_live(self) -> bool:
-        """Whether the server answers at all (`GET v2/health/live`)."""
-        with self._call("asking whether the server is live") as http:
-            return http.is_server_live()
+        """Whether the server answers at all (`GET v2/health/live`).
+
+        Plain HTTP, not tritonclient: silent pods are asked from short threads of their own,
+        where gevent's per-thread hub is one more thing that can wedge (seen: a restarted
+        server left out for 44 s although it answered).
+        """
+        url = f"{self.endpoint.base_url}/v2/health/live"
+        try:
+            with requests.get(url, timeout=self.timeout_s) as response:
+                return response.status_code == 200
+        except requests.RequestException as error:
+            raise TritonUnreachable(
+                self.endpoint.name, f"asking whether the server is live: {one_line(str(error))}"
+            ) from None
 
     def is_model_ready(self, model: str, version: str = "") -> bool:
         """Whether the model (or one version of it) is READY (`GET v2/models/{model}/ready`)."""
