@@ -6,12 +6,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Debian packages the tests and the demo use: Prometheus (and promtool) for the real
 # metrics path, libpython3.11 for the Triton Python backend stub, and shellcheck, with which
-# actionlint checks the workflows' scripts; iproute2 for the node stand-in's pod network.
-DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2
+# actionlint checks the workflows' scripts; iproute2 for the node stand-in's pod network;
+# buildah, debootstrap and runc build the images and run them in their tests (`make images`).
+DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 buildah debootstrap runc
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s
-.PHONY: images push images-size docker-engine flake-hunt
+.PHONY: base-image images push images-size flake-hunt
 
 all: test
 
@@ -111,24 +112,22 @@ cluster-down: venv
 demo-k8s: deps tools
 	$(PY) -m tritonscale.local.demo_k8s
 
-# The images: the operator (operator/Dockerfile, the base install) and Locust
-# (loadtests/Dockerfile), tagged with the chart's appVersion under REGISTRY. Building needs a
-# Docker engine; `make push REGISTRY=registry.example.com/team` then pushes both.
+# The images: the operator (operator/Dockerfile, the base install), Locust (loadtests/Dockerfile)
+# and a CPU Triton (triton/Dockerfile), each tagged localhost/NAME:<the chart's appVersion> and
+# written to out/images/NAME.oci.tar. Docker builds them where `docker info` works; elsewhere
+# buildah does, on a python:3.11-slim stand-in made from Debian's packages (`make base-image`,
+# no registry needed). An image whose inputs did not change is reused (seconds).
+# `make push REGISTRY=registry.example.com/team` then pushes all three there.
 REGISTRY ?= ghcr.io/tritonscale
-VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/tritonscale/Chart.yaml)
-OPERATOR_IMAGE := $(REGISTRY)/tritonscale-operator:$(VERSION)
-LOCUST_IMAGE := $(REGISTRY)/tritonscale-locust:$(VERSION)
 
-docker-engine:
-	@docker info >/dev/null 2>&1 || { echo 'make images needs a Docker engine: `docker info` failed (install and start Docker, or point DOCKER_HOST at one)' >&2; exit 1; }
+base-image:
+	$(PYTHON) -m hack.images base
 
-images: docker-engine
-	docker build -f operator/Dockerfile -t $(OPERATOR_IMAGE) .
-	docker build -f loadtests/Dockerfile -t $(LOCUST_IMAGE) .
+images:
+	$(PYTHON) -m hack.images build
 
 push: images
-	docker push $(OPERATOR_IMAGE)
-	docker push $(LOCUST_IMAGE)
+	$(PYTHON) -m hack.images push $(REGISTRY)
 
 # Each image's Python environment built as its Dockerfile builds it (no engine needed):
 # size and distributions.

@@ -1,0 +1,1 @@
+"""Development tooling: not part of the tritonscale package, its wheel or its images."""
