@@ -82,6 +82,11 @@ class Image:
     def archive(self) -> Path:
         return OUT / f"{self.name}.oci.tar"
 
+    @property
+    def record(self) -> Path:
+        """The archive's key, layer count and sizes, written after the archive itself."""
+        return OUT / f"{self.name}.oci.json"
+
 
 IMAGES = (
     Image("tritonscale-operator", "operator/Dockerfile"),
@@ -313,9 +318,10 @@ def stored_docker(name: str) -> Stored | None:
     return Stored(id=info["Id"], key=labels.get(KEY_LABEL, ""))
 
 
-def archive_key(image: Image) -> str:
-    key_file = image.archive.with_suffix(".key")
-    return key_file.read_text().strip() if key_file.is_file() and image.archive.is_file() else ""
+def archive_record(image: Image) -> dict[str, int | str]:
+    if not (image.record.is_file() and image.archive.is_file()):
+        return {}
+    return json.loads(image.record.read_text())
 
 
 # ---- the base -----------------------------------------------------------------------------
@@ -387,7 +393,7 @@ def build_image(image: Image, *, docker: bool, base: str, base_id: str, version:
     name = image.local_name(version)
     key = image_key(image, base, base_id)
     stored = stored_docker(name) if docker else stored_buildah(name)
-    if stored is not None and stored.key == key and archive_key(image) == key:
+    if stored is not None and stored.key == key and archive_record(image).get("key") == key:
         print(f"reused {name} (key {key[:12]}), archive {image.archive.relative_to(REPO_ROOT)}")
         return
     started = time.monotonic()
@@ -416,7 +422,14 @@ def build_image(image: Image, *, docker: bool, base: str, base_id: str, version:
         target = f"oci-archive:{partial}:{name}"
         run([*buildah(), "push", "--quiet", name, target], timeout_s=900, env=buildah_env())
     partial.rename(image.archive)
-    image.archive.with_suffix(".key").write_text(key + "\n")
+    layers = archive_layers(image.archive)
+    record = {
+        "key": key,
+        "layers": len(layers),
+        "archive_bytes": image.archive.stat().st_size,
+        "unpacked_bytes": sum(size for _, size in layers),
+    }
+    image.record.write_text(json.dumps(record, indent=2) + "\n")
     print(f"built {name} in {time.monotonic() - started:.0f} s", flush=True)
 
 
@@ -444,11 +457,11 @@ def build_all(python_image: str) -> None:
 def summary(version: str) -> str:
     rows = ["image                                      archive MB  layers  unpacked MB"]
     for image in IMAGES:
-        layers = archive_layers(image.archive)
-        packed = image.archive.stat().st_size / 1e6
-        unpacked = sum(size for _, size in layers) / 1e6
+        record = archive_record(image)
+        packed = int(record["archive_bytes"]) / 1e6
+        unpacked = int(record["unpacked_bytes"]) / 1e6
         rows.append(
-            f"{image.local_name(version):42} {packed:10.0f}  {len(layers):6d}  {unpacked:11.0f}"
+            f"{image.local_name(version):42} {packed:10.0f}  {record['layers']:6}  {unpacked:11.0f}"
         )
     return "\n".join(rows)
 

@@ -196,6 +196,9 @@ def infer(url: str, model: str, first: list[float], second: list[float]) -> dict
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        outputs = json.load(answer)["outputs"]
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            outputs = json.load(answer)["outputs"]
+    except urllib.error.HTTPError as error:
+        pytest.fail(f"{model}: HTTP {error.code}: {error.read().decode(errors='replace')}")
     return {output["name"]: output["data"] for output in outputs}
