@@ -7,8 +7,9 @@ STAMP := $(VENV)/.installed
 # Debian packages the tests and the demo use: Prometheus (and promtool) for the real
 # metrics path, libpython3.11 for the Triton Python backend stub, and shellcheck, with which
 # actionlint checks the workflows' scripts; iproute2 for the node stand-in's pod network;
-# buildah, debootstrap and runc build the images and run them in their tests (`make images`).
-DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 buildah debootstrap runc
+# buildah, debootstrap and runc build the images and run them in their tests (`make images`),
+# docker-registry (the CNCF distribution registry) receives `make push` in its test.
+DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 buildah debootstrap runc docker-registry
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s

@@ -411,6 +411,12 @@ def build_image(image: Image, *, docker: bool, base: str, base_id: str, version:
                 trust = build_trust_volumes(Path(scratch))
                 command = [*buildah(), "build", *pull, *trust, *options, "."]
                 stream(command, image.name, env=buildah_env())
+            if stored is not None:
+                # The image this one replaces, now untagged: left, it would fill the storage
+                # with one copy per change. Kept where something still uses it.
+                subprocess.run(
+                    [*buildah(), "rmi", stored.id], capture_output=True, timeout=120, check=False
+                )
     OUT.mkdir(parents=True, exist_ok=True)
     print(f"writing {image.archive.relative_to(REPO_ROOT)}", flush=True)
     # Written beside, then renamed: an interrupted write never passes for a finished archive.

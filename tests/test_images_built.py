@@ -51,7 +51,7 @@ def build_images() -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def built() -> dict[str, Path]:
+def built(pytestconfig: pytest.Config) -> dict[str, Path]:
     """Every image's OCI archive, built (or reused) by `python -m hack.images build`."""
     if not images.docker_engine():
         for tool in ("buildah", "debootstrap"):
@@ -59,8 +59,11 @@ def built() -> dict[str, Path]:
     require_tool("runc")
     started = time.monotonic()
     done = build_images()
-    print(f"\nbuild: {time.monotonic() - started:.0f} s\n{done.stdout[-3000:]}")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    # Each step's output (lines starting "  [") is for a person watching; the rest says what
+    # was built or reused and each image's size.
+    lines = [line for line in done.stdout.splitlines() if not line.startswith("  [")]
+    show(pytestconfig, [f"\nmake images: {time.monotonic() - started:.0f} s", *lines])
     return {image.name: image.archive for image in images.IMAGES}
 
 
@@ -71,17 +74,27 @@ def runc(tmp_path_factory: pytest.TempPathFactory) -> Runc:
 
 @pytest.fixture(scope="module")
 def bundles(
-    built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Bundle]]:
+    built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> dict[str, Bundle]:
+    """Each image unpacked from its archive; its size and layers shown in the test output."""
     found = {}
     for name, archive in built.items():
         bundle = unpack(archive, tmp_path_factory.mktemp(name) / "bundle")
         found[name] = bundle
-        print(
+        line = (
             f"{name}: archive {archive.stat().st_size / 1e6:.0f} MB, "
-            f"{len(bundle.layers)} layers, {bundle.size_bytes / 1e6:.0f} MB unpacked"
+            f"{len(bundle.layers)} layers, files {bundle.size_bytes / 1e6:.0f} MB"
         )
-    yield found
+        show(pytestconfig, [line])
+    return found
+
+
+def show(config: pytest.Config, lines: list[str]) -> None:
+    """Lines in the test output even when it passes (pytest captures a fixture's prints)."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        for line in lines:
+            print(line, flush=True)
 
 
 def test_a_second_build_with_nothing_changed_reuses_every_image(built: dict[str, Path]) -> None:
@@ -202,3 +215,58 @@ def infer(url: str, model: str, first: list[float], second: list[float]) -> dict
     except urllib.error.HTTPError as error:
         pytest.fail(f"{model}: HTTP {error.code}: {error.read().decode(errors='replace')}")
     return {output["name"]: output["data"] for output in outputs}
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    """A registry on a free loopback port (Debian's docker-registry), storage in tmp_path."""
+    binary = require_tool("docker-registry")
+    port = free_port(LOOPBACK)
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        "version: 0.1\n"
+        f"storage: {{filesystem: {{rootdirectory: {tmp_path / 'storage'}}}}}\n"
+        f"http: {{addr: '{LOOPBACK}:{port}'}}\n"
+    )
+    with open(tmp_path / "registry.log", "wb") as log:
+        process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not registry_answers(f"http://{LOOPBACK}:{port}/v2/"):
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(
+                    f"docker-registry did not start: {(tmp_path / 'registry.log').read_text()}"
+                )
+            time.sleep(0.2)
+        yield f"{LOOPBACK}:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def registry_answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def test_make_push_puts_every_image_in_the_registry_as_the_readme_says(
+    built: dict[str, Path], registry: str
+) -> None:
+    make = require_tool("make")
+    done = subprocess.run(
+        [make, "--no-print-directory", "push", f"REGISTRY={registry}/tritonscale"],
+        cwd=REPO_ROOT,
+        env=clean_environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    version = images.chart_version()
+    for image in images.IMAGES:
+        url = f"http://{registry}/v2/tritonscale/{image.name}/tags/list"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            assert json.load(answer)["tags"] == [version], image.name
