@@ -157,6 +157,12 @@ def runc_spec(
 
 
 @dataclass
+class Started:
+    name: str
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
 class Runc:
     """runc with its state in `state` (not /run/runc, which other tools on the machine use)."""
 
@@ -185,7 +191,7 @@ class Runc:
             self.delete(name)
 
     @contextlib.contextmanager
-    def started(self, bundle: Bundle, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    def started(self, bundle: Bundle, log: Path) -> Iterator[Started]:
         """The bundle's process running in the background, its output in `log`; on exit it
         gets SIGTERM, then SIGKILL if still there after 30 s, and the container is deleted."""
         name = f"tritonscale-test-{secrets.token_hex(4)}"
@@ -197,7 +203,7 @@ class Runc:
                 stdin=subprocess.DEVNULL,
             )
             try:
-                yield process
+                yield Started(name, process)
             finally:
                 subprocess.run(self.command("kill", name, "TERM"), capture_output=True, timeout=30)
                 try:
@@ -208,6 +214,23 @@ class Runc:
                     )
                     process.wait(timeout=30)
                 self.delete(name)
+
+    def exec(
+        self, name: str, args: list[str], user: tuple[int, int], timeout_s: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """A second process in a running container (as a kubelet's exec probe runs one)."""
+        try:
+            return subprocess.run(
+                self.command("exec", "--user", f"{user[0]}:{user[1]}", name, *args),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"`{' '.join(args)}` in container {name} hung: no exit in {timeout_s:.0f} s"
+            ) from None
 
     def delete(self, name: str) -> None:
         subprocess.run(self.command("delete", "--force", name), capture_output=True, timeout=60)

@@ -141,6 +141,7 @@ def test_the_triton_image_serves_the_repository_models_as_the_chart_runs_it(
     bundles: dict[str, Bundle], runc: Runc, tmp_path: Path
 ) -> None:
     bundle = bundles["tritonscale-triton-cpu"]
+    user = CHART_USERS["tritonscale-triton-cpu"]
     http, grpc, metrics = (free_port(LOOPBACK) for _ in range(3))
     key = "test-repository-key"
     # The chart's command and arguments (templates/triton-deployment.yaml), on free loopback
@@ -170,16 +171,28 @@ def test_the_triton_image_serves_the_repository_models_as_the_chart_runs_it(
     runc_spec(
         bundle,
         command,
-        user=CHART_USERS["tritonscale-triton-cpu"],
+        user=user,
         host_network=True,
-        binds={str(REPO_ROOT / "models"): "/models"},
+        binds={
+            str(REPO_ROOT / "models"): "/models",
+            str(
+                REPO_ROOT / "charts" / "tritonscale" / "files" / "scripts"
+            ): "/opt/tritonscale/scripts",
+        },
     )
     log = tmp_path / "tritonserver.log"
-    with runc.started(bundle, log) as process:
-        wait_until_ready(f"http://{LOOPBACK}:{http}", process, log)
+    url = f"http://{LOOPBACK}:{http}"
+    with runc.started(bundle, log) as container:
+        wait_until_ready(url, container.process, log)
         for model in ("add_sub", "bls_async"):
-            outputs = infer(f"http://{LOOPBACK}:{http}", model, [1, 2, 3, 4], [4, 3, 2, 1])
+            outputs = infer(url, model, [1, 2, 3, 4], [4, 3, 2, 1])
             assert outputs == {"OUTPUT0": [5, 5, 5, 5], "OUTPUT1": [-3, -1, 1, 3]}, model
+        # The chart's readiness probe: the image's python3 runs the chart's script.
+        probe = ["python3", "/opt/tritonscale/scripts/triton_ready.py", f"--url={url}"]
+        done = runc.exec(container.name, [*probe, "add_sub", "bls_async"], user=user)
+        assert done.returncode == 0, done.stdout + done.stderr
+        not_loaded = runc.exec(container.name, [*probe, "square_int32"], user=user)
+        assert not_loaded.returncode == 1, not_loaded.stdout + not_loaded.stderr
 
 
 def wait_until_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
