@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,20 @@ def test_an_image_key_changes_with_the_base_image() -> None:
 
 def chart_yaml() -> str:
     return (REPO_ROOT / "charts" / "tritonscale" / "Chart.yaml").read_text()
+
+
+def test_a_build_step_that_goes_silent_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(images, "IDLE_TIMEOUT_S", 1)
+    started = time.monotonic()
+    with pytest.raises(images.ImageError) as raised:
+        images.stream(["sh", "-c", "echo fetching; sleep 60"], "tritonscale-example")
+    assert time.monotonic() - started < 15
+    assert str(raised.value) == (
+        "tritonscale-example hung: it printed nothing for 1 s (last line: 'fetching')"
+    )
+
+
+def test_a_failed_build_step_is_one_line_with_its_last_words() -> None:
+    with pytest.raises(images.ImageError) as raised:
+        images.stream(["sh", "-c", "echo step one; echo no space left >&2; exit 3"], "example")
+    assert str(raised.value) == "example failed (3): no space left"
