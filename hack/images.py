@@ -17,6 +17,7 @@ archive under out/images/ is skipped, so a second `make images` takes seconds.
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -26,11 +27,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OUT = REPO_ROOT / "out" / "images"
@@ -481,30 +484,40 @@ def summary(version: str) -> str:
 
 
 def archive_layers(archive: Path) -> list[tuple[str, int]]:
-    """(digest, uncompressed bytes) of each layer of an OCI archive's one image."""
-    import gzip
-    import tarfile
-
+    """(name, uncompressed bytes) of each layer of an archive's one image: an OCI archive
+    (buildah; Docker 25 and later), or a docker-archive (`docker save` of older engines)."""
     layers = []
     with tarfile.open(archive) as tar:
-
-        def blob(digest_text: str) -> bytes:
-            member = tar.extractfile("blobs/sha256/" + digest_text.split(":", 1)[1])
-            assert member is not None
-            return member.read()
-
-        index = json.loads(tar.extractfile("index.json").read())  # type: ignore[union-attr]
-        manifest = json.loads(blob(index["manifests"][0]["digest"]))
-        for layer in manifest["layers"]:
-            with tar.extractfile(  # type: ignore[union-attr]
-                "blobs/sha256/" + layer["digest"].split(":", 1)[1]
-            ) as raw:
+        names = set(tar.getnames())
+        if "index.json" in names:
+            index = json.load(member(tar, "index.json"))
+            manifest = json.load(member(tar, blob_path(index["manifests"][0]["digest"])))
+            paths = [
+                (blob_path(layer["digest"]), "gzip" in layer["mediaType"])
+                for layer in manifest["layers"]
+            ]
+        else:
+            (manifest,) = json.load(member(tar, "manifest.json"))
+            paths = [(path, False) for path in manifest["Layers"]]
+        for path, compressed in paths:
+            with member(tar, path) as raw:
+                layer = gzip.GzipFile(fileobj=raw) if compressed else raw
                 size = 0
-                stream_ = gzip.GzipFile(fileobj=raw) if "gzip" in layer["mediaType"] else raw
-                while chunk := stream_.read(1 << 20):
+                while chunk := layer.read(1 << 20):
                     size += len(chunk)
-            layers.append((layer["digest"], size))
+            layers.append((path, size))
     return layers
+
+
+def blob_path(digest_text: str) -> str:
+    return "blobs/sha256/" + digest_text.split(":", 1)[1]
+
+
+def member(tar: tarfile.TarFile, path: str) -> IO[bytes]:
+    found = tar.extractfile(path)
+    if found is None:
+        raise ImageError(f"{tar.name}: {path} is missing or not a file")
+    return found
 
 
 # ---- push -------------------------------------------------------------------------------

@@ -10,10 +10,12 @@ the images themselves and runs them.
 from __future__ import annotations
 
 import csv
+import json
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -261,3 +263,20 @@ def test_a_failed_build_step_is_one_line_with_its_last_words() -> None:
     with pytest.raises(images.ImageError) as raised:
         images.stream(["sh", "-c", "echo step one; echo no space left >&2; exit 3"], "example")
     assert str(raised.value) == "example failed (3): no space left"
+
+
+@pytest.mark.unit
+def test_layers_are_counted_in_a_docker_archive_too(tmp_path: Path) -> None:
+    # `docker save` of engines before Docker 25 writes manifest.json and plain layer tars.
+    layer = tmp_path / "layer.tar"
+    with tarfile.open(layer, "w") as tar:
+        content = tmp_path / "hello"
+        content.write_text("hello")
+        tar.add(content, arcname="hello")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps([{"Config": "c.json", "Layers": ["abc/layer.tar"]}]))
+    archive = tmp_path / "image.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(manifest, arcname="manifest.json")
+        tar.add(layer, arcname="abc/layer.tar")
+    assert images.archive_layers(archive) == [("abc/layer.tar", layer.stat().st_size)]
