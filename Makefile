@@ -9,14 +9,16 @@ STAMP := $(VENV)/.installed
 # actionlint checks the workflows' scripts; iproute2 for the node stand-in's pod network.
 # The local cluster's real node (hack/node.py): containerd and runc, the CNI plugins,
 # iptables and conntrack for kube-proxy, buildah and a static gcc for the pause image, and
-# busybox-static for the node test's image.
+# busybox-static for the node test's image. The images (hack/images.py): buildah and
+# debootstrap build them, runc runs them in their tests, docker-registry (the CNCF
+# distribution registry) receives `make push` in its test.
 DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 \
 	containerd runc containernetworking-plugins iptables conntrack buildah gcc libc6-dev \
-	busybox-static
+	busybox-static debootstrap docker-registry
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s
-.PHONY: images push images-size docker-engine flake-hunt
+.PHONY: base-image images push images-size flake-hunt
 
 all: test
 
@@ -117,24 +119,22 @@ cluster-down: venv
 demo-k8s: deps tools
 	$(PY) -m hack.demo_k8s
 
-# The images: the operator (operator/Dockerfile, the base install) and Locust
-# (loadtests/Dockerfile), tagged with the chart's appVersion under REGISTRY. Building needs a
-# Docker engine; `make push REGISTRY=registry.example.com/team` then pushes both.
+# The images: the operator (operator/Dockerfile, the base install), Locust (loadtests/Dockerfile)
+# and a CPU Triton (triton/Dockerfile), each tagged localhost/NAME:<the chart's appVersion> and
+# written to out/images/NAME.oci.tar. Docker builds them where `docker info` works; elsewhere
+# buildah does, on a python:3.11-slim stand-in made from Debian's packages (`make base-image`,
+# no registry needed). An image whose inputs did not change is reused (seconds).
+# `make push REGISTRY=registry.example.com/team` then pushes all three there.
 REGISTRY ?= ghcr.io/tritonscale
-VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/tritonscale/Chart.yaml)
-OPERATOR_IMAGE := $(REGISTRY)/tritonscale-operator:$(VERSION)
-LOCUST_IMAGE := $(REGISTRY)/tritonscale-locust:$(VERSION)
 
-docker-engine:
-	@docker info >/dev/null 2>&1 || { echo 'make images needs a Docker engine: `docker info` failed (install and start Docker, or point DOCKER_HOST at one)' >&2; exit 1; }
+base-image:
+	$(PYTHON) -m hack.images base
 
-images: docker-engine
-	docker build -f operator/Dockerfile -t $(OPERATOR_IMAGE) .
-	docker build -f loadtests/Dockerfile -t $(LOCUST_IMAGE) .
+images:
+	$(PYTHON) -m hack.images build
 
 push: images
-	docker push $(OPERATOR_IMAGE)
-	docker push $(LOCUST_IMAGE)
+	$(PYTHON) -m hack.images push $(REGISTRY)
 
 # Each image's Python environment built as its Dockerfile builds it (no engine needed):
 # size and distributions.

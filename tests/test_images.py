@@ -1,34 +1,43 @@
-"""The two images: operator/Dockerfile and loadtests/Dockerfile, without a container engine.
+"""The images' Dockerfiles (operator/, loadtests/, triton/) and `make images`' own checks.
 
-No Docker engine runs where these tests run, so each Dockerfile is linted (hadolint, at
-warning level and above), its shape is checked (one pinned base, non-root, the entrypoint),
-and its Python environment is built the way the Dockerfile builds it (tests/venvs.py) and
-really run: the operator's in tests/test_wheel.py, Locust's here against a real Triton.
+Each Dockerfile is linted (hadolint, at warning level and above) and its shape is checked
+(one pinned base, non-root, the entrypoint); the operator's and Locust's Python environments
+are built the way their Dockerfiles build them (tests/venvs.py) and really run: the operator's
+in tests/test_wheel.py, Locust's here against a real Triton. tests/test_images_built.py builds
+the images themselves and runs them.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from hack import images
 from tests.test_dependencies import EXTRAS, PROJECT
-from tests.tooling import missing, require_local_triton, require_tool
+from tests.tooling import missing, require_local_triton
 from tests.venvs import REPO_ROOT, Environment, clean_environment, megabytes
 from tritonscale.local.triton_server import LocalTriton
 
 DOCKERFILES = {
     "operator": REPO_ROOT / "operator" / "Dockerfile",
     "locust": REPO_ROOT / "loadtests" / "Dockerfile",
+    "triton": REPO_ROOT / "triton" / "Dockerfile",
 }
-ENTRYPOINTS = {"operator": '["tritonscale"]', "locust": '["locust"]'}
+# The chart's users; the operator's and Locust's images have an entrypoint, Triton's none
+# (like NGC's: the chart's command and `docker run IMAGE tritonserver ...` both work).
+USERS = {"operator": "65532:65532", "locust": "65532:65532", "triton": "1000:1000"}
+ENTRYPOINTS = {"operator": ['["tritonscale"]'], "locust": ['["locust"]'], "triton": []}
 LOCUST_REQUIREMENTS = REPO_ROOT / "loadtests" / "requirements.txt"
 # Size budgets of each image's Python environment, in MB, with room for patch releases: a
 # new dependency that grows an image by tens of MB should be a decision, not an accident.
@@ -85,12 +94,12 @@ def test_each_image_builds_on_the_pinned_base_and_runs_as_a_user(image: str) -> 
     stages = [args for name, args in steps if name == "FROM"]
     assert stages == ["${PYTHON_IMAGE} AS builder", "${PYTHON_IMAGE}"], "multi-stage, one base"
     runtime = steps[max(i for i, (name, _) in enumerate(steps) if name == "FROM") :]
-    assert [args for name, args in runtime if name == "USER"] == ["65532:65532"]
-    assert [args for name, args in runtime if name == "ENTRYPOINT"] == [ENTRYPOINTS[image]]
+    assert [args for name, args in runtime if name == "USER"] == [USERS[image]]
+    assert [args for name, args in runtime if name == "ENTRYPOINT"] == ENTRYPOINTS[image]
     assert any(name == "COPY" and args.startswith("--from=builder ") for name, args in runtime)
 
 
-def test_both_images_pin_the_same_base() -> None:
+def test_every_image_pins_the_same_base() -> None:
     bases = {
         args
         for dockerfile in DOCKERFILES.values()
@@ -167,40 +176,107 @@ def test_each_image_python_environment_stays_within_its_budget(
     assert over == []
 
 
-def test_make_images_without_a_docker_engine_fails_in_one_line() -> None:
-    make = require_tool("make")
+def test_images_without_docker_or_buildah_fail_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run(
-        [make, "--no-print-directory", "images"],
+        [sys.executable, "-m", "hack.images", "build"],
         cwd=REPO_ROOT,
-        env=clean_environment(DOCKER_HOST="unix:///nonexistent/docker.sock"),
+        env=clean_environment(PATH=str(tmp_path)),  # neither docker nor buildah on it
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode != 0
-    assert "docker build" not in done.stdout
-    errors = [line for line in done.stderr.splitlines() if not line.startswith("make: ")]
-    assert errors == [
-        "make images needs a Docker engine: `docker info` failed "
-        "(install and start Docker, or point DOCKER_HOST at one)"
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "error: make images needs a Docker engine (`docker info` failed) or buildah "
+        "(apt-get install buildah; `make deps` installs it)"
     ]
 
 
-def test_make_push_tags_both_images_for_the_named_registry() -> None:
-    make = require_tool("make")
-    done = subprocess.run(
-        [make, "--no-print-directory", "--dry-run", "push", "REGISTRY=registry.example.com/ml"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+@pytest.mark.unit
+def test_push_names_each_image_under_the_registry_with_the_chart_version() -> None:
     version = re.search(r'^appVersion: "?([^"\n]+)"?$', chart_yaml(), re.MULTILINE)
     assert version is not None
-    for image in ("tritonscale-operator", "tritonscale-locust"):
-        assert f"docker push registry.example.com/ml/{image}:{version.group(1)}" in done.stdout
+    commands = images.push_commands("registry.example.com/ml", version.group(1), docker=False)
+    assert [" ".join(command) for command in commands] == [
+        f"buildah push localhost/{name}:{version.group(1)} "
+        f"docker://registry.example.com/ml/{name}:{version.group(1)}"
+        for name in ("tritonscale-operator", "tritonscale-locust", "tritonscale-triton-cpu")
+    ]
+
+
+@pytest.mark.unit
+def test_push_to_a_registry_on_this_machine_goes_without_tls() -> None:
+    for command in images.push_commands("127.0.0.1:5000/tritonscale/", "0.1.0", docker=False):
+        assert command[:3] == ["buildah", "push", "--tls-verify=false"]
+        assert command[-1].startswith("docker://127.0.0.1:5000/tritonscale/tritonscale-")
+
+
+@pytest.mark.unit
+def test_docker_pushes_what_it_tagged() -> None:
+    commands = images.push_commands("registry.example.com/ml", "0.1.0", docker=True)
+    assert commands[:2] == [
+        [
+            "docker",
+            "tag",
+            "localhost/tritonscale-operator:0.1.0",
+            "registry.example.com/ml/tritonscale-operator:0.1.0",
+        ],
+        ["docker", "push", "registry.example.com/ml/tritonscale-operator:0.1.0"],
+    ]
+
+
+@pytest.mark.unit
+def test_an_image_key_covers_what_its_dockerfile_copies_and_nothing_cached() -> None:
+    copied = images.copied_files(REPO_ROOT / "operator" / "Dockerfile")
+    relative = {str(path.relative_to(REPO_ROOT)) for path in copied}
+    assert {"pyproject.toml", "README.md", "operator/tritonscale/cli.py"} <= relative
+    assert not any("__pycache__" in name or name.endswith(".pyc") for name in relative)
+    triton = images.copied_files(REPO_ROOT / "triton" / "Dockerfile")
+    assert [path.relative_to(REPO_ROOT) for path in triton] == [Path("triton/requirements.txt")]
+
+
+@pytest.mark.unit
+def test_an_image_key_changes_with_the_base_image() -> None:
+    (operator, *_) = images.IMAGES
+    base = images.BASE_IMAGE
+    assert images.image_key(operator, base, "one") != images.image_key(operator, base, "two")
+    assert images.image_key(operator, base, "one") == images.image_key(operator, base, "one")
 
 
 def chart_yaml() -> str:
     return (REPO_ROOT / "charts" / "tritonscale" / "Chart.yaml").read_text()
+
+
+def test_a_build_step_that_goes_silent_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(images, "IDLE_TIMEOUT_S", 1)
+    started = time.monotonic()
+    with pytest.raises(images.ImageError) as raised:
+        images.stream(["sh", "-c", "echo fetching; sleep 60"], "tritonscale-example")
+    assert time.monotonic() - started < 15
+    assert str(raised.value) == (
+        "tritonscale-example hung: it printed nothing for 1 s (last line: 'fetching')"
+    )
+
+
+def test_a_failed_build_step_is_one_line_with_its_last_words() -> None:
+    with pytest.raises(images.ImageError) as raised:
+        images.stream(["sh", "-c", "echo step one; echo no space left >&2; exit 3"], "example")
+    assert str(raised.value) == "example failed (3): no space left"
+
+
+@pytest.mark.unit
+def test_layers_are_counted_in_a_docker_archive_too(tmp_path: Path) -> None:
+    # `docker save` of engines before Docker 25 writes manifest.json and plain layer tars.
+    layer = tmp_path / "layer.tar"
+    with tarfile.open(layer, "w") as tar:
+        content = tmp_path / "hello"
+        content.write_text("hello")
+        tar.add(content, arcname="hello")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps([{"Config": "c.json", "Layers": ["abc/layer.tar"]}]))
+    archive = tmp_path / "image.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(manifest, arcname="manifest.json")
+        tar.add(layer, arcname="abc/layer.tar")
+    assert images.archive_layers(archive) == [("abc/layer.tar", layer.stat().st_size)]
