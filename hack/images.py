@@ -17,6 +17,7 @@ archive under out/images/ is skipped, so a second `make images` takes seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import hashlib
 import json
@@ -31,6 +32,7 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -189,6 +191,27 @@ def docker_engine() -> bool:
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0
+
+
+@contextlib.contextmanager
+def throwaway_buildah(fail: Callable[[str], Exception]) -> Iterator[Callable[..., str]]:
+    """`run(*args)`: buildah (vfs storage, chroot isolation, no daemon) on storage of its own,
+    thrown away at the end; it returns buildah's output, and a failure raises `fail(line)`.
+    For the node's own small images and pushes, which must not touch the shared storage."""
+    with tempfile.TemporaryDirectory(prefix="tritonscale-buildah-") as scratch:
+        command = ["buildah", f"--root={scratch}/storage", f"--runroot={scratch}/run",
+                   "--storage-driver=vfs"]  # fmt: skip
+        env = dict(os.environ, STORAGE_DRIVER="vfs", BUILDAH_ISOLATION="chroot")
+
+        def run(*args: str) -> str:
+            done = subprocess.run(
+                [*command, *args], capture_output=True, text=True, timeout=120, env=env
+            )
+            if done.returncode != 0:
+                raise fail(f"buildah {' '.join(args[:2])} failed: {done.stderr.strip()}")
+            return done.stdout.strip()
+
+        yield run
 
 
 def buildah() -> list[str]:

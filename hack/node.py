@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hack import cluster, registry
+from hack import cluster, images, registry
 from tritonscale.local.ports import free_port
 
 NODE_NAME = "tritonscale-node"
@@ -123,23 +123,7 @@ def build_scratch_image(
     `archive` (oci-archive) by buildah, with no daemon and storage of its own that is
     thrown away."""
     archive.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="tritonscale-buildah-") as scratch:
-        buildah = [
-            "buildah",
-            f"--root={scratch}/storage",
-            f"--runroot={scratch}/run",
-            "--storage-driver=vfs",
-        ]
-        env = dict(os.environ, STORAGE_DRIVER="vfs", BUILDAH_ISOLATION="chroot")
-
-        def run(*args: str) -> str:
-            done = subprocess.run(
-                [*buildah, *args], capture_output=True, text=True, timeout=120, env=env
-            )
-            if done.returncode != 0:
-                raise NodeError(f"buildah {args[0]} ({reference}) failed: {done.stderr.strip()}")
-            return done.stdout.strip()
-
+    with images.throwaway_buildah(lambda line: NodeError(f"{reference}: {line}")) as run:
         container = run("from", "scratch")
         for destination, source in files.items():
             run("copy", "--chmod=0755", container, str(source), destination)

@@ -11,15 +11,12 @@ can pull `127.0.0.1:PORT/NAME:TAG` the way it would from any registry.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import tempfile
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hack import cluster
+from hack import cluster, images
 
 REGISTRY_VERSION = "v3.1.2"
 REGISTRY_PACKAGE = "github.com/distribution/distribution/v3/cmd/registry"
@@ -69,19 +66,7 @@ def answers(address: str) -> bool:
 def push(archive: Path, reference: str) -> None:
     """Push an OCI archive to the registry as `reference` (127.0.0.1:PORT/NAME:TAG) with
     buildah, through storage of its own that is thrown away."""
-    with tempfile.TemporaryDirectory(prefix="tritonscale-push-") as scratch:
-        buildah = ["buildah", f"--root={scratch}/storage", f"--runroot={scratch}/run",
-                   "--storage-driver=vfs"]  # fmt: skip
-        env = dict(os.environ, STORAGE_DRIVER="vfs", BUILDAH_ISOLATION="chroot")
-
-        def run(*args: str) -> str:
-            done = subprocess.run(
-                [*buildah, *args], capture_output=True, text=True, timeout=120, env=env
-            )
-            if done.returncode != 0:
-                raise RegistryError(f"buildah {args[0]} {reference}: {done.stderr.strip()}")
-            return done.stdout.strip()
-
+    with images.throwaway_buildah(lambda line: RegistryError(f"{reference}: {line}")) as run:
         image_id = run("pull", "--quiet", f"oci-archive:{archive}").splitlines()[-1]
         run("push", "--quiet", "--tls-verify=false", image_id, f"docker://{reference}")
 
