@@ -50,8 +50,10 @@ EXPECTED = {
     # Triton 2.51 words an extra input as "expected 2 inputs but got 3 inputs ... missing
     # required input(s) ]": it does not name the extra one.
     "extra": ("unexpected inference input", "inputs but got"),
-    "empty": ("unexpected shape", "batch-size", "byte size mismatch"),
-    "oversized": ("unexpected shape", "batch-size must be"),
+    # A batched model with several inputs (pipeline_score) is refused for rows that differ
+    # between its inputs: "input 'LABEL_PROBS' batch size does not match other inputs".
+    "empty": ("unexpected shape", "batch-size", "byte size mismatch", "batch size does not match"),
+    "oversized": ("unexpected shape", "batch-size must be", "batch size does not match"),
     # bls_sync decodes MODEL_NAME with replacement characters and names the model it could
     # not run.
     "utf8": ("utf-8", "decode", "could not run model"),
@@ -204,6 +206,7 @@ GOOD = [
     _squares("bls_decoupled_async", 2),
     _pipeline("pipeline_async"),
     _pipeline("pipeline_sync"),
+    _pipeline("pipeline_ensemble"),
 ]
 
 
