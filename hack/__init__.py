@@ -1,0 +1,1 @@
+"""Development tooling: not product, kept out of the wheel and the operator image."""
