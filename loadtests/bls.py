@@ -40,7 +40,7 @@ from urllib.parse import urlparse
 import numpy as np
 import tritonclient.grpc
 import tritonclient.http
-from locust import LoadTestShape, User, events, task
+from locust import LoadTestShape, User, constant_throughput, events, task
 from locust.env import Environment
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -177,6 +177,13 @@ def _add_options(parser: Any) -> None:
         "--think-time-ms", type=float, default=0.0, help="Pause of each user between requests"
     )
     parser.add_argument(
+        "--user-rate",
+        type=float,
+        default=0.0,
+        help="Each user's pace in requests/s (Locust's constant_throughput; -u x this is the "
+        "offered rate while answers come faster than the pace); 0: off, --think-time-ms applies",
+    )
+    parser.add_argument(
         "--shape",
         choices=SHAPES,
         default="steady",
@@ -257,7 +264,12 @@ class TritonUser(User):
     workload_name: ClassVar[str] = ""
 
     def wait_time(self) -> float:
-        return self.environment.parsed_options.think_time_ms / 1000.0
+        options = self.environment.parsed_options
+        if options.user_rate > 0:
+            # The pacing state lives on the user (User sets it up), so a new function each
+            # call paces the same as one kept.
+            return constant_throughput(options.user_rate)(self)
+        return options.think_time_ms / 1000.0
 
     def on_start(self) -> None:
         options = self.environment.parsed_options

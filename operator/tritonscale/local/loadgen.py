@@ -5,7 +5,9 @@
   service arrive. Above the server's capacity the backlog, and the latency with it, grow
   without bound. This is the load that shows what an autoscaler is worth: a closed loop
   (a fixed number of users, each waiting for its answer) slows down with the server and
-  hides how far it falls behind.
+  hides how far it falls behind. Over gRPC by default; `protocol="http"` sends over HTTP
+  as tritonclient.http does (JSON with the binary tensor extension), to compare with
+  generators that speak HTTP.
 - `measure`: a closed loop with a fixed number of requests in flight for a few seconds, the
   throughput a configuration can give (the benchmarks' measurement, and the demo's
   capacity check).
@@ -32,9 +34,12 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpc_aio
+import tritonclient.http as httpclient
+import tritonclient.http.aio as http_aio
 from tritonclient.utils import np_to_triton_dtype
 
 Inputs = dict[str, np.ndarray]
+PROTOCOLS = ("grpc", "http")
 
 # An open loop's history, one row per second.
 HISTORY_COLUMNS = (
@@ -55,11 +60,12 @@ def input_arrays(model: str, rows: int, rng: np.random.Generator) -> Inputs:
     return {"INPUT0": rng.random(4, dtype=np.float32), "INPUT1": rng.random(4, dtype=np.float32)}
 
 
-def _infer_inputs(arrays: Inputs) -> list[grpcclient.InferInput]:
-    """Arrays as tritonclient inputs (the same class serves the aio client)."""
+def _infer_inputs(arrays: Inputs, client_module: Any = grpcclient) -> list[Any]:
+    """Arrays as tritonclient inputs of `client_module` (tritonclient.grpc or .http; the
+    same classes serve their aio clients)."""
     inputs = []
     for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor = client_module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
@@ -111,7 +117,8 @@ class OpenLoopStats:
 
 
 class OpenLoopLoad:
-    """Requests to `model` on Triton's gRPC `url` at `set_rate(r)` per second.
+    """Requests to `model` on Triton's gRPC `url` (its HTTP one with `protocol="http"`) at
+    `set_rate(r)` per second.
 
     Runs its own event loop in a thread: `start()`, `set_rate()`, `stats(start, end)`,
     `stop()`; or use it as a context manager. At most `max_in_flight` requests are out at
@@ -128,8 +135,12 @@ class OpenLoopLoad:
         max_in_flight: int = 8000,
         timeout_s: float = 30.0,
         seed: int = 0,
+        protocol: str = "grpc",
     ) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         self.url = url
+        self.protocol = protocol
         self.model = model
         self.rows = rows
         self.max_in_flight = max_in_flight
@@ -200,10 +211,23 @@ class OpenLoopLoad:
             self.error = _one_line(error)
             self._ready.set()
 
+    def _client(self) -> Any:
+        if self.protocol == "http":
+            # aiohttp's pool holds 100 connections by default and a request beyond them waits
+            # for one: that would cap the requests in flight, so allow one per request. The
+            # pool's total timeout is the request's deadline.
+            return http_aio.InferenceServerClient(
+                self.url, conn_limit=self.max_in_flight, conn_timeout=self.timeout_s
+            )
+        return grpc_aio.InferenceServerClient(self.url)
+
     async def _main(self) -> None:
-        client = grpc_aio.InferenceServerClient(self.url)
+        client = self._client()
+        module = httpclient if self.protocol == "http" else grpcclient
         # A few distinct payloads, built once: the generator's own CPU stays small.
-        payloads = [make_inputs(self.model, self.rows, self._rng) for _ in range(8)]
+        payloads = [
+            _infer_inputs(input_arrays(self.model, self.rows, self._rng), module) for _ in range(8)
+        ]
         tasks: set[asyncio.Task[None]] = set()
         self._ready.set()
         next_due: float | None = None  # None while the rate is 0
@@ -229,8 +253,8 @@ class OpenLoopLoad:
 
     def _send_due(
         self,
-        client: grpc_aio.InferenceServerClient,
-        payloads: list[list[grpcclient.InferInput]],
+        client: Any,
+        payloads: list[list[Any]],
         due: float,
         tasks: set[asyncio.Task[None]],
     ) -> None:
@@ -245,12 +269,13 @@ class OpenLoopLoad:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _request(
-        self, client: grpc_aio.InferenceServerClient, inputs: list[Any], due: float
-    ) -> None:
+    async def _request(self, client: Any, inputs: list[Any], due: float) -> None:
         ok = False
         try:
-            await client.infer(self.model, inputs, client_timeout=self.timeout_s)
+            if self.protocol == "http":
+                await client.infer(self.model, inputs)  # the pool's timeout bounds it
+            else:
+                await client.infer(self.model, inputs, client_timeout=self.timeout_s)
             ok = True
         except asyncio.CancelledError:
             with self._lock:
