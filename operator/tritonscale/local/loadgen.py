@@ -1,8 +1,8 @@
 """Load generators over gRPC, for the demo, the benchmarks and the tests.
 
 - `OpenLoopLoad`: requests start on a schedule, `rate` per second with random (Poisson)
-  arrivals, whether or not the earlier ones have been answered, as independent users of a
-  service arrive. Above the server's capacity the backlog, and the latency with it, grow
+  arrivals (or paced, exactly 1/rate apart: `arrivals="paced"`), whether or not the earlier
+  ones have been answered, as independent users of a service arrive. Above the server's capacity the backlog, and the latency with it, grow
   without bound. This is the load that shows what an autoscaler is worth: a closed loop
   (a fixed number of users, each waiting for its answer) slows down with the server and
   hides how far it falls behind. Over gRPC by default; `protocol="http"` sends over HTTP
@@ -40,6 +40,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 Inputs = dict[str, np.ndarray]
 PROTOCOLS = ("grpc", "http")
+ARRIVALS = ("poisson", "paced")
 
 # An open loop's history, one row per second.
 HISTORY_COLUMNS = (
@@ -105,6 +106,7 @@ class OpenLoopStats:
     dropped: int  # requests due in the span but never sent: `max_in_flight` was reached
     p50_ms: float | None  # of the requests served in the span, from when each was due
     p95_ms: float | None
+    p99_ms: float | None
     in_flight: int  # sent and not yet answered at the span's end
 
     @property
@@ -136,11 +138,15 @@ class OpenLoopLoad:
         timeout_s: float = 30.0,
         seed: int = 0,
         protocol: str = "grpc",
+        arrivals: str = "poisson",
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        if arrivals not in ARRIVALS:
+            raise ValueError(f"arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
         self.url = url
         self.protocol = protocol
+        self.arrivals = arrivals
         self.model = model
         self.rows = rows
         self.max_in_flight = max_in_flight
@@ -167,6 +173,12 @@ class OpenLoopLoad:
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    @property
+    def last_answer_at(self) -> float | None:
+        """When the last answer (a success or an error) came, unix s; None before any."""
+        with self._lock:
+            return self._answered_at[-1] if self._answered_at else None
 
     def set_rate(self, rate: float) -> None:
         if rate < 0:
@@ -240,16 +252,23 @@ class OpenLoopLoad:
                     await asyncio.sleep(0.01)
                     continue
                 if next_due is None:
-                    next_due = now + float(self._rng.exponential(1.0 / rate))
+                    next_due = now + self._gap(rate)
                 while next_due <= now:
                     self._send_due(client, payloads, next_due, tasks)
-                    next_due += float(self._rng.exponential(1.0 / rate))
+                    next_due += self._gap(rate)
                 await asyncio.sleep(min(0.005, max(0.0, next_due - time.time())))
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
+
+    def _gap(self, rate: float) -> float:
+        """Seconds from one request to the next: random (Poisson arrivals) or exactly 1/rate
+        (paced, as vegeta and wrk2 send)."""
+        if self.arrivals == "paced":
+            return 1.0 / rate
+        return float(self._rng.exponential(1.0 / rate))
 
     def _send_due(
         self,
@@ -311,6 +330,7 @@ class OpenLoopLoad:
             dropped=dropped,
             p50_ms=_quantile_ms(latencies, 0.50),
             p95_ms=_quantile_ms(latencies, 0.95),
+            p99_ms=_quantile_ms(latencies, 0.99),
             in_flight=max(0, in_flight),
         )
 
