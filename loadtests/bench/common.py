@@ -190,12 +190,10 @@ def locust_run(
     seconds: float,
     *,
     protocol: str = "grpc",
-    spawn_rate: float | None = None,
     extra_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Locust headless (`loadtests/bls.py`, one process) on `workload` for `seconds`: its
-    Aggregated row and the CPU the process used. Users start `spawn_rate` a second (by
-    default all within a tenth of a second)."""
+    Aggregated row and the CPU the process used. Users all start within a tenth of a second."""
     with tempfile.TemporaryDirectory(prefix="bench-locust-") as folder:
         prefix = Path(folder) / "run"
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -212,7 +210,7 @@ def locust_run(
                 "-u",
                 str(users),
                 "-r",
-                f"{spawn_rate or max(users, 1) * 10:g}",
+                str(max(users, 1) * 10),
                 "-t",
                 f"{seconds:g}s",
                 "--host",
