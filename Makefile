@@ -59,7 +59,7 @@ demo: deps
 serve: deps
 	$(VENV)/bin/tritonscale serve
 
-# Every benchmark in full (about 70 minutes on 2 cores), JSON and PNG in reports/bench/,
+# Every benchmark in full (about 85 minutes on 2 cores), JSON and PNG in reports/bench/,
 # then the results as markdown tables. One benchmark: python -m loadtests.bench.NAME
 BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway operator_vs_static shifted_mix scale_down steady control_loop_scale vegeta
 bench: deps vegeta
