@@ -86,8 +86,8 @@ QUICK: dict[str, Any] = {
 }
 FULL: dict[str, Any] = {
     "models": list(MODELS),
-    # 1.2 x the capacity at 32 in flight was not above it: the pipelines served all of it
-    # (dynamic batching makes larger batches when more wait), hence 64 in flight and 1.5.
+    # 1.2 x the capacity measured at 32 in flight was not above it (the pipelines served all
+    # of it), hence 64 in flight and 1.5.
     "fractions": [0.3, 0.7, 1.5],
     "seconds": 10,
     "capacity_in_flight": 64,
