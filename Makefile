@@ -18,7 +18,7 @@ DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 \
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s
-.PHONY: base-image images push images-size flake-hunt
+.PHONY: base-image images push images-size flake-hunt vegeta
 
 all: test
 
@@ -66,12 +66,18 @@ demo: deps
 serve: deps
 	$(VENV)/bin/tritonscale serve
 
-# Every benchmark in full (about 70 minutes on 2 cores), JSON and PNG in reports/bench/,
+# Every benchmark in full (about 85 minutes on 2 cores), JSON and PNG in reports/bench/,
 # then the results as markdown tables. One benchmark: python -m loadtests.bench.NAME
-BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway operator_vs_static shifted_mix scale_down steady control_loop_scale
-bench: deps
+BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway operator_vs_static shifted_mix scale_down steady control_loop_scale vegeta
+bench: deps vegeta
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary
+
+# vegeta, the outside open-loop HTTP load generator of `loadtests.bench.vegeta`, built with Go
+# from hack/vegeta's module into .tools/vegeta-vX.Y.Z/ (2.4 min cold on 2 busy cores; a second
+# run finds the binary and does nothing). Standard library only: any python3 will do.
+vegeta:
+	$(PYTHON) -m hack.vegeta.build
 
 # On a machine with an NVIDIA GPU: the repository on KIND_GPU instances, Triton's GPU metrics
 # moving under load, the operator's source reading them. Without a GPU: one line, exit code 2.

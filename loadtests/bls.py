@@ -30,6 +30,7 @@ grpc_gevent.init_gevent()
 
 import logging
 import queue
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -177,6 +178,13 @@ def _add_options(parser: Any) -> None:
         "--think-time-ms", type=float, default=0.0, help="Pause of each user between requests"
     )
     parser.add_argument(
+        "--user-rate",
+        type=float,
+        default=0.0,
+        help="Each user's pace in requests/s, from a random phase (-u x this is the offered "
+        "rate while answers come faster than the pace); 0: off, --think-time-ms applies",
+    )
+    parser.add_argument(
         "--shape",
         choices=SHAPES,
         default="steady",
@@ -257,7 +265,17 @@ class TritonUser(User):
     workload_name: ClassVar[str] = ""
 
     def wait_time(self) -> float:
-        return self.environment.parsed_options.think_time_ms / 1000.0
+        options = self.environment.parsed_options
+        if options.user_rate > 0:
+            return self._next_slot_in(1.0 / options.user_rate)
+        return options.think_time_ms / 1000.0
+
+    def _next_slot_in(self, period_s: float) -> float:
+        """Seconds to this user's next slot, `period_s` after the last one. A late answer
+        moves the schedule and is not made up for, as with Locust's constant_throughput."""
+        now = time.monotonic()
+        self._slot = max(self._slot + period_s, now)
+        return self._slot - now
 
     def on_start(self) -> None:
         options = self.environment.parsed_options
@@ -274,6 +292,14 @@ class TritonUser(User):
         _OPEN_CLIENTS.add(self.client)
         self.rng = np.random.default_rng()
         self.requested = [self.module.InferRequestedOutput(n) for n in self.workload.outputs]
+        self._slot = time.monotonic()
+        if options.user_rate > 0:
+            # Locust starts users in batches (as many at once as the spawn rate per second):
+            # paced from their start, a batch would send in step, in bursts. A random phase
+            # within the period spreads them, as independent clients are.
+            phase_s = random.random() / options.user_rate
+            time.sleep(phase_s)
+            self._slot += phase_s
 
     def on_stop(self) -> None:
         if self.client in _OPEN_CLIENTS:

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from hack.vegeta import build as vegeta_build
 from loadtests.bench import (
     async_vs_sync,
     bls_hop,
@@ -27,7 +28,9 @@ from loadtests.bench import (
     shifted_mix,
     steady,
     summary,
+    vegeta,
 )
+from tests.tooling import missing
 from tritonscale.drivers.tune import parse_config
 from tritonscale.local.triton_server import LocalTriton
 
@@ -126,6 +129,34 @@ def test_loadgen_headroom_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert row["locust"]["requests"] > 0 and row["asyncio"]["requests"] > 0
     assert row["locust"]["client_cpu_ms_per_request"] > 0
     assert row["locust_over_asyncio"] > 0
+
+
+def test_vegeta_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    try:
+        binary = vegeta_build.build()  # found at once once built (make vegeta)
+    except vegeta_build.VegetaBuildError as error:
+        missing(f"vegeta: {error}")
+    result = vegeta.run(triton, vegeta.QUICK, binary)
+    doc = _written("vegeta", result, tmp_path, lambda p: vegeta.plot(result, p))
+    [model] = doc["by_model"]
+    assert model["model"] == "add_sub" and model["capacity_rps"] > 0
+    [point] = model["points"]
+    assert point["rate_rps"] > 0 and sorted(point["order"]) == sorted(vegeta.GENERATORS)
+    assert list(point["generators"]) == list(vegeta.GENERATORS)
+    for name, run in point["generators"].items():
+        # Every generator, vegeta included, reached the server and was answered.
+        assert run["requests"] > 0 and run["served_rps"] > 0 and run["success_ratio"] > 0, (
+            name,
+            run,
+        )
+        assert {"offered_rps", "p50_ms", "p95_ms", "p99_ms", "server_cpu_ms_per_request"} <= (
+            run.keys()
+        )
+    assert set(point["ratios"]) == set(vegeta.GENERATORS) - {"vegeta"}
+    for ratios in point["ratios"].values():
+        assert set(ratios) == {"served", "p50", "p95", "p99"}
+        assert ratios["served"] > 0
+    assert isinstance(doc["flags"], list) and doc["tolerance"] == 0.1
 
 
 def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:

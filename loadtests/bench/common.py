@@ -11,12 +11,15 @@ one process, no gevent, so that at these rates the generator is not the bottlene
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import platform
+import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -175,6 +178,79 @@ def closed_loop_windows(
             f"instances {counts}"
         )
     return timeline
+
+
+# ---- Locust as a user runs it ------------------------------------------------------------
+
+
+def locust_run(
+    triton: LocalTriton,
+    workload: str,
+    users: int,
+    seconds: float,
+    *,
+    protocol: str = "grpc",
+    extra_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Locust headless (`loadtests/bls.py`, one process) on `workload` for `seconds`: its
+    Aggregated row and the CPU the process used. Users all start within a tenth of a second."""
+    with tempfile.TemporaryDirectory(prefix="bench-locust-") as folder:
+        prefix = Path(folder) / "run"
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        completed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "locust",
+                "-f",
+                "loadtests/bls.py",
+                "--headless",
+                "--only-summary",
+                "-u",
+                str(users),
+                "-r",
+                str(max(users, 1) * 10),
+                "-t",
+                f"{seconds:g}s",
+                "--host",
+                f"http://{triton.http_url}",
+                "--grpc-host",
+                triton.grpc_url,
+                "--workload",
+                workload,
+                "--protocol",
+                protocol,
+                "--csv",
+                str(prefix),
+                *extra_args,
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        wall = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if completed.returncode not in (0, 1):
+            tail = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"bench: locust failed (exit {completed.returncode}): {tail}")
+        with open(f"{prefix}_stats.csv", newline="") as handle:
+            row = next(r for r in csv.DictReader(handle) if r["Name"] == "Aggregated")
+    requests = int(row["Request Count"])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {
+        "throughput_rps": round(float(row["Requests/s"]), 3),
+        "requests": requests,
+        "failures": int(row["Failure Count"]),
+        "p50_ms": float(row["50%"]),
+        "p95_ms": float(row["95%"]),
+        "p99_ms": float(row["99%"]),
+        # Whole process, start-up included: an upper bound per request.
+        "client_cpu_ms_per_request": round(1000 * cpu / requests, 3) if requests else None,
+        "wall_s": round(wall, 2),
+    }
 
 
 # ---- command line, progress, results ----------------------------------------------------

@@ -13,14 +13,7 @@ with the asyncio client. Result: reports/bench/loadgen_headroom.json (+ .png).
 
 from __future__ import annotations
 
-import csv
-import os
-import resource
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from loadtests.bench import common
@@ -29,70 +22,11 @@ QUICK = {"users": [2], "seconds": 2, "warmup_s": 0.3}
 FULL = {"users": [1, 8, 32], "seconds": 10, "warmup_s": 1.0}
 
 
-def locust_run(triton: Any, users: int, seconds: int) -> dict[str, Any]:
-    """Locust headless on add_sub; its Aggregated row and the CPU the process used."""
-    with tempfile.TemporaryDirectory(prefix="headroom-") as folder:
-        prefix = Path(folder) / "run"
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.monotonic()
-        completed = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "locust",
-                "-f",
-                "loadtests/bls.py",
-                "--headless",
-                "--only-summary",
-                "-u",
-                str(users),
-                "-r",
-                str(max(users, 1) * 10),
-                "-t",
-                f"{seconds}s",
-                "--host",
-                f"http://{triton.http_url}",
-                "--grpc-host",
-                triton.grpc_url,
-                "--workload",
-                "add_sub",
-                "--protocol",
-                "grpc",
-                "--csv",
-                str(prefix),
-            ],
-            cwd=common.REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=seconds + 60,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        wall = time.monotonic() - started
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if completed.returncode not in (0, 1):
-            tail = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-            raise SystemExit(f"bench: locust failed (exit {completed.returncode}): {tail}")
-        with open(f"{prefix}_stats.csv", newline="") as handle:
-            row = next(r for r in csv.DictReader(handle) if r["Name"] == "Aggregated")
-    requests = int(row["Request Count"])
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {
-        "throughput_rps": round(float(row["Requests/s"]), 3),
-        "requests": requests,
-        "failures": int(row["Failure Count"]),
-        "p50_ms": float(row["50%"]),
-        "p95_ms": float(row["95%"]),
-        # Whole process, start-up included: an upper bound per request.
-        "client_cpu_ms_per_request": round(1000 * cpu / requests, 3) if requests else None,
-        "wall_s": round(wall, 2),
-    }
-
-
 def run(triton: Any, settings: dict) -> dict[str, Any]:
     rows = []
     for users in settings["users"]:
         common.progress(f"  {users} user(s): Locust ...")
-        locust = locust_run(triton, users, settings["seconds"])
+        locust = common.locust_run(triton, "add_sub", users, settings["seconds"])
         cpu_before = time.process_time()
         direct = common.measure(
             triton.grpc_url,

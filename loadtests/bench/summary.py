@@ -285,6 +285,50 @@ def gateway(doc: dict) -> list[str]:
     return lines
 
 
+def vegeta(doc: dict) -> list[str]:
+    s = doc["settings"]
+    lines = [
+        f"vegeta {doc['vegeta_version']} against the project's generators, one after the other at "
+        f"each rate for {s['seconds']:g} s on one server; capacity: the project's closed loop, "
+        f"{s['capacity_in_flight']} in flight over gRPC. Rates in requests/s, latencies in ms; "
+        f"ratios are to vegeta's (served, p50, p95, p99), those more than "
+        f"{doc['tolerance']:.0%} from 1 in bold.",
+        "",
+        "| model | rate (x capacity) | generator | offered | served | p50 | p95 | p99 | ratios to vegeta |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model in doc["by_model"]:
+        for point in model["points"]:
+            where = (
+                f"{model['model']} | {point['rate_rps']} ({point['fraction_of_capacity']:g} x "
+                f"{_f(model['capacity_rps'], 0)})"
+            )
+            for name, run in point["generators"].items():
+                ratios = point["ratios"].get(name)
+                cells = "-"
+                if ratios:
+                    cells = " / ".join(
+                        f"**{_f(v, 2)}**"
+                        if v is not None and abs(v - 1) > doc["tolerance"]
+                        else _f(v, 2)
+                        for v in ratios.values()
+                    )
+                lines.append(
+                    f"| {where} | {name} | {_f(run['offered_rps'], 0)} | {_f(run['served_rps'], 0)} "
+                    f"| {_f(run['p50_ms'])} | {_f(run['p95_ms'])} | {_f(run['p99_ms'])} | {cells} |"
+                )
+    failed = [
+        f"{m['model']} at {p['rate_rps']}: {name} {run['failures']}"
+        for m in doc["by_model"]
+        for p in m["points"]
+        for name, run in p["generators"].items()
+        if run["failures"]
+    ]
+    lines += ["", f"- failed requests: {', '.join(failed) or 'none'}"]
+    lines.append(f"- ratios more than {doc['tolerance']:.0%} from 1: {len(doc['flags'])}")
+    return lines
+
+
 RENDERERS = {
     "gateway": gateway,
     "async_vs_sync": async_vs_sync,
@@ -295,6 +339,7 @@ RENDERERS = {
     "control_loop_scale": control_loop_scale,
     "bls_hop": bls_hop,
     "loadgen_headroom": loadgen_headroom,
+    "vegeta": vegeta,
 }
 
 

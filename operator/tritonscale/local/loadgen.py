@@ -1,11 +1,13 @@
 """Load generators over gRPC, for the demo, the benchmarks and the tests.
 
 - `OpenLoopLoad`: requests start on a schedule, `rate` per second with random (Poisson)
-  arrivals, whether or not the earlier ones have been answered, as independent users of a
-  service arrive. Above the server's capacity the backlog, and the latency with it, grow
+  arrivals (or paced, exactly 1/rate apart: `arrivals="paced"`), whether or not the earlier
+  ones have been answered, as independent users of a service arrive. Above the server's capacity the backlog, and the latency with it, grow
   without bound. This is the load that shows what an autoscaler is worth: a closed loop
   (a fixed number of users, each waiting for its answer) slows down with the server and
-  hides how far it falls behind.
+  hides how far it falls behind. Over gRPC by default; `protocol="http"` sends over HTTP
+  as tritonclient.http does (JSON with the binary tensor extension), to compare with
+  generators that speak HTTP.
 - `measure`: a closed loop with a fixed number of requests in flight for a few seconds, the
   throughput a configuration can give (the benchmarks' measurement, and the demo's
   capacity check).
@@ -32,9 +34,19 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpc_aio
+import tritonclient.http as httpclient
+import tritonclient.http.aio as http_aio
 from tritonclient.utils import np_to_triton_dtype
 
 Inputs = dict[str, np.ndarray]
+PROTOCOLS = ("grpc", "http")
+ARRIVALS = ("poisson", "paced")
+# Connections of the HTTP mode at most. Above a server's capacity every request waiting for
+# an answer would otherwise open one more: at 2,000 add_sub requests/s on 2 cores the client
+# then spent its CPU on thousands of connections and served 197/s with 847 timeouts, against
+# 695/s and none with 256. A request beyond them waits in the client for a connection; its
+# latency still counts from when it was due.
+HTTP_CONNECTIONS = 256
 
 # An open loop's history, one row per second.
 HISTORY_COLUMNS = (
@@ -55,11 +67,12 @@ def input_arrays(model: str, rows: int, rng: np.random.Generator) -> Inputs:
     return {"INPUT0": rng.random(4, dtype=np.float32), "INPUT1": rng.random(4, dtype=np.float32)}
 
 
-def _infer_inputs(arrays: Inputs) -> list[grpcclient.InferInput]:
-    """Arrays as tritonclient inputs (the same class serves the aio client)."""
+def _infer_inputs(arrays: Inputs, client_module: Any = grpcclient) -> list[Any]:
+    """Arrays as tritonclient inputs of `client_module` (tritonclient.grpc or .http; the
+    same classes serve their aio clients)."""
     inputs = []
     for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor = client_module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
@@ -99,6 +112,7 @@ class OpenLoopStats:
     dropped: int  # requests due in the span but never sent: `max_in_flight` was reached
     p50_ms: float | None  # of the requests served in the span, from when each was due
     p95_ms: float | None
+    p99_ms: float | None
     in_flight: int  # sent and not yet answered at the span's end
 
     @property
@@ -111,7 +125,8 @@ class OpenLoopStats:
 
 
 class OpenLoopLoad:
-    """Requests to `model` on Triton's gRPC `url` at `set_rate(r)` per second.
+    """Requests to `model` on Triton's gRPC `url` (its HTTP one with `protocol="http"`) at
+    `set_rate(r)` per second.
 
     Runs its own event loop in a thread: `start()`, `set_rate()`, `stats(start, end)`,
     `stop()`; or use it as a context manager. At most `max_in_flight` requests are out at
@@ -128,8 +143,16 @@ class OpenLoopLoad:
         max_in_flight: int = 8000,
         timeout_s: float = 30.0,
         seed: int = 0,
+        protocol: str = "grpc",
+        arrivals: str = "poisson",
     ) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        if arrivals not in ARRIVALS:
+            raise ValueError(f"arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
         self.url = url
+        self.protocol = protocol
+        self.arrivals = arrivals
         self.model = model
         self.rows = rows
         self.max_in_flight = max_in_flight
@@ -156,6 +179,12 @@ class OpenLoopLoad:
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    @property
+    def last_answer_at(self) -> float | None:
+        """When the last answer (a success or an error) came, unix s; None before any."""
+        with self._lock:
+            return self._answered_at[-1] if self._answered_at else None
 
     def set_rate(self, rate: float) -> None:
         if rate < 0:
@@ -200,10 +229,23 @@ class OpenLoopLoad:
             self.error = _one_line(error)
             self._ready.set()
 
+    def _client(self) -> Any:
+        if self.protocol == "http":
+            # The pool's total timeout is the request's deadline.
+            return http_aio.InferenceServerClient(
+                self.url,
+                conn_limit=min(self.max_in_flight, HTTP_CONNECTIONS),
+                conn_timeout=self.timeout_s,
+            )
+        return grpc_aio.InferenceServerClient(self.url)
+
     async def _main(self) -> None:
-        client = grpc_aio.InferenceServerClient(self.url)
+        client = self._client()
+        module = httpclient if self.protocol == "http" else grpcclient
         # A few distinct payloads, built once: the generator's own CPU stays small.
-        payloads = [make_inputs(self.model, self.rows, self._rng) for _ in range(8)]
+        payloads = [
+            _infer_inputs(input_arrays(self.model, self.rows, self._rng), module) for _ in range(8)
+        ]
         tasks: set[asyncio.Task[None]] = set()
         self._ready.set()
         next_due: float | None = None  # None while the rate is 0
@@ -216,10 +258,10 @@ class OpenLoopLoad:
                     await asyncio.sleep(0.01)
                     continue
                 if next_due is None:
-                    next_due = now + float(self._rng.exponential(1.0 / rate))
+                    next_due = now + self._gap(rate)
                 while next_due <= now:
                     self._send_due(client, payloads, next_due, tasks)
-                    next_due += float(self._rng.exponential(1.0 / rate))
+                    next_due += self._gap(rate)
                 await asyncio.sleep(min(0.005, max(0.0, next_due - time.time())))
         finally:
             for task in tasks:
@@ -227,10 +269,17 @@ class OpenLoopLoad:
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
 
+    def _gap(self, rate: float) -> float:
+        """Seconds from one request to the next: random (Poisson arrivals) or exactly 1/rate
+        (paced, as vegeta and wrk2 send)."""
+        if self.arrivals == "paced":
+            return 1.0 / rate
+        return float(self._rng.exponential(1.0 / rate))
+
     def _send_due(
         self,
-        client: grpc_aio.InferenceServerClient,
-        payloads: list[list[grpcclient.InferInput]],
+        client: Any,
+        payloads: list[list[Any]],
         due: float,
         tasks: set[asyncio.Task[None]],
     ) -> None:
@@ -245,12 +294,13 @@ class OpenLoopLoad:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _request(
-        self, client: grpc_aio.InferenceServerClient, inputs: list[Any], due: float
-    ) -> None:
+    async def _request(self, client: Any, inputs: list[Any], due: float) -> None:
         ok = False
         try:
-            await client.infer(self.model, inputs, client_timeout=self.timeout_s)
+            if self.protocol == "http":
+                await client.infer(self.model, inputs)  # the pool's timeout bounds it
+            else:
+                await client.infer(self.model, inputs, client_timeout=self.timeout_s)
             ok = True
         except asyncio.CancelledError:
             with self._lock:
@@ -286,6 +336,7 @@ class OpenLoopLoad:
             dropped=dropped,
             p50_ms=_quantile_ms(latencies, 0.50),
             p95_ms=_quantile_ms(latencies, 0.95),
+            p99_ms=_quantile_ms(latencies, 0.99),
             in_flight=max(0, in_flight),
         )
 

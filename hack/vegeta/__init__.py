@@ -1,0 +1,1 @@
+"""vegeta, an outside load generator, built from source (build.py)."""
