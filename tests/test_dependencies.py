@@ -49,8 +49,6 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "charts/tritonscale/files/loadtests": ("load",),
     "charts/tritonscale/files/scripts": (),
     "tests": ("all", "test"),
-    # Development tooling, outside the wheel: the standard library only.
-    "hack": (),
 }
 # Imports that are no distribution of PyPI: the project's own packages, and the module
 # Triton's Python backend gives the models at run time.
