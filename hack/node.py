@@ -35,7 +35,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -658,9 +658,9 @@ def _unmount_below(folder: Path) -> int:
     return count
 
 
-def kube_chains() -> dict[str, list[str]]:
-    """KUBE-* chains in each iptables table, IPv4 and IPv6 ("ip6tables:nat" keys for v6)."""
-    found: dict[str, list[str]] = {}
+def _kube_tables() -> Iterator[tuple[str, str, str, list[str]]]:
+    """(tool, table, iptables-save's dump of it, its KUBE-* chains) for every iptables table,
+    IPv4 and IPv6, that holds such a chain; each dump is taken when its turn comes."""
     for tool in ("iptables", "ip6tables"):
         if not shutil.which(f"{tool}-save"):
             continue
@@ -668,30 +668,26 @@ def kube_chains() -> dict[str, list[str]]:
             dump = _run(f"{tool}-save", "-t", table, check=False)
             chains = re.findall(r"^:(KUBE-\S+)", dump, re.MULTILINE)
             if chains:
-                found[f"{tool}:{table}"] = chains
-    return found
+                yield tool, table, dump, chains
+
+
+def kube_chains() -> dict[str, list[str]]:
+    """KUBE-* chains in each iptables table, IPv4 and IPv6 ("ip6tables:nat" keys for v6)."""
+    return {f"{tool}:{table}": chains for tool, table, _, chains in _kube_tables()}
 
 
 def _remove_kube_chains() -> None:
     """kube-proxy's and the kubelet's chains: first every rule that jumps to one (from the
     built-in chains too), then the chains themselves."""
-    for tool in ("iptables", "ip6tables"):
-        if not shutil.which(f"{tool}-save"):
-            continue
-        for table in IPTABLES_TABLES:
-            dump = _run(f"{tool}-save", "-t", table, check=False)
-            chains = re.findall(r"^:(KUBE-\S+)", dump, re.MULTILINE)
-            if not chains:
-                continue
-            for rule in re.findall(r"^-A (\S+) (.*-j KUBE-\S+.*)$", dump, re.MULTILINE):
-                chain, spec = rule
-                if not chain.startswith("KUBE-"):
-                    # iptables-save quotes comments as a shell does: shlex splits them back.
-                    _run(tool, "-w", "-t", table, "-D", chain, *shlex.split(spec), check=False)
-            for chain in chains:
-                _run(tool, "-w", "-t", table, "-F", chain, check=False)
-            for chain in chains:
-                _run(tool, "-w", "-t", table, "-X", chain, check=False)
+    for tool, table, dump, chains in _kube_tables():
+        for chain, spec in re.findall(r"^-A (\S+) (.*-j KUBE-\S+.*)$", dump, re.MULTILINE):
+            if not chain.startswith("KUBE-"):
+                # iptables-save quotes comments as a shell does: shlex splits them back.
+                _run(tool, "-w", "-t", table, "-D", chain, *shlex.split(spec), check=False)
+        for chain in chains:
+            _run(tool, "-w", "-t", table, "-F", chain, check=False)
+        for chain in chains:
+            _run(tool, "-w", "-t", table, "-X", chain, check=False)
 
 
 def _shim_socket(address: Path, container_id: str) -> Path:
