@@ -6,15 +6,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Debian packages the tests and the demo use: Prometheus (and promtool) for the real
 # metrics path, libpython3.11 for the Triton Python backend stub, and shellcheck, with which
-# actionlint checks the workflows' scripts; iproute2 for the node stand-in's pod network.
+# actionlint checks the workflows' scripts.
 # The local cluster's real node (hack/node.py): containerd and runc, the CNI plugins,
-# iptables and conntrack for kube-proxy, buildah and a static gcc for the pause image, and
-# busybox-static for the node test's image. The images (hack/images.py): buildah and
-# debootstrap build them, runc runs them in their tests, docker-registry (the CNCF
-# distribution registry) receives `make push` in its test.
+# iproute2, iptables and conntrack for kube-proxy and the pod network, ipset for kube-router's
+# NetworkPolicy, buildah and a static gcc for the pause image, busybox-static for the node
+# tests' image (Prometheus, above, runs in one too). The images (hack/images.py): buildah and
+# debootstrap build them, runc runs them in their tests.
 DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 \
 	containerd runc containernetworking-plugins iptables conntrack buildah gcc libc6-dev \
-	busybox-static debootstrap docker-registry
+	busybox-static debootstrap ipset
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s
@@ -120,8 +120,9 @@ cluster-up: deps
 cluster-down: venv
 	$(PY) -m hack.cluster down
 
-# The chart on that control plane with the node stand-in (root): helm install, a step load
-# from the chart's Locust, the operator scaling, a table per phase, helm uninstall.
+# The chart on that cluster (root): the images built and pushed to the node's registry, helm
+# install, a step load from the chart's Locust, the operator scaling, a table per phase and
+# the requests each pod served, helm uninstall, cluster down.
 demo-k8s: deps tools
 	$(PY) -m hack.demo_k8s
 

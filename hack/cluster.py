@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hack import dns, node, registry
+from hack import dns, netpol, node, registry
 from tritonscale.local.ports import free_port, port_is_taken
 
 GO_MODULE_DIR = Path(__file__).resolve().parent / "controlplane"
@@ -62,12 +62,13 @@ PACKAGES = {
     "kubelet": "k8s.io/kubernetes/cmd/kubelet",
 }
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
-# The controllers a Deployment + Service + HPA + PDB + Job workload needs, and the ones that
-# make RBAC, service accounts and quotas behave as in a real cluster: clusterrole-aggregation
+# The controllers a Deployment + DaemonSet + Service + HPA + PDB + Job workload needs, and the
+# ones that make RBAC, service accounts and quotas behave as in a real cluster: clusterrole-aggregation
 # fills admin/edit/view, root-ca-certificate-publisher writes kube-root-ca.crt, and a
 # ResourceQuota admits nothing until resourcequota-controller has computed its usage.
 CONTROLLERS = (
     "deployment-controller",
+    "daemonset-controller",
     "replicaset-controller",
     "job-controller",
     "resourcequota-controller",
@@ -258,13 +259,15 @@ def go_install(package: str, target: Path, progress: Callable[[str], Any]) -> Pa
 
 
 def build(tools_dir: Path, progress: Callable[[str], Any] = print) -> dict[str, Path]:
-    """Build every binary of PACKAGES into TOOLS/kubernetes-vX.Y.Z/bin, CoreDNS (hack.dns) and
-    the registry (hack.registry), or return at once when they are there already."""
+    """Build every binary of PACKAGES into TOOLS/kubernetes-vX.Y.Z/bin, CoreDNS (hack.dns),
+    the registry (hack.registry) and kube-router (hack.netpol), or return at once when they
+    are there already."""
     paths = _build_kubernetes(tools_dir, progress)
     return {
         **paths,
         "coredns": dns.build(tools_dir, progress),
         "registry": registry.build(tools_dir, progress),
+        "kube-router": netpol.build(tools_dir, progress),
     }
 
 
@@ -363,8 +366,9 @@ def _new_cert(
     )  # fmt: skip
 
 
-def _make_pki(pki: Path) -> None:
-    """The CAs, keys and certificates of one cluster, all fresh."""
+def _make_pki(pki: Path, advertise_address: str | None = None) -> None:
+    """The CAs, keys and certificates of one cluster, all fresh. The API server's certificate
+    also names `advertise_address`, where pods reach it through the `kubernetes` Service."""
     if shutil.which("openssl") is None:
         raise ClusterError("openssl not found on PATH: apt-get install openssl")
     pki.mkdir(parents=True, exist_ok=True)
@@ -373,6 +377,7 @@ def _make_pki(pki: Path) -> None:
     # from the main CA must not be able to pose as the proxy and assert any user.
     _new_cert(pki, "front-proxy-ca", "tritonscale-local-front-proxy-ca")
     local = "IP:127.0.0.1, DNS:localhost"
+    node = f", IP:{advertise_address}" if advertise_address else ""
     in_cluster = ", ".join(
         f"DNS:{name}"
         for name in (
@@ -384,7 +389,7 @@ def _make_pki(pki: Path) -> None:
     )
     server, client = "serverAuth, clientAuth", "clientAuth"
     _new_cert(pki, "apiserver", "kube-apiserver", ca="ca", usage=server,
-              sans=f"{local}, IP:{SERVICE_CLUSTER_IP}, {in_cluster}")  # fmt: skip
+              sans=f"{local}{node}, IP:{SERVICE_CLUSTER_IP}, {in_cluster}")  # fmt: skip
     _new_cert(pki, "etcd", "etcd", ca="ca", usage=server, sans=local)
     _new_cert(pki, "apiserver-etcd-client", "kube-apiserver-etcd-client", ca="ca", usage=client)
     _new_cert(pki, "admin", "tritonscale-admin", ca="ca", org="system:masters", usage=client)
@@ -526,6 +531,11 @@ class ControlPlane:
     picked free. `extra_args` adds flags per component, e.g.
     {"kube-controller-manager": ["--horizontal-pod-autoscaler-sync-period=2s"]}.
     With `detach`, the processes do not die with this Python process (see `up`).
+
+    Alone, the API server listens on 127.0.0.1 only. With `advertise_address` (the node's
+    address, given when a node joins) it listens on every address and advertises that one:
+    the `kubernetes` Service's endpoint, which kube-proxy routes pods' in-cluster clients
+    to (the operator's pod among them).
     """
 
     def __init__(
@@ -542,8 +552,10 @@ class ControlPlane:
         startup_timeout_s: float = 180.0,
         stop_grace_s: float = 5.0,
         detach: bool = False,
+        advertise_address: str | None = None,
         progress: Callable[[str], Any] = lambda _line: None,
     ) -> None:
+        self.advertise_address = advertise_address
         self.state_dir = Path(state_dir).resolve()
         self.tools_dir = Path(tools_dir)
         self.kubeconfig = Path(kubeconfig or self.state_dir / "kubeconfig").resolve()
@@ -607,8 +619,8 @@ class ControlPlane:
             ],
             "kube-apiserver": [
                 str(paths["kube-apiserver"]),
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={'0.0.0.0' if self.advertise_address else '127.0.0.1'}",
+                f"--advertise-address={self.advertise_address or '127.0.0.1'}",
                 f"--secure-port={ports['apiserver']}",
                 f"--etcd-servers={etcd_url}",
                 f"--etcd-cafile={pki / 'ca.crt'}",
@@ -631,9 +643,10 @@ class ControlPlane:
                 # Aggregated APIs (metrics, custom metrics) are reached at their endpoints:
                 # there is no kube-proxy to route a Service's cluster IP.
                 "--enable-aggregator-routing=true",
-                # The `kubernetes` Service's Endpoints would be 127.0.0.1, which Endpoints
-                # validation rejects (every 10 s, in the log): keep the Service without them.
-                "--endpoint-reconciler-type=none",
+                # Alone, the `kubernetes` Service's Endpoints would be 127.0.0.1, which
+                # Endpoints validation rejects (every 10 s, in the log): keep the Service
+                # without them. With a node, the lease reconciler lists the advertised address.
+                f"--endpoint-reconciler-type={'lease' if self.advertise_address else 'none'}",
                 f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
                 "--requestheader-allowed-names=front-proxy-client",
                 "--requestheader-username-headers=X-Remote-User",
@@ -733,7 +746,7 @@ class ControlPlane:
         _remove_state(self.state_dir, self.kubeconfig)  # each start is a fresh cluster
         self._context = None
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
-        _make_pki(self.pki)
+        _make_pki(self.pki, self.advertise_address)
         _kubeconfig(self.kubeconfig, self.server, self.pki, "admin")
         _kubeconfig(
             self.state_dir / "controller-manager.kubeconfig",
@@ -848,14 +861,21 @@ def up(
     # The kubelet registers its node tainted not-ready; node-lifecycle-controller lifts the
     # taint once the node is Ready (a repeated --controllers adds to the list).
     extra = {"kube-controller-manager": ["--controllers=node-lifecycle-controller"]}
+    address = node.node_ip() if with_node else None
     plane = ControlPlane(
-        state_dir, tools_dir, detach=True, progress=progress, extra_args=extra if with_node else {}
+        state_dir,
+        tools_dir,
+        detach=True,
+        progress=progress,
+        extra_args=extra if with_node else {},
+        advertise_address=address,
     )
     plane.start()
     if with_node:
         try:
-            address = node.start_node(state_dir, tools_dir, plane.server, progress)["node_ip"]
+            node.start_node(state_dir, tools_dir, plane.server, progress)
             dns.deploy(state_dir, tools_dir, plane.server, address, progress)
+            netpol.start(state_dir, tools_dir, plane.server, progress)
         except BaseException:
             node.stop_node(state_dir, progress=lambda _line: None)
             plane.stop()

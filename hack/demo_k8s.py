@@ -1,23 +1,26 @@
 """`make demo-k8s`: the chart on a real API server, under a step load, in one command.
 
-1. The local control plane (`hack.cluster`; the first run builds it, with
-   progress lines) and the node stand-in (`tritonscale.local.node`, root needed).
+1. The images (`make images`: reused when nothing changed) and the local cluster
+   (`hack.cluster up`: the control plane and a real node with containerd, the kubelet,
+   kube-proxy, kube-scheduler, CoreDNS and a registry; the first run builds them, with
+   progress lines; root needed); the images pushed to the node's registry as the README says
+   (`make push REGISTRY=<registry>/tritonscale`).
 2. `helm install` in CPU mode into a namespace that enforces the restricted PodSecurity
-   level: two Triton pods and the operator, with autoscaler windows of seconds.
+   level, every image pulled from that registry (`global.imageRegistry`): two Triton pods
+   and the operator, with autoscaler windows of seconds.
 3. `helm upgrade` turns the chart's Locust on: a headless master and a worker run
    loadtests/bls.py against pipeline_async with `--shape step` (STEP_USERS more users every
    STEP_SECONDS), as the chart's values say; then the load ends and the counts come down.
 4. While it runs: the `kubectl` lines to watch it, and a line every few seconds. At the end
    a table per phase: req/s (Triton's request counter over the phase, every pod), p95
    (Triton's request-latency summary, its sliding window, at the phase's end, the worse pod)
-   and the instance counts per pod; and how long the operator took to raise a count on both
-   pods once the load began. Without kube-proxy a client sends everything to the first
-   address of the Service (see tritonscale.local.node.services), so one pod takes the load;
-   the operator gives both pods the same counts.
-5. `helm uninstall`, the namespace deleted, the node and the control plane stopped: nothing
-   is left running, also after Ctrl-C or a failure.
+   and the instance counts per pod; the requests each pod served (kube-proxy spreads
+   Locust's connections over both); and how long the operator took to raise a count on both
+   pods once the load began.
+5. `helm uninstall`, the namespace deleted, `hack.cluster down`: nothing is left running,
+   also after Ctrl-C or a failure.
 
-    python -m hack.demo_k8s   # from a checkout, after `make tools`
+    python -m hack.demo_k8s   # from a checkout, after `make tools` (`make demo-k8s` does both)
 """
 
 from __future__ import annotations
@@ -37,8 +40,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from hack import cluster
-from tritonscale.local.node import Node, NodeError
+from hack import cluster, images, node, registry
 from tritonscale.triton.actuator import instance_count
 
 # The demo runs from a checkout: its files, relative to the current directory.
@@ -218,9 +220,8 @@ def _short(counts: dict[str, int | None]) -> str:
 
 
 class Demo:
-    def __init__(self, kubectl: Kubectl, node: Node) -> None:
+    def __init__(self, kubectl: Kubectl) -> None:
         self.k = kubectl
-        self.node = node
         self.timings: dict[str, float] = {}
         self.served: dict[str, float] = {}  # pod -> requests counted so far
         self.last_counter: dict[str, float] = {}  # pod -> Triton's counter at the last sample
@@ -316,6 +317,16 @@ class Demo:
         self.timings["helm uninstall to namespace gone"] = time.monotonic() - started
 
 
+def served_lines(served: dict[str, float]) -> list[str]:
+    """The requests each Triton pod served over the whole load, and its share."""
+    total = sum(served.values())
+    return [
+        f"{pod}: {count:.0f} {TARGET} requests served"
+        + (f" ({100 * count / total:.0f} %)" if total else "")
+        for pod, count in sorted(served.items())
+    ]
+
+
 def table(rows: list[PhaseRow]) -> list[str]:
     pods = sorted({pod for row in rows for pod in row.counts})
     header = f"{'phase':<16}{'req/s':>8}{'p95 ms':>8}  " + "  ".join(
@@ -331,43 +342,86 @@ def table(rows: list[PhaseRow]) -> list[str]:
     return lines
 
 
+def image_values(address: str) -> dict[str, Any]:
+    """Values that pull every image from the registry at `address`, where `make push` put
+    them; Triton's is the CPU image `make images` builds."""
+    return {
+        "global": {"imageRegistry": address},
+        "triton": {
+            "image": {
+                "repository": "tritonscale/tritonscale-triton-cpu",
+                "tag": images.chart_version(),
+            }
+        },
+    }
+
+
+def merged(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Values layered as helm layers -f files: later ones win, maps merge key by key."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merged(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
 def run() -> None:
     if not all(path.is_file() for path in cluster.binaries(TOOLS).values()):
-        say("building the control plane from source (once; 10 to 25 minutes on 2 cores)")
-        cluster.build(TOOLS, say)
-    plane = cluster.ControlPlane(STATE, TOOLS, progress=say)
-    with plane, Node(plane.kubeconfig, progress=say) as node:
-        kubectl = Kubectl(plane.kubeconfig)
+        say("building the cluster from source (once; 10 to 25 minutes on 2 cores)")
+    say("building the images (reused when nothing changed)")
+    images.build_all(python_image="")
+    try:
+        cluster.up(STATE, TOOLS, say)
+        address = (node.read_state(STATE) or {})["registry"]
+        say(f"pushing the images to the node's registry: make push REGISTRY={address}/tritonscale")
+        images.push(f"{address}/tritonscale", dry_run=False)
+        kubectl = Kubectl(STATE / "kubeconfig")
         config = f"--kubeconfig {STATE}/kubeconfig"
         say("watch it from another shell:")
         for what in ("pods -o wide", "instancegroupautoscalers -o wide", "events"):
             say(f"  {TOOLS}/bin/kubectl {config} -n {NAMESPACE} get {what} -w")
-        demo = Demo(kubectl, node)
+        demo = Demo(kubectl)
+        values = merged(VALUES, image_values(address))
         with tempfile.TemporaryDirectory(prefix="tritonscale-demo-") as folder:
             values_file = Path(folder) / "values.yaml"
-            values_file.write_text(yaml.safe_dump(VALUES))
+            values_file.write_text(yaml.safe_dump(values))
             demo.install(values_file)
-            values_file.write_text(yaml.safe_dump({**VALUES, "locust": LOCUST}))
+            values_file.write_text(yaml.safe_dump({**values, "locust": LOCUST}))
             rows = demo.load(values_file)
         demo.uninstall()
         say("")
         for line in table(rows):
             say(line)
         say("")
+        for line in served_lines(demo.served):
+            say(line)
         for name, seconds in demo.timings.items():
             say(f"{name}: {seconds:.1f} s")
-        say("uninstalled; stopping the node stand-in and the control plane")
+        if len(demo.served) < 2 or not all(demo.served.values()):
+            raise DemoError(f"the load did not reach both Triton pods: {demo.served}")
+    finally:
+        say("taking the cluster down")
+        cluster.down(STATE, say)
 
 
 def main(argv: list[str] | None = None) -> int:
-    # SIGTERM as Ctrl-C: the context managers stop every pod and component on the way out.
+    # SIGTERM as Ctrl-C: `run` takes the cluster down on the way out.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         run()
     except KeyboardInterrupt:
-        say("interrupted: stopped every pod and the control plane")
+        say("interrupted: the cluster is down")
         return 130
-    except (DemoError, NodeError, cluster.ClusterError) as error:
+    except (
+        DemoError,
+        cluster.ClusterError,
+        node.NodeError,
+        registry.RegistryError,
+        images.ImageError,
+    ) as error:
         print(f"demo-k8s: {error}", file=sys.stderr)
         return 1
     return 0

@@ -168,7 +168,8 @@ def _collection(body: dict[str, Any]) -> str:
     return f"{group}/namespaces/{namespace}/{plural}" if namespace else f"{group}/{plural}"
 
 
-def _create(server: str, context: ssl.SSLContext, body: dict[str, Any]) -> None:
+def create(server: str, context: ssl.SSLContext, body: dict[str, Any]) -> None:
+    """POST `body` to the API server as the admin; a NodeError with its answer when refused."""
     request = urllib.request.Request(
         server + _collection(body),
         data=json.dumps(body).encode(),
@@ -206,7 +207,7 @@ def deploy(
     plane.ports = {"apiserver": int(server.rsplit(":", 1)[1])}
     context = plane._ssl_context()
     for body in objects(address, plane.ports["apiserver"], ports):
-        _create(server, context, body)
+        create(server, context, body)
     path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/coredns"
     deadline = started + timeout_s
     while True:

@@ -43,7 +43,7 @@ from hack import cluster, images, registry
 from tritonscale.local.ports import free_port
 
 NODE_NAME = "tritonscale-node"
-# Names and addresses of our own: the node stand-in uses tsnN- and 10.244.N.0/24.
+# Names and addresses of our own, apart from the usual CNI defaults (cni0, 10.244.0.0/16).
 BRIDGE = "tscni0"
 CNI_NETWORK = "tritonscale-node"
 POD_SUBNET = "10.88.0.0/24"
@@ -71,6 +71,7 @@ PROGRAMS = {
     "conntrack": "conntrack",
     "buildah": "buildah",
     "gcc": "gcc",
+    "ipset": "ipset",  # kube-router's NetworkPolicy (hack.netpol)
 }
 READY_TIMEOUT_S = 120.0
 
@@ -386,6 +387,12 @@ def start_node(
         missing.append("registry")
     if missing:
         raise NodeError(f"{', '.join(missing)} not built: run `python -m hack.cluster build`")
+    others = other_kubelets(state_dir)
+    if others:
+        raise NodeError(
+            f"another node runs on this machine (kubelet pid {others[0]}): one node at a time; "
+            "`make cluster-down` in the checkout that started it stops it"
+        )
     stop_node(state_dir, progress=lambda _line: None)  # whatever a crashed run left
     started = time.monotonic()
     pause = pause_image(tools_dir)
@@ -436,18 +443,8 @@ def start_node(
     processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def spawn(name: str, command: list[str]) -> None:
-        with open(paths["logs"] / f"{name}.log", "ab") as log:
-            processes[name] = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=paths["node"],
-                start_new_session=True,
-            )
-        state["pids"][name] = processes[name].pid
-        state["binaries"][name] = command[0]
-        _write_state(state_dir, state)
+        processes[name] = globals()["spawn"](state_dir, name, command)
+        state.update(read_state(state_dir) or {})
 
     def wait(what: str, ready: Callable[[], bool]) -> None:
         deadline = started + timeout_s
@@ -521,6 +518,26 @@ def start_node(
     return state
 
 
+def spawn(state_dir: Path, name: str, command: list[str]) -> subprocess.Popen[bytes]:
+    """Start a component of the node of STATE, detached, its output in STATE/node/logs, its
+    pid in node.json (so that `stop_node` stops it)."""
+    paths = _paths(Path(state_dir).resolve())
+    with open(paths["logs"] / f"{name}.log", "ab") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=paths["node"],
+            start_new_session=True,
+        )
+    state = read_state(state_dir) or {"pids": {}, "binaries": {}}
+    state["pids"][name] = process.pid
+    state["binaries"][name] = command[0]
+    _write_state(state_dir, state)
+    return process
+
+
 def _write_state(state_dir: Path, state: dict[str, Any]) -> None:
     partial = state_dir / f".{STATE_FILE}.partial"
     partial.write_text(json.dumps(state, indent=2) + "\n")
@@ -583,6 +600,23 @@ def _cmdline(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return []
+
+
+def other_kubelets(state_dir: Path) -> list[int]:
+    """Running kubelets whose configuration is not under STATE: another node on this machine
+    (bridge, iptables chains and /var/log/containers are machine-wide: one node at a time)."""
+    ours = str(Path(state_dir).resolve() / "node")
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            command = _cmdline(int(entry.name))
+            if (
+                command
+                and Path(command[0]).name == "kubelet"
+                and not any(ours in argument for argument in command)
+            ):
+                pids.append(int(entry.name))
+    return pids
 
 
 def shim_pids(socket: Path) -> list[int]:
@@ -690,6 +724,20 @@ def _remove_kube_chains() -> None:
             _run(tool, "-w", "-t", table, "-X", chain, check=False)
 
 
+def kube_ipsets() -> list[str]:
+    """The ipsets kube-router's policy controller makes (KUBE-*, kube-router-*)."""
+    if not shutil.which("ipset"):
+        return []
+    names = _run("ipset", "list", "-n", check=False).split()
+    return [name for name in names if name.startswith(("KUBE-", "kube-router-"))]
+
+
+def _remove_kube_ipsets() -> None:
+    """After the chains: an ipset a rule still refers to cannot be destroyed."""
+    for name in kube_ipsets():
+        _run("ipset", "destroy", name, check=False)
+
+
 def _shim_socket(address: Path, container_id: str) -> Path:
     """Where containerd 1.6 puts a shim's socket: /run/containerd/s/sha256(ADDRESS/NS/ID)."""
     digest = hashlib.sha256(f"{address}/k8s.io/{container_id}".encode()).hexdigest()
@@ -747,6 +795,7 @@ def stop_node(state_dir: Path, progress: Callable[[str], Any] = print) -> dict[s
         _run("ip", "netns", "delete", name, check=False)
     unmounted = _unmount_below(paths["node"])
     _remove_kube_chains()
+    _remove_kube_ipsets()
     _run("ip", "link", "delete", BRIDGE, check=False)
     if CONTAINER_LOG_LINKS.is_dir():
         for link in CONTAINER_LOG_LINKS.iterdir():
@@ -760,7 +809,7 @@ def stop_node(state_dir: Path, progress: Callable[[str], Any] = print) -> dict[s
     shutil.rmtree(paths["node"], ignore_errors=True)
     if paths["node"].exists():
         raise NodeError(f"could not remove {paths['node']} (a mount still busy?)")
-    for name in ("kubelet", "kubelet-serving", "kube-scheduler", "kube-proxy"):
+    for name in ("kubelet", "kubelet-serving", "kube-scheduler", "kube-proxy", "kube-router"):
         for suffix in ("crt", "key", "cnf"):
             (state_dir / "pki" / f"{name}.{suffix}").unlink(missing_ok=True)
     (state_dir / STATE_FILE).unlink(missing_ok=True)

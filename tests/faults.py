@@ -6,8 +6,11 @@ session), never by name alone: other people's servers run on this machine too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import socketserver
 import subprocess
 import threading
 import time
@@ -18,7 +21,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import tritonclient.http as httpclient
 
-from tritonscale.local.node.network import ApiForwarder, _Forward
 from tritonscale.local.triton_server import LocalTriton
 
 PIPELINE_MODELS = ["pipeline_async", "branch_embed", "branch_classify", "branch_rank"]
@@ -186,33 +188,60 @@ class Load:
         raise AssertionError(f"fewer than {count} successful requests {timeout_s:.0f} s after")
 
 
-class _HeldWhileFrozen(_Forward):
-    """The node stand-in's TCP forward, once the relay is thawed (and not closed)."""
+def _pipe(source: socket.socket, target: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            target.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        target.shutdown(socket.SHUT_WR)
+
+
+class _HeldWhileFrozen(socketserver.BaseRequestHandler):
+    """One relayed connection, once the relay is thawed (and not closed)."""
 
     def handle(self) -> None:
         relay: FreezableRelay = self.server  # type: ignore[assignment]
         relay.thawed.wait()
-        if not relay.closed:
-            super().handle()
+        if relay.closed:
+            return
+        try:
+            upstream = socket.create_connection(relay.upstream, timeout=10)
+        except OSError:
+            return
+        upstream.settimeout(None)
+        self.request.settimeout(None)
+        pump = threading.Thread(target=_pipe, args=(upstream, self.request), daemon=True)
+        pump.start()
+        _pipe(self.request, upstream)
+        pump.join(timeout=5)
+        upstream.close()
 
 
-class FreezableRelay(ApiForwarder):
+class FreezableRelay(socketserver.ThreadingTCPServer):
     """A TCP relay in front of a server that can be made to hang like a stopped pod.
 
-    The node stand-in's forwarder (tritonscale.local.node.network.ApiForwarder). While frozen
-    it accepts connections and answers nothing, as a tritonserver stopped with SIGSTOP does
-    (the kernel still accepts); thawed, it relays them to the server. Use it as a context
-    manager; `url` is the relay's http:// address.
+    While frozen it accepts connections and answers nothing, as a tritonserver stopped with
+    SIGSTOP does (the kernel still accepts); thawed, it relays them to the server. Use it as
+    a context manager; `url` is the relay's http:// address.
     """
+
+    daemon_threads = True
+    allow_reuse_address = True
 
     def __init__(self, target_url: str) -> None:
         host, port = target_url.removeprefix("http://").rsplit(":", 1)
-        super().__init__(("127.0.0.1", 0), (host, int(port)))
-        self.RequestHandlerClass = _HeldWhileFrozen
+        super().__init__(("127.0.0.1", 0), _HeldWhileFrozen)
+        self.upstream = (host, int(port))
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.thawed = threading.Event()
         self.thawed.set()
         self.closed = False
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
+            name="freezable-relay",
+        )  # fmt: skip
 
     def freeze(self) -> None:
         self.thawed.clear()
@@ -221,9 +250,12 @@ class FreezableRelay(ApiForwarder):
         self.thawed.set()
 
     def __enter__(self) -> FreezableRelay:
-        return self.start()  # type: ignore[return-value]
+        self._thread.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.closed = True
         self.thawed.set()  # held connections end without being relayed
-        self.stop()
+        self.shutdown()
+        self.server_close()
+        self._thread.join(timeout=5)

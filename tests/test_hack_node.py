@@ -37,12 +37,12 @@ def test_containerd_keeps_everything_under_the_state_folder_and_restricts_oom_sc
     assert all(Path(path).is_relative_to(STATE / "node") for path in paths), paths
 
 
-def test_the_pod_network_is_ours_and_apart_from_the_node_stand_in() -> None:
+def test_the_pod_network_is_ours_and_apart_from_the_usual_cni_defaults() -> None:
     config = node._cni_config(PATHS)
     bridge = config["plugins"][0]
     assert bridge["bridge"] == node.BRIDGE and not bridge["bridge"].startswith("tsn")
     subnet = ipaddress.ip_network(bridge["ipam"]["ranges"][0][0]["subnet"])
-    assert not subnet.overlaps(ipaddress.ip_network("10.244.0.0/16"))  # the stand-in's pods
+    assert not subnet.overlaps(ipaddress.ip_network("10.244.0.0/16"))  # flannel's, kubeadm's
     assert Path(bridge["ipam"]["dataDir"]).is_relative_to(STATE / "node")
 
 

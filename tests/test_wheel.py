@@ -59,9 +59,11 @@ def test_the_wheel_holds_the_package_and_its_metadata_only(wheel: Path) -> None:
     outside = [n for n in names if not n.startswith(("tritonscale/", "tritonscale-"))]
     assert outside == []
     assert "tritonscale/cli.py" in names and "tritonscale/core/policy.py" in names
-    # The local cluster (Go sources and its bring-up) is development tooling, kept in hack/.
+    # The local cluster (Go sources, its bring-up, the node) is development tooling, kept in
+    # hack/; the wheel is what the operator image installs, so the image holds none of it.
     tooling = [n for n in names if n.endswith((".go", "go.mod", "go.sum", "cluster.py"))]
     assert tooling == [] and not any("demo_k8s" in n or "hack/" in n for n in names)
+    assert not any(n.startswith("tritonscale/local/node") for n in names), "a node in the wheel"
 
 
 def test_the_base_install_holds_the_operator_and_no_extra(

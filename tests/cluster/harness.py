@@ -6,7 +6,6 @@ saw last, plus the namespace's pods and recent events: a hang names itself.
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import threading
@@ -18,9 +17,7 @@ from typing import Any, TypeVar
 
 import requests
 
-from hack.cluster import ControlPlane
-from tritonscale.local.node import Node
-from tritonscale.local.node.services import routes_from_slices
+from hack import node as hack_node
 from tritonscale.metrics import queries
 from tritonscale.metrics.scrape import parse_metrics
 from tritonscale.triton.actuator import instance_count
@@ -42,16 +39,47 @@ class Done:
 
 @dataclass
 class Cluster:
-    """A running control plane, a node stand-in, and the tools to drive them."""
+    """A local cluster with a real node (hack.cluster up), and the tools to drive it.
 
-    plane: ControlPlane
-    node: Node
+    `registry` is the node's registry (127.0.0.1:PORT), where the session pushed the images
+    with `make push REGISTRY=<registry>/tritonscale`; `image_values` points a release there.
+    """
+
+    state_dir: Path
     tools: dict[str, str]
+    registry: str
+    version: str  # the chart's appVersion: every image's tag
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def kubeconfig(self) -> Path:
-        return self.plane.kubeconfig
+        return self.state_dir / "kubeconfig"
+
+    def image_values(self) -> list[str]:
+        """helm arguments that pull every image from the node's registry, as the chart's
+        README says for a registry of one's own: `global.imageRegistry`, and the CPU Triton
+        image `make images` builds in place of NGC's."""
+        return [
+            "--set", f"global.imageRegistry={self.registry}",
+            "--set", "triton.image.repository=tritonscale/tritonscale-triton-cpu",
+            "--set", f"triton.image.tag={self.version}",
+        ]  # fmt: skip
+
+    def container_pid(self, namespace: str, pod: str, container: str) -> int:
+        """The host's pid of a running container's first process, from containerd."""
+        statuses = self.get("pod", pod, "-n", namespace)["status"]["containerStatuses"]
+        (status,) = [s for s in statuses if s["name"] == container]
+        container_id = status["containerID"].split("://", 1)[1]
+        socket = (hack_node.read_state(self.state_dir) or {})["containerd_address"]
+        tasks = subprocess.run(
+            ["ctr", "--address", socket, "--namespace", "k8s.io", "tasks", "list"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+        for line in tasks.splitlines()[1:]:
+            task, pid, *_ = line.split()
+            if task == container_id:
+                return int(pid)
+        raise AssertionError(f"containerd runs no task {container_id} ({pod}/{container})")
 
     def run(
         self, tool: str, *args: str, timeout: float = COMMAND_TIMEOUT_S, stdin: str | None = None
@@ -99,16 +127,20 @@ class Cluster:
         ):
             done = self.run("kubectl", "-n", namespace, *args, timeout=30)
             parts.append(f"$ kubectl -n {namespace} {' '.join(args)}\n{done.output[-3000:]}")
-        # There is no `kubectl logs` (no kubelet API): the node keeps each container's output.
-        for worker in list(self.node.workers.values()):
-            if worker.namespace != namespace:
-                continue
-            for container in worker.init_containers + worker.containers:
-                status = container.status
-                if status.restart_count or "terminated" in status.state or not status.ready:
-                    tail = worker.logs(container.container_name).splitlines()[-15:]
-                    parts.append(f"--- output of {worker.pod_name}/{container.container_name}:")
-                    parts += tail
+        # The output of every container that restarted, ended or is not ready.
+        done = self.run("kubectl", "-n", namespace, "get", "pods", "-o", "json", timeout=30)
+        pods = json.loads(done.stdout)["items"] if done.returncode == 0 else []
+        for pod in pods:
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                if status["restartCount"] or "terminated" in status["state"] or not status["ready"]:
+                    name = f"{pod['metadata']['name']}/{status['name']}"
+                    previous = ["--previous"] if status["restartCount"] else []
+                    logs = self.run(
+                        "kubectl", "-n", namespace, "logs", pod["metadata"]["name"],
+                        "-c", status["name"], "--tail=15", *previous, timeout=30,
+                    )  # fmt: skip
+                    parts.append(f"--- output of {name}{' (previous)' if previous else ''}:")
+                    parts.append(logs.output)
         return "\n".join(parts)
 
     def wait(
@@ -240,15 +272,25 @@ def served_requests(address: str, model: str) -> float | None:
     )
 
 
-class ServiceLoad:
-    """Inference requests through a Service the way kube-proxy routes them: to the addresses
-    its EndpointSlices list as ready (read from the API server every half second and read as
-    the node stand-in reads them, `routes_from_slices`), in turn.
+def ready_addresses(slices: list[dict[str, Any]]) -> list[str]:
+    """The addresses a Service's EndpointSlices list as ready: where kube-proxy sends its
+    traffic."""
+    return sorted(
+        address
+        for item in slices
+        for endpoint in item.get("endpoints") or []
+        if (endpoint.get("conditions") or {}).get("ready")
+        for address in endpoint["addresses"]
+    )
 
-    The node stand-in has no kube-proxy; this is the client side of one, for tests that must
-    show which pods a Service sends traffic to. One request at a time, `pause_s` apart: a
-    light, steady load. `ready` is the latest list of ready addresses; `sent` counts the
-    requests per address and `answered` those that succeeded.
+
+class ServiceLoad:
+    """Inference requests to a Service's cluster IP, routed by the node's kube-proxy.
+
+    One request at a time, `pause_s` apart: a light, steady load. `ready` is the latest list
+    of the addresses the Service's EndpointSlices list as ready (read from the API server
+    every half second); `answered` counts the requests that succeeded. Which pod answered
+    shows in each pod's own metrics (`served_requests`).
     """
 
     def __init__(
@@ -256,8 +298,8 @@ class ServiceLoad:
     ) -> None:
         self.cluster, self.namespace, self.service = cluster, namespace, service
         self.model, self.pause_s = model, pause_s
+        self.cluster_ip = cluster.get("service", service, "-n", namespace)["spec"]["clusterIP"]
         self.ready: list[str] = []
-        self.sent: dict[str, int] = {}
         self.answered = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -288,8 +330,7 @@ class ServiceLoad:
                 self.errors.append(str(error))
                 continue
             if done.returncode == 0:
-                routes = routes_from_slices(json.loads(done.stdout)["items"])
-                self.ready = routes.get((self.namespace, self.service), [])
+                self.ready = ready_addresses(json.loads(done.stdout)["items"])
             self._stop.wait(0.5)
 
     def _send(self) -> None:
@@ -298,23 +339,14 @@ class ServiceLoad:
                 {"name": "FEATURES", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}
             ]
         }
-        for turn in itertools.count():
-            if self._stop.is_set():
-                return
-            ready = self.ready
-            if not ready:
-                self._stop.wait(0.1)
-                continue
-            address = ready[turn % len(ready)]
-            self.sent[address] = self.sent.get(address, 0) + 1
+        url = f"http://{self.cluster_ip}:8000/v2/models/{self.model}/infer"
+        while not self._stop.is_set():
             try:
-                response = requests.post(
-                    f"http://{address}:8000/v2/models/{self.model}/infer", json=body, timeout=10
-                )
+                response = requests.post(url, json=body, timeout=10)
                 if response.ok:
                     self.answered += 1
                 else:
-                    self.errors.append(f"{address}: HTTP {response.status_code}")
+                    self.errors.append(f"HTTP {response.status_code}: {response.text[:200]}")
             except requests.RequestException as error:
-                self.errors.append(f"{address}: {type(error).__name__}")
+                self.errors.append(type(error).__name__)
             self._stop.wait(self.pause_s)

@@ -8,7 +8,10 @@ the autoscalers' finalizers released, and nothing left once the namespace has go
 from __future__ import annotations
 
 import secrets
+import shutil
 from pathlib import Path
+
+import yaml
 
 from tests.chart.helm import CHART, REPO_ROOT
 from tests.cluster.harness import (
@@ -29,7 +32,10 @@ def test_helm3_installs_and_uninstalls_leaving_nothing(cluster: Cluster) -> None
     namespace, release = "e2e-helm3", "three"
     selector = f"app.kubernetes.io/instance={release}"
     restricted_namespace(cluster, namespace)
-    cluster.helm("install", release, str(CHART), "-n", namespace, "-f", str(VALUES), major=3)
+    cluster.helm(
+        "install", release, str(CHART), "-n", namespace, "-f", str(VALUES),
+        *cluster.image_values(), major=3,
+    )  # fmt: skip
     cluster.wait(
         "the helm 3 release's pods (Triton and the operator) to be Ready",
         lambda: (
@@ -57,10 +63,34 @@ def test_helm3_installs_and_uninstalls_leaving_nothing(cluster: Cluster) -> None
     wait_namespace_gone(cluster, namespace)
 
 
-def test_the_plain_manifests_apply_and_delete_leaving_nothing(cluster: Cluster) -> None:
-    # The file's own instructions (its header), step by step. It is rendered with the chart's
-    # defaults, GPU mode: the node stand-in has no GPU, so Triton stays Pending; the operator
-    # runs and serves the autoscalers, which is what deleting them needs.
+def kustomization(cluster: Cluster, folder: Path) -> Path:
+    """A kustomization of the plain manifests that takes the operator's image from the node's
+    registry (`images:`, as a user with a mirror of their own does): a folder for `-k`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(MANIFESTS, folder / MANIFESTS.name)
+    operator = "tritonscale/tritonscale-operator"
+    (folder / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [MANIFESTS.name],
+                "images": [
+                    {"name": f"ghcr.io/{operator}", "newName": f"{cluster.registry}/{operator}"}
+                ],
+            }
+        )
+    )
+    return folder
+
+
+def test_the_plain_manifests_apply_and_delete_leaving_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The file's own instructions (its header), step by step, through a kustomization that
+    # pulls the operator from the node's registry. It is rendered with the chart's defaults,
+    # GPU mode: the node has no GPU, so Triton stays Pending (its nvidia.com/gpu request fits
+    # nowhere); the operator runs and serves the autoscalers, which is what deleting them
+    # needs.
+    manifests = str(kustomization(cluster, tmp_path / "manifests"))
     namespace = "tritonscale"
     selector = "app.kubernetes.io/instance=tritonscale"
     restricted_namespace(cluster, namespace)
@@ -70,7 +100,7 @@ def test_the_plain_manifests_apply_and_delete_leaving_nothing(cluster: Cluster) 
             f"--from-literal=repository-key={secrets.token_hex(32)}",
         )  # fmt: skip
         with Stopwatch(cluster.timings, "kubectl apply -f manifests to operator Ready"):
-            cluster.kubectl("apply", "--server-side", "-f", str(MANIFESTS))
+            cluster.kubectl("apply", "--server-side", "-k", manifests)
             cluster.wait(
                 "the manifests' operator pod to be Ready",
                 lambda: [
@@ -103,12 +133,12 @@ def test_the_plain_manifests_apply_and_delete_leaving_nothing(cluster: Cluster) 
             cluster.kubectl("-n", namespace, "delete", "instancegroupautoscalers", "--all",
                             "--wait", "--timeout=120s", timeout=150)  # fmt: skip
             # As the file's header says (its autoscalers are gone by now).
-            cluster.kubectl("delete", "-f", str(MANIFESTS), "--ignore-not-found", "--wait",
+            cluster.kubectl("delete", "-k", manifests, "--ignore-not-found", "--wait",
                             "--timeout=180s", timeout=210)  # fmt: skip
             wait_release_gone(cluster, namespace, selector)
             cluster.kubectl("delete", "namespace", namespace, "--wait=false")
             wait_namespace_gone(cluster, namespace)
     finally:
         if cluster.run("kubectl", "get", "namespace", namespace).returncode == 0:
-            cluster.run("kubectl", "delete", "-f", str(MANIFESTS), "--wait=false")
+            cluster.run("kubectl", "delete", "-k", manifests, "--wait=false")
             cluster.run("kubectl", "delete", "namespace", namespace, "--wait=false")

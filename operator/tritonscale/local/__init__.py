@@ -1,2 +1,2 @@
-"""Local tooling: a real tritonserver and Prometheus on this machine, the demo and its load, and
-the node stand-in. (The local Kubernetes cluster is development tooling: hack/ in a checkout.)"""
+"""Local tooling: a real tritonserver and Prometheus on this machine, the demo and its load.
+(The local Kubernetes cluster is development tooling: hack/ in a checkout.)"""
