@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from hack.demo_k8s import PhaseRow, table, target_metrics
+from hack.demo_k8s import (
+    VALUES,
+    PhaseRow,
+    image_values,
+    merged,
+    served_lines,
+    table,
+    target_metrics,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +51,28 @@ def test_the_table_has_a_row_per_phase_and_a_column_per_pod() -> None:
     assert lines[0].split() == ["phase", "req/s", "p95", "ms", "abcde", "fghij"]
     assert lines[2].split() == ["4", "users", "80.0", "62", "2/1/3/?", "-"]
     assert lines[3].split() == ["after", "the", "load", "0.0", "-", "-", "2/1/3/?"]
+
+
+def test_values_layer_as_helm_layers_files() -> None:
+    base = {"triton": {"replicaCount": 2, "image": {"tag": "x"}}, "locust": {"users": 1}}
+    top = {"triton": {"image": {"repository": "r"}}, "locust": {"users": 3}}
+    assert merged(base, top) == {
+        "triton": {"replicaCount": 2, "image": {"tag": "x", "repository": "r"}},
+        "locust": {"users": 3},
+    }
+    assert base["triton"]["image"] == {"tag": "x"}  # the layers are left as they were
+
+
+def test_every_image_comes_from_the_given_registry() -> None:
+    values = merged(VALUES, image_values("127.0.0.1:5000"))
+    assert values["global"]["imageRegistry"] == "127.0.0.1:5000"
+    assert values["triton"]["image"]["repository"] == "tritonscale/tritonscale-triton-cpu"
+    assert values["triton"]["replicaCount"] == 2  # the demo's own values stay
+
+
+def test_the_served_lines_give_each_pods_share() -> None:
+    assert served_lines({"t-b": 300.0, "t-a": 100.0}) == [
+        "t-a: 100 pipeline_async requests served (25 %)",
+        "t-b: 300 pipeline_async requests served (75 %)",
+    ]
+    assert served_lines({"t-a": 0.0}) == ["t-a: 0 pipeline_async requests served"]

@@ -5,20 +5,24 @@ the allowed set are refused.
 
 The release runs with the policy on and `metricsFrom` set to the monitoring namespace: the
 production setup the chart documents. A Prometheus (Debian's binary, in a `FROM scratch`
-image with the C library it links) runs there and discovers the Triton pods as a user's
-Prometheus would (kubernetes_sd, the `namespace` and `pod` labels the operator's queries
-select on).
+image with the C library it links) runs there and scrapes the Triton pods with the
+`namespace` and `pod` labels the operator's queries select on, as a user's Prometheus
+would. Debian builds Prometheus without Kubernetes discovery, so the test plays that part:
+an HTTP service discovery endpoint (Prometheus' http_sd) on the node's address lists the
+release's Triton pods, read from the API server at each refresh.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
+import requests
 import yaml
 
 from hack import node as hack_node
@@ -46,32 +50,71 @@ POLICY_VALUES = {
         ],
     }
 }
-PROMETHEUS_CONFIG = {
-    "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
-    "scrape_configs": [
+
+
+def prometheus_config(discovery_url: str) -> dict[str, Any]:
+    return {
+        "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+        "scrape_configs": [
+            {
+                "job_name": "triton",
+                "http_sd_configs": [{"url": discovery_url, "refresh_interval": "5s"}],
+            }
+        ],
+    }
+
+
+def triton_targets(cluster: Cluster) -> list[dict[str, Any]]:
+    """Prometheus' http_sd answer: each Triton pod's metrics address, with its labels."""
+    return [
         {
-            "job_name": "triton",
-            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [NAMESPACE]}}],
-            "relabel_configs": [
-                {
-                    "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"],
-                    "regex": "triton",
-                    "action": "keep",
-                },
-                {
-                    "source_labels": ["__meta_kubernetes_pod_container_port_name"],
-                    "regex": "metrics",
-                    "action": "keep",
-                },
-                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            ],
+            "targets": [f"{pod['status']['podIP']}:8002"],
+            "labels": {"namespace": NAMESPACE, "pod": pod["metadata"]["name"]},
         }
-    ],
-}
+        for pod in cluster.pods(NAMESPACE, TRITON)
+        if pod["status"].get("podIP")
+    ]
 
 
-def prometheus_objects() -> list[dict[str, Any]]:
+class Discovery(ThreadingHTTPServer):
+    """The http_sd endpoint, on the node's address (pods reach it there), in a thread."""
+
+    daemon_threads = True
+
+    def __init__(self, cluster: Cluster) -> None:
+        address = hack_node.node_ip()
+        cluster_ = cluster
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                try:
+                    body = json.dumps(triton_targets(cluster_)).encode()
+                except AssertionError:  # kubectl failed this once: Prometheus keeps the last
+                    self.send_error(503)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__((address, 0), Handler)
+        self.url = f"http://{address}:{self.server_address[1]}/targets"
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True, name="http-sd")
+
+    def __enter__(self) -> Discovery:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def prometheus_objects(discovery_url: str) -> list[dict[str, Any]]:
     labels = {"app": "prometheus"}
     restricted = {
         "allowPrivilegeEscalation": False,
@@ -79,33 +122,15 @@ def prometheus_objects() -> list[dict[str, Any]]:
         "readOnlyRootFilesystem": True,
     }
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": "prometheus", "namespace": MONITORING}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": "prometheus-discovery", "namespace": NAMESPACE},
-            "rules": [{"apiGroups": [""], "resources": ["pods"],
-                       "verbs": ["get", "list", "watch"]}],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "prometheus-discovery", "namespace": NAMESPACE},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                        "name": "prometheus-discovery"},
-            "subjects": [{"kind": "ServiceAccount", "name": "prometheus",
-                          "namespace": MONITORING}],
-        },
         {"apiVersion": "v1", "kind": "ConfigMap",
          "metadata": {"name": "prometheus", "namespace": MONITORING},
-         "data": {"prometheus.yml": yaml.safe_dump(PROMETHEUS_CONFIG)}},
+         "data": {"prometheus.yml": yaml.safe_dump(prometheus_config(discovery_url))}},
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "prometheus", "namespace": MONITORING, "labels": labels},
             "spec": {
-                "serviceAccountName": "prometheus",
+                "automountServiceAccountToken": False,
                 "securityContext": {
                     "runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
                     "seccompProfile": {"type": "RuntimeDefault"},
@@ -212,11 +237,12 @@ def guarded(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "install", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(VALUES), "-f", str(values),
         *cluster.image_values(),
     )  # fmt: skip
-    for body in prometheus_objects():
-        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(body))
-    for namespace in (MONITORING, OUTSIDER):
-        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(probe_pod(namespace)))
-    yield cluster
+    with Discovery(cluster) as discovery:
+        for body in prometheus_objects(discovery.url):
+            cluster.kubectl("apply", "-f", "-", stdin=json.dumps(body))
+        for namespace in (MONITORING, OUTSIDER):
+            cluster.kubectl("apply", "-f", "-", stdin=json.dumps(probe_pod(namespace)))
+        yield cluster
     cluster.run("helm", "uninstall", RELEASE, "-n", NAMESPACE, "--timeout", "2m")
     for namespace in (NAMESPACE, MONITORING, OUTSIDER):
         cluster.run("kubectl", "delete", "namespace", namespace, "--wait=false")
@@ -286,13 +312,17 @@ def test_only_the_allowed_namespaces_reach_tritons_ports(guarded: Cluster) -> No
 
 
 def prometheus_has_triton(cluster: Cluster) -> bool:
-    """Whether the Prometheus in MONITORING holds Triton's series for the release's pods."""
+    """Whether the Prometheus in MONITORING holds Triton's series for the release's pods
+    (asked from this machine, which reaches every pod's address)."""
     address = cluster.get("pod", "prometheus", "-n", MONITORING)["status"].get("podIP")
-    query = quote(f'count(nv_inference_request_success{{namespace="{NAMESPACE}"}})')
-    answer = http_get(cluster, MONITORING, address, 9090, f"/api/v1/query?query={query}")
-    if not answer:
+    query = f'count(nv_inference_request_success{{namespace="{NAMESPACE}"}})'
+    try:
+        answer = requests.get(
+            f"http://{address}:9090/api/v1/query", params={"query": query}, timeout=5
+        )
+    except requests.RequestException:
         return False
-    result = json.loads(answer.split("\r\n\r\n", 1)[1])["data"]["result"]
+    result = answer.json()["data"]["result"] if answer.ok else []
     return bool(result) and float(result[0]["value"][1]) > 0
 
 

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 import yaml
 
 from tests.chart.helm import CHART, REPO_ROOT
 from tests.cluster.harness import (
     Cluster,
+    Done,
     ServiceLoad,
     Stopwatch,
     is_ready,
@@ -447,6 +449,83 @@ def test_a_crashed_triton_leaves_no_stale_shared_memory_in_its_pod(release: Clus
     # One region per Python stub: the new server has its own (as many as its instances).
     assert after, "the restarted Triton holds shared-memory regions of its own"
     assert not before & after, f"{len(before & after)} regions of the killed server remain"
+
+
+def test_kubectl_logs_exec_and_port_forward_reach_triton(release: Cluster) -> None:
+    """What users reach for first, through the API server to the kubelet: the container's
+    output, a shell's view of its confinement and its cgroup's memory limit, and a port."""
+    name = release.ready_pods(NAMESPACE, TRITON)[0]["metadata"]["name"]
+    logs = release.kubectl("logs", name, "-n", NAMESPACE, "-c", "tritonserver")
+    assert "Started HTTPService at 0.0.0.0:8000" in logs, logs[-2000:]
+
+    def exec_(*command: str) -> Done:
+        return release.run("kubectl", "exec", name, "-n", NAMESPACE, "-c", "tritonserver",
+                           "--", *command)  # fmt: skip
+
+    status = exec_("cat", "/proc/1/status").stdout
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    assert fields["Uid"].split() == ["1000"] * 4, fields["Uid"]  # the chart's Triton user
+    assert int(fields["CapEff"], 16) == 0 and fields["Seccomp"].strip() == "2", fields
+    written = exec_("touch", "/written")
+    assert written.returncode != 0 and "Read-only file system" in written.output
+    limit = exec_("sh", "-c", "cat /sys/fs/cgroup/memory.max 2>/dev/null "
+                              "|| cat /sys/fs/cgroup/memory/memory.limit_in_bytes")  # fmt: skip
+    assert int(limit.stdout) == 4 * 2**30, limit.output  # e2e-values.yaml's limit
+
+    command = [release.tools["kubectl"], "--kubeconfig", str(release.kubeconfig),
+               "port-forward", "-n", NAMESPACE, f"pod/{name}", ":8000"]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as forward:  # fmt: skip
+        try:
+            assert forward.stdout is not None
+            line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8000"
+            match = re.search(r"127\.0\.0\.1:(\d+) -> 8000", line)
+            assert match, f"kubectl port-forward said: {line!r}"
+            ready = requests.get(f"http://127.0.0.1:{match[1]}/v2/health/ready", timeout=10)
+            assert ready.status_code == 200
+        finally:
+            forward.terminate()
+
+
+def test_an_oom_killed_triton_restarts_and_gets_its_peers_counts_back(release: Cluster) -> None:
+    """Past its memory limit the container is OOM-killed by the kernel (its cgroup's limit
+    is the chart's), restarts, and the operator brings it back to its peer's counts. The
+    kernel kills the process it finds worst: tritonserver is made that one, from the host
+    (raising oom_score_adj needs no privilege), and an allocation inside the container
+    crosses the limit."""
+    pods = release.ready_pods(NAMESPACE, TRITON)
+    name = pods[0]["metadata"]["name"]
+    restarts = pods[0]["status"]["containerStatuses"][0]["restartCount"]
+    peer_counts = counts_on_every_pod(release, 2)
+    assert peer_counts is not None
+    pid = release.container_pid(NAMESPACE, name, "tritonserver")
+    Path(f"/proc/{pid}/oom_score_adj").write_text("1000\n")
+    # As much as the whole limit, beside the server: the cgroup runs out on the way, and the
+    # kernel picks tritonserver; the container ends with it, the allocation too.
+    release.run("kubectl", "exec", name, "-n", NAMESPACE, "-c", "tritonserver", "--",
+                "python3", "-c", "bytearray(4 << 30)", timeout=120)  # fmt: skip
+    restarted = release.wait(
+        "the OOM-killed tritonserver to be restarted and Ready",
+        lambda: (
+            (p := release.get("pod", name, "-n", NAMESPACE))
+            and p["status"]["containerStatuses"][0]["restartCount"] > restarts
+            and is_ready(p)
+            and p
+        ),
+        timeout_s=240,
+        namespace=NAMESPACE,
+    )
+    last = restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert last["reason"] == "OOMKilled" and last["exitCode"] == 128 + signal.SIGKILL, last
+    release.wait(
+        "the restarted pod back at its peer's count of every model",
+        lambda: (
+            (c := counts_on_every_pod(release, 2))
+            and all(len(set(c[m].values())) == 1 and None not in c[m].values() for m in c)
+        ),
+        timeout_s=180,
+        namespace=NAMESPACE,
+    )
 
 
 def test_an_upgrade_rolls_out_and_the_new_pods_are_tuned(release: Cluster) -> None:

@@ -20,12 +20,29 @@ from tests.cluster.harness import Cluster
 from tests.cluster.test_real_node import BUSYBOX, IMAGE, PODS, pod_manifest
 
 
+def busybox_pod(cluster: Cluster, namespace: str) -> None:
+    """A pod of busybox in `namespace`, with its address (so with its network namespace)."""
+    archive = cluster.state_dir / "busybox.tar"
+    if not archive.is_file():
+        hack_node.build_scratch_image(archive, IMAGE, {"/bin/busybox": BUSYBOX}, ["/bin/busybox"])
+    hack_node.import_image(cluster.state_dir, archive)
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(pod_manifest(PODS[0])))
+    cluster.wait(
+        f"a pod with an address in {namespace}",
+        lambda: cluster.get("pod", PODS[0], "-n", namespace)["status"].get("podIP"),
+        timeout_s=120,
+        namespace=namespace,
+    )
+
+
 def test_cluster_down_leaves_nothing(cluster: Cluster) -> None:
+    busybox_pod(cluster, "last")
     node_state = hack_node.read_state(cluster.state_dir)
     plane_state = json.loads((cluster.state_dir / hack_cluster.STATE_FILE).read_text())
     assert node_state is not None
     namespaces = hack_node._our_netns()
-    assert namespaces, "no pod network namespace found before down (CoreDNS runs on the node)"
+    assert namespaces, "no pod network namespace found before down"
     socket = Path(node_state["containerd_address"])
     assert hack_node.shim_pids(socket), "no containerd shim found before down"
 
@@ -53,18 +70,7 @@ def test_the_next_up_cleans_up_after_a_crashed_cluster(cluster: Cluster) -> None
     """Every component killed with its pods running (as a lost terminal or a reboot of the
     test's process would leave them): `up` removes what is left and starts afresh."""
     hack_cluster.up(cluster.state_dir, TOOLS_DIR, progress=print)
-    archive = hack_node.build_scratch_image(
-        cluster.state_dir / "busybox.tar", IMAGE, {"/bin/busybox": BUSYBOX}, ["/bin/busybox"]
-    )
-    hack_node.import_image(cluster.state_dir, archive)
-    cluster.kubectl("create", "namespace", "crash")
-    cluster.kubectl("apply", "-n", "crash", "-f", "-", stdin=json.dumps(pod_manifest(PODS[0])))
-    cluster.wait(
-        "a pod with an address before the crash",
-        lambda: cluster.get("pod", PODS[0], "-n", "crash")["status"].get("podIP"),
-        timeout_s=120,
-        namespace="crash",
-    )
+    busybox_pod(cluster, "crash")
     crashed_netns = hack_node._our_netns()
     for state in (
         hack_node.read_state(cluster.state_dir),
