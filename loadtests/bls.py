@@ -228,12 +228,34 @@ def grpc_address(host: str | None, grpc_host: str) -> str:
     return f"{http_address(host).rsplit(':', 1)[0]}:{DEFAULT_GRPC_PORT}"
 
 
+def grpc_channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own channel options, plus a subchannel pool per channel.
+
+    grpcio shares one connection among a process's channels to the same target (its global
+    subchannel pool): every user of a Locust worker would send on one TCP connection, and a
+    Kubernetes Service balances connections, not requests, so a worker's whole load would
+    land on one Triton pod. With a pool per channel each user has its own connection, as
+    independent clients do, and the Service spreads them.
+    """
+    keepalive = tritonclient.grpc.KeepAliveOptions()
+    largest = 2**31 - 1  # Triton's MAX_GRPC_MESSAGE_SIZE, as tritonclient sets it
+    return [
+        ("grpc.max_send_message_length", largest),
+        ("grpc.max_receive_message_length", largest),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+
+
 def _client(protocol: str, address: str, timeout_s: float) -> Any:
     if protocol == "http":
         return tritonclient.http.InferenceServerClient(
             address, connection_timeout=timeout_s, network_timeout=timeout_s
         )
-    return tritonclient.grpc.InferenceServerClient(address)
+    return tritonclient.grpc.InferenceServerClient(address, channel_args=grpc_channel_args())
 
 
 # Clients not yet closed. tritonclient.grpc closes its channel again in __del__, and a

@@ -349,13 +349,14 @@ def test_under_load_the_count_rises_on_every_pod_and_falls_after(release: Cluste
     addresses = [pod["status"]["podIP"] for pod in release.ready_pods(NAMESPACE, TRITON)]
     before = {address: served_requests(address, "pipeline_async") for address in addresses}
     assert None not in before.values(), before
-    # kube-proxy balances connections, and each Locust user keeps one: enough users that
-    # both pods get a fair share whatever the draw (with 48, a pod with under 30 % of the
-    # connections is a 1-in-200 draw, and the served shares are closer than the
-    # connections': the busier pod answers each of its connections more slowly).
+    # kube-proxy balances connections, and each Locust user keeps one of its own
+    # (loadtests/bls.py: grpc_channel_args): enough users that both pods get a fair share
+    # whatever the draw (with 64, a pod with under 30 % of the connections is a 1-in-500
+    # draw, and the served shares are closer than the connections': the pods share the
+    # node's CPUs, so the busier one answers each of its connections more slowly).
     upgrade(
-        release, "locust.enabled=true", "locust.workers=2", "locust.users=48",
-        "locust.spawnRate=48",
+        release, "locust.enabled=true", "locust.workers=2", "locust.users=64",
+        "locust.spawnRate=64",
     )  # fmt: skip
     started = time.monotonic()
 
