@@ -277,6 +277,10 @@ class Demo:
             return False
 
         wait_for("the Locust master to start", running, 180)
+        # The phases count from the first request served, not from the master's start: the
+        # workers connect and spawn their users first.
+        started = self.sample()[0]
+        wait_for("Locust's first requests", lambda: self.sample()[0] > started, 180)
         phases = [(f"{STEP_USERS * (n + 1)} users", STEP_SECONDS) for n in range(STEPS)]
         phases.append(("after the load", AFTER_SECONDS))
         rows: list[PhaseRow] = []

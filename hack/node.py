@@ -466,6 +466,7 @@ def start_node(
         _write_state(state_dir, state)  # from here on, `down` cleans up whatever happens
         # Service cluster IPs are forwarded to pods on the bridge: routing must be on.
         ip_forward.write_text("1\n")
+        _guard_service_range()
         spawn("registry", [str(registry.binary(tools_dir)), "serve", str(registry_config)])
         wait("the registry", lambda: registry.answers(state["registry"]))
         containerd = shutil.which("containerd") or "containerd"
@@ -536,6 +537,29 @@ def spawn(state_dir: Path, name: str, command: list[str]) -> subprocess.Popen[by
     state["binaries"][name] = command[0]
     _write_state(state_dir, state)
     return process
+
+
+# A rule of the routing policy database, ours by its priority.
+SERVICE_RULE_PRIORITY = "1000"
+
+
+def _service_rule() -> list[str]:
+    return ["iif", BRIDGE, "to", cluster.SERVICE_CLUSTER_IP_RANGE,
+            "priority", SERVICE_RULE_PRIORITY, "unreachable"]  # fmt: skip
+
+
+def _guard_service_range() -> None:
+    """A pod's packet to a Service address that kube-proxy did not translate (no ready
+    endpoint) is unreachable at once, and never leaves the machine by its default route.
+
+    kube-proxy rejects such packets in FORWARD, but kube-router's policy chains come first
+    there and accept whatever the policies allow: the SYN would be routed on, unanswered,
+    and its retries keep the untranslated conntrack entry for minutes (a Locust worker that
+    started before its master waited two minutes). Translated packets are routed to the
+    pod's address and never meet the rule.
+    """
+    _run("ip", "rule", "del", *_service_rule(), check=False)  # what a crashed run left
+    _run("ip", "rule", "add", *_service_rule())
 
 
 def _write_state(state_dir: Path, state: dict[str, Any]) -> None:
@@ -796,6 +820,7 @@ def stop_node(state_dir: Path, progress: Callable[[str], Any] = print) -> dict[s
     unmounted = _unmount_below(paths["node"])
     _remove_kube_chains()
     _remove_kube_ipsets()
+    _run("ip", "rule", "del", *_service_rule(), check=False)
     _run("ip", "link", "delete", BRIDGE, check=False)
     if CONTAINER_LOG_LINKS.is_dir():
         for link in CONTAINER_LOG_LINKS.iterdir():

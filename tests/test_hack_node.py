@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from hack import dns, node, registry
+from hack import cluster, dns, node, registry
 
 pytestmark = pytest.mark.unit
 
@@ -137,3 +137,12 @@ MOUNTINFO = """\
 )
 def test_the_filesystem_of_a_folder_is_its_deepest_mount(folder: str, kind: str) -> None:
     assert node.filesystem_type(Path(folder), MOUNTINFO) == kind
+
+
+def test_only_pods_untranslated_service_traffic_is_made_unreachable() -> None:
+    # From the pods' bridge only (the machine's own clients go through kube-proxy's OUTPUT
+    # rules, whose routing decision comes before translation), to the Service range only.
+    rule = node._service_rule()
+    assert rule[rule.index("iif") + 1] == node.BRIDGE
+    assert rule[rule.index("to") + 1] == cluster.SERVICE_CLUSTER_IP_RANGE
+    assert rule[-1] == "unreachable"

@@ -259,6 +259,19 @@ def test_pods_reach_the_api_server_through_the_kubernetes_service(real: RealClus
     assert "HTTP request to an HTTPS server" in answer, answer
 
 
+def test_a_service_address_with_no_endpoint_is_unreachable_at_once(real: RealCluster) -> None:
+    """A Service address kube-proxy does not translate fails the pod's connect at once, as a
+    client expects; the packet does not leave the machine by its default route."""
+    real.wait("both web pods Ready", lambda: ready(real), 120)
+    unserved = "10.0.0.99"  # in the Service range, no Service there
+    done = subprocess.run(
+        [real.kubectl_path, "--kubeconfig", str(real.kubeconfig), "-n", NAMESPACE, "exec",
+         PODS[0], "--", "/bin/busybox", "nc", "-w", "5", unserved, "80"],
+        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode != 0 and "unreachable" in done.stderr.lower(), done.stderr
+
+
 def test_make_push_put_every_image_in_the_nodes_registry(real: RealCluster) -> None:
     """The session ran `make push REGISTRY=<the node's registry>/tritonscale`, as the README
     tells users to; each image is there under the chart's appVersion (and the chart's pods,

@@ -59,6 +59,8 @@ def test_cluster_down_leaves_nothing(cluster: Cluster) -> None:
     assert [name for name in namespaces if name in netns] == []
     assert hack_node.kube_chains() == {}, "KUBE-* iptables chains outlived down"
     assert hack_node.kube_ipsets() == [], "kube-router's ipsets outlived down"
+    rules = subprocess.run(["ip", "rule", "list"], capture_output=True, text=True).stdout
+    assert hack_node.BRIDGE not in rules, f"the Service range's rule outlived down: {rules}"
     bridge = subprocess.run(["ip", "link", "show", hack_node.BRIDGE], capture_output=True)
     assert bridge.returncode != 0, f"the bridge {hack_node.BRIDGE} outlived down"
     mounts = Path("/proc/self/mountinfo").read_text()
