@@ -74,10 +74,10 @@ bench: deps vegeta
 	$(PY) -m loadtests.bench.summary
 
 # vegeta, the outside open-loop HTTP load generator of `loadtests.bench.vegeta`, built with Go
-# from hack/vegeta's module into .tools/vegeta-vX.Y.Z/ (2.4 min cold on 2 busy cores; a second
-# run finds the binary and does nothing). Standard library only: any python3 will do.
-vegeta:
-	$(PYTHON) -m hack.vegeta.build
+# (`go install` at the release hack/vegeta/build.py names) into .tools/vegeta-vX.Y.Z/ (2.4 min
+# cold on 2 busy cores; a second run finds the binary and does nothing).
+vegeta: venv
+	$(PY) -m hack.vegeta.build
 
 # On a machine with an NVIDIA GPU: the repository on KIND_GPU instances, Triton's GPU metrics
 # moving under load, the operator's source reading them. Without a GPU: one line, exit code 2.

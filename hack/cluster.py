@@ -233,9 +233,12 @@ def run_go(
     return time.monotonic() - started
 
 
-def go_install(package: str, target: Path, progress: Callable[[str], Any]) -> Path:
+def go_install(
+    package: str, target: Path, progress: Callable[[str], Any], *, ldflags: str = "-s -w"
+) -> Path:
     """`go install PACKAGE@VERSION` (the module's own go.mod and go.sum, checked against the
-    checksum database) into the file `target`, or return at once when it is there."""
+    checksum database) into the file `target`, or return at once when it is there.
+    `ldflags` are the linker's flags (a command's `-X main.Version=...` stamp goes there)."""
     if target.is_file():
         return target
     go = shutil.which("go")
@@ -243,17 +246,23 @@ def go_install(package: str, target: Path, progress: Callable[[str], Any]) -> Pa
         raise ClusterError(f"go not found on PATH: install Go to build {package}")
     name = target.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    progress(f"building {package} into {target.parent} (minutes cold, seconds cached)")
-    with tempfile.TemporaryDirectory(prefix=f"tritonscale-{name}-build-") as scratch:
-        command = [go, "install", "-v", "-trimpath", "-ldflags=-s -w", package]
-        log = Path(scratch) / "build.log"
-        seconds = run_go(command, Path(scratch), name, log, progress, env={"GOBIN": scratch})
-        built = next(path for path in Path(scratch).iterdir() if path.name != "build.log")
-        # Through a name in the final folder: nobody sees a half-written binary.
-        partial = target.with_name(f".{name}.partial")
-        shutil.copyfile(built, partial)
-        partial.chmod(0o755)
-        partial.replace(target)
+    # One builder at a time per target (two test workers, say); the others wait here and
+    # then find the binary.
+    with open(target.with_name(f".{name}.build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_file():
+            return target
+        progress(f"building {package} into {target.parent} (minutes cold, seconds cached)")
+        with tempfile.TemporaryDirectory(prefix=f"tritonscale-{name}-build-") as scratch:
+            command = [go, "install", "-v", "-trimpath", f"-ldflags={ldflags}", package]
+            log = Path(scratch) / "build.log"
+            seconds = run_go(command, Path(scratch), name, log, progress, env={"GOBIN": scratch})
+            built = next(path for path in Path(scratch).iterdir() if path.name != "build.log")
+            # Through a name in the final folder: nobody sees a half-written binary.
+            partial = target.with_name(f".{name}.partial")
+            shutil.copyfile(built, partial)
+            partial.chmod(0o755)
+            partial.replace(target)
     progress(f"built {name} in {seconds:.0f} s")
     return target
 

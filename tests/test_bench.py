@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -218,7 +219,8 @@ def test_scale_down_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert doc["floor"] == 4 and doc["capacity_rps"] > 0
     assert {w["phase"] for w in doc["timeline"]} == {"high", "low"}
     assert doc["decisions"] > 0
-    assert "seconds_to_floor" in doc and doc["earliest_possible_s"] >= 0
+    assert "seconds_to_floor" in doc
+    assert 0 <= doc["earliest_possible_s"] <= doc["allowed_s"]
     assert _counts(triton) == before
 
 
@@ -248,9 +250,83 @@ def test_the_chart_windows_are_the_chart_values() -> None:
     assert pipeline["intervalSeconds"] == 15 and pipeline["metricsWindowSeconds"] == 60
     assert pipeline["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
     assert pipeline["calls"] == ["branch_embed", "branch_classify", "branch_rank"]
-    # 7 instances: 300 s of window, then two more steps of 60 s for the model at 3.
+    # 7 instances: 300 s of window, then one more step of 60 s for the model at 3; at the
+    # latest the 60 s rate window comes first.
     peak = {"pipeline_async": 3, "branch_embed": 2, "branch_classify": 1, "branch_rank": 1}
     assert scale_down.earliest_floor_s(list(specs.values()), peak) == 300 + 60
+    assert scale_down.allowed_floor_s(list(specs.values()), peak) == 60 + 300 + 60
+
+
+def _down_spec(
+    interval_s: int = 15,
+    rates_s: int = 60,
+    window_s: int = 300,
+    policies: tuple[tuple[str, int, int], ...] = (("Instances", 1, 60),),
+    floor: int = 1,
+) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "minInstances": floor,
+        "intervalSeconds": interval_s,
+        "metricsWindowSeconds": rates_s,
+        "behavior": {
+            "scaleDown": {
+                "stabilizationWindowSeconds": window_s,
+                "policies": [
+                    {"type": kind, "value": value, "periodSeconds": period}
+                    for kind, value, period in policies
+                ],
+            }
+        },
+    }
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("spec", "peak", "earliest", "allowed"),
+    [
+        # The chart's windows from 4 to 1: 300 s, then two steps a minute apart; at the latest
+        # the rate window holds the peak for 60 s first.
+        (_down_spec(), 4, 300 + 2 * 60, 60 + 300 + 2 * 60),
+        # One step: the stabilization window alone, and the rate window before it.
+        (_down_spec(), 2, 300, 60 + 300),
+        # Nothing above the floor: nothing to wait for.
+        (_down_spec(floor=2), 2, 0, 0),
+        # Windows that end between ticks are over at the next tick: 100 s is 105 s of 15 s
+        # ticks, a 50 s period 60 s; the rate window is not rounded (the last tick that reads
+        # the high load comes before it ends).
+        (_down_spec(window_s=100, policies=(("Instances", 1, 50),)), 3, 105 + 60, 60 + 105 + 60),
+        # Two instances a period: 5 above the floor take three steps.
+        (_down_spec(policies=(("Instances", 2, 60),)), 6, 300 + 2 * 60, 60 + 300 + 2 * 60),
+        # Of two policies the quicker one counts (selectPolicy Max, the chart's).
+        (
+            _down_spec(policies=(("Instances", 1, 60), ("Instances", 1, 30))),
+            4,
+            300 + 2 * 30,
+            60 + 300 + 2 * 30,
+        ),
+    ],
+    ids=[
+        "the chart's windows from 4 to 1",
+        "one step",
+        "at the floor already",
+        "windows between ticks round up to the next tick",
+        "two instances a period",
+        "the quicker of two policies",
+    ],
+)
+def test_the_windows_bound_the_time_back_at_the_floor(
+    spec: dict[str, Any], peak: int, earliest: float, allowed: float
+) -> None:
+    assert scale_down.earliest_floor_s([spec], {"m": peak}) == earliest
+    assert scale_down.allowed_floor_s([spec], {"m": peak}) == allowed
+
+
+@pytest.mark.unit
+def test_the_bound_counts_instances_policies_only() -> None:
+    spec = _down_spec(policies=(("Percent", 50, 60),))
+    with pytest.raises(ValueError, match="only Instances"):
+        scale_down.allowed_floor_s([spec], {"m": 4})
 
 
 def test_control_loop_scale_quick(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.test_policy import MODEL, signals, snapshot
-from tritonscale.core import sizing
+from tritonscale.core import behavior, sizing
 from tritonscale.core.behavior import (
     PolicyState,
     Recommendation,
@@ -62,10 +62,13 @@ class Loop:
         current: int,
         interval_s: float = 15.0,
         scale_down_margin: float = sizing.SCALE_DOWN_MARGIN,
+        late_s: tuple[float, ...] = (0.0,),
     ) -> None:
         self.spec = spec
         self.current = current
         self.interval_s = interval_s
+        # How long after it was due each tick runs, in turn (a driver's wake-up).
+        self.late_s = late_s
         self.scale_down_margin = scale_down_margin
         self.now = START
         self.state = PolicyState()
@@ -80,13 +83,14 @@ class Loop:
     ) -> Decision:
         """One tick; `queue_ratio` is queue time per compute time (0: no queue)."""
         model = signals(compute=busy_seconds, queue=queue_ratio * busy_seconds)
-        snap = snapshot(model, taken_at=self.now)
+        at = self.now + self.late_s[len(self.counts) % len(self.late_s)]
+        snap = snapshot(model, taken_at=at)
         decision = decide(
             self.spec,
             self.current,
             snap,
             self.state,
-            self.now,
+            at,
             scale_down_margin=self.scale_down_margin,
         )
         self.state = decision.state
@@ -168,6 +172,39 @@ class TestScaleDownSlowly:
         counts = loop.counts[2 + first_down :]
         assert counts[:9] == [7, 7, 7, 7, 6, 6, 6, 6, 5]
         assert decisions[first_down + 1].reason == "ScaleDownLimit"
+
+    def test_ticks_that_run_a_few_milliseconds_late_still_step_on_the_windows_ticks(
+        self,
+    ) -> None:
+        # A driver's tick runs a varying few milliseconds after it was due. Were the windows
+        # read to the millisecond, a tick 59.996 s after the last step would find the 60 s
+        # period not quite over and hold the count one interval more, by chance.
+        loop = Loop(spec_with(), current=2, late_s=(0.005, 0.0, 0.003, 0.001, 0.004, 0.002))
+        loop.run(5.6, ticks=2)  # up to 8
+        loop.run(0.7, ticks=40)
+        first_down = next(i for i, c in enumerate(loop.counts[2:]) if c < 8)
+        # The 300 s window is over at the twentieth tick after the last high one...
+        assert loop.interval_s * (first_down + 1) == 300
+        # ...and then one instance a minute, as on a clock that never runs late.
+        counts = loop.counts[2 + first_down :]
+        assert counts[:17] == [7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4, 3]
+
+    def test_a_window_is_over_a_tenth_of_a_tick_before_its_end_not_sooner(self) -> None:
+        spec = spec_with()  # 15 s ticks, 1 instance less per 60 s
+        assert behavior.tick_slack_s(spec) == 1.5
+        just_inside = (ScaleEvent(START - 58.0, -1),)
+        just_over = (ScaleEvent(START - 59.0, -1),)
+        assert behavior.limit_rate(spec, just_inside, 6, 1, START) == (6, "ScaleDownLimit")
+        assert behavior.limit_rate(spec, just_over, 6, 1, START) == (5, "ScaleDownLimit")
+        # The same for the stabilization window (300 s down).
+        assert behavior.stabilize(spec, (Recommendation(START - 298.0, 6),), 6, 1, START) == (
+            6,
+            "ScaleDownStabilized",
+        )
+        assert behavior.stabilize(spec, (Recommendation(START - 299.0, 6),), 6, 1, START) == (
+            1,
+            None,
+        )
 
     def test_a_fresh_history_holds_scale_downs_for_one_window(self) -> None:
         # A restarted operator that lost its state must not shrink everything at once.

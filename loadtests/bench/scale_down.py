@@ -10,14 +10,18 @@ with the windows the chart uses by default.
    one instance less per 60 s at most.
 2. An open-loop load at 1.4 times what one instance each serves (pipeline_async, 8 rows per
    request) until the counts have risen and held for a while, then a twentieth of that capacity.
-3. From the drop: when each model first scaled down, and when the total was back at the
-   floor (every model at minInstances), against the earliest the windows allow.
+3. From the drop: when each model scaled down, and when the total was back at the floor
+   (every model at minInstances), against what the windows allow: at the earliest, the
+   scale-down window and then one rate period per further step; at the latest, the rate
+   window first (until metricsWindowSeconds after the drop a tick may still read the high
+   load and ask for the peak), each term in whole ticks (`allowed_floor_s`).
 
 Result: reports/bench/scale_down.json (+ .png).
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -91,23 +95,57 @@ def policy_file(triton: Any, settings: dict) -> dict[str, Any]:
     }
 
 
-def earliest_floor_s(specs: list[dict[str, Any]], peak: dict[str, int]) -> float:
-    """The earliest the windows allow every model back at its floor after a drop: the
-    scale-down stabilization window, then one rate-policy period per instance beyond the
-    first (the models step down side by side). The rate window (metricsWindowSeconds) still
-    holds some of the high load after the drop, and ticks come every intervalSeconds, so the
-    real time is longer."""
+def _ticks_s(seconds: float, interval_s: float) -> float:
+    """`seconds` rounded up to whole control intervals: the policy acts only on ticks."""
+    return math.ceil(seconds / interval_s) * interval_s
+
+
+def _model_floor_s(spec: dict[str, Any], excess: int, latest: bool) -> float:
+    """From a drop to one model's floor, `excess` instances above it: the scale-down
+    stabilization window, then one rate-policy period per further step (the quickest of the
+    spec's Instances policies, as the chart's are), in whole ticks; at the latest, the rate
+    window before them (`allowed_floor_s`)."""
+    interval_s = spec["intervalSeconds"]
+    down = spec["behavior"]["scaleDown"]
+    steps_s = []
+    for policy in down["policies"]:
+        if policy["type"] != "Instances":
+            raise ValueError(f"only Instances scale-down policies are counted, not {policy}")
+        further_steps = math.ceil(excess / policy["value"]) - 1
+        steps_s.append(further_steps * _ticks_s(policy["periodSeconds"], interval_s))
+    held_s = _ticks_s(down["stabilizationWindowSeconds"], interval_s)
+    if latest:
+        held_s += spec["metricsWindowSeconds"]
+    return held_s + min(steps_s)
+
+
+def _floor_s(specs: list[dict[str, Any]], peak: dict[str, int], latest: bool) -> float:
+    """The models step down side by side: the slowest one sets the time."""
     longest = 0.0
     for spec in specs:
-        down = spec["behavior"]["scaleDown"]
         excess = peak.get(spec["model"], 1) - spec.get("minInstances", 1)
-        if excess <= 0:
-            continue
-        step = min(
-            p["periodSeconds"] / max(1, p["value"]) for p in down["policies"] if p["value"] > 0
-        )
-        longest = max(longest, down["stabilizationWindowSeconds"] + (excess - 1) * step)
+        if excess > 0:
+            longest = max(longest, _model_floor_s(spec, excess, latest))
     return longest
+
+
+def earliest_floor_s(specs: list[dict[str, Any]], peak: dict[str, int]) -> float:
+    """The earliest the windows allow every model back at its floor after a drop, were the
+    drop read at once; a rate window never reads it at once: a lower bound, not a promise."""
+    return _floor_s(specs, peak, latest=False)
+
+
+def allowed_floor_s(specs: list[dict[str, Any]], peak: dict[str, int]) -> float:
+    """The latest an operator that honours its windows is back at every floor after a drop.
+
+    The rates a tick reads cover the last metricsWindowSeconds: until that long after the
+    drop a tick may still read enough of the high load to ask for the peak, and the
+    stabilization window keeps that recommendation from then on. (The last such tick comes
+    before the rate window has passed: that term needs no rounding to ticks.) It supposes
+    that the ticks after it ask for the floor: one that asks for more (a squeeze after a
+    step, a busy machine) starts the stabilization window again, as it should
+    (`last_asked_above_floor_s` in the result shows when that happened)."""
+    return _floor_s(specs, peak, latest=True)
 
 
 def run(triton: Any, settings: dict) -> dict[str, Any]:
@@ -183,13 +221,21 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
             common.stop_tune(tune)
             instances.restore()
         decision_log, decisions = common.read_decisions(log)
-    first_down: dict[str, float] = {}
+    # Each scale-down after the drop, per model: seconds from the drop to the end of its load;
+    # and the last tick that asked for more than the floor, which the stabilization window
+    # keeps for its length.
+    steps_down: dict[str, list[float]] = {}
+    above_floor: dict[str, float] = {}
+    floors = {spec["model"]: spec.get("minInstances", 1) for spec in specs}
     for record in decisions:
-        if record["t"] < dropped_at or record["model"] in first_down:
+        if record["t"] < dropped_at:
             continue
+        asked = record.get("recommended")
+        if asked is not None and asked > floors.get(record["model"], 1):
+            above_floor[record["model"]] = round(record["t"] - dropped_at, 1)
         if any(pod.get("ok") and pod["after"] < pod["before"] for pod in record["applied"]):
-            first_down[record["model"]] = round(
-                record["t"] + record["durationSeconds"] - dropped_at, 1
+            steps_down.setdefault(record["model"], []).append(
+                round(record["t"] + record["durationSeconds"] - dropped_at, 1)
             )
     return {
         "settings": {**settings, "high_load": HIGH_LOAD, "low_load": LOW_LOAD, "rows": ROWS},
@@ -200,7 +246,10 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
         "total_at_drop": at_drop["total_instances"],
         "seconds_to_floor": None if back is None else round(back, 1),
         "earliest_possible_s": earliest_floor_s(specs, at_drop["instances"]),
-        "first_scale_down_after_drop_s": first_down,
+        "allowed_s": allowed_floor_s(specs, at_drop["instances"]),
+        "first_scale_down_after_drop_s": {model: times[0] for model, times in steps_down.items()},
+        "scale_downs_after_drop_s": steps_down,
+        "last_asked_above_floor_s": above_floor,
         "drop_at_s": at_drop["t_s"],
         "timeline": timeline,
         "decisions": len(decisions),
@@ -229,6 +278,9 @@ def plot(result: dict, path: Any) -> None:
     if result["earliest_possible_s"]:
         axes.axvline(result["earliest_possible_s"], color="grey", linestyle="--", linewidth=0.8,
                      label="earliest the windows allow")  # fmt: skip
+    if result.get("allowed_s"):
+        axes.axvline(result["allowed_s"], color="black", linestyle="--", linewidth=0.8,
+                     label="latest the windows allow")  # fmt: skip
     axes.set_xlabel("seconds after the load dropped")
     axes.set_ylabel("instances")
     axes.set_title("Scale-down with the chart's default windows")
@@ -247,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     common.progress(
         f"from {result['total_at_drop']} instances back to the floor of {result['floor']} "
         f"{result['seconds_to_floor']} s after the load dropped (the windows allow "
-        f"{result['earliest_possible_s']:.0f} s at the earliest)"
+        f"{result['earliest_possible_s']:.0f} s at the earliest, {result['allowed_s']:.0f} s "
+        "at the latest)"
     )
 
 

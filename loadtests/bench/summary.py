@@ -129,8 +129,12 @@ def scale_down(doc: dict) -> list[str]:
     steps = ", ".join(
         f"{p['value']} {p['type'].lower()} per {p['periodSeconds']} s" for p in down["policies"]
     )
-    firsts = ", ".join(
-        f"{m} {s:g} s" for m, s in sorted(doc["first_scale_down_after_drop_s"].items())
+    # Older results hold only each model's first scale-down.
+    after_drop = doc.get("scale_downs_after_drop_s") or {
+        m: [s] for m, s in doc["first_scale_down_after_drop_s"].items()
+    }
+    downs = "; ".join(
+        f"{m} {', '.join(f'{s:g}' for s in times)} s" for m, times in sorted(after_drop.items())
     )
     return [
         f"Windows: ticks every {spec['intervalSeconds']} s, rates over {spec['metricsWindowSeconds']} s, "
@@ -138,8 +142,9 @@ def scale_down(doc: dict) -> list[str]:
         "",
         f"- at the drop: {doc['instances_at_drop']} (total {doc['total_at_drop']}, floor {doc['floor']})",
         f"- back at the floor {_f(doc['seconds_to_floor'])} s after the load dropped (the windows "
-        f"allow {_f(doc['earliest_possible_s'], 0)} s at the earliest)",
-        f"- first scale-down after the drop: {firsts or 'none'}",
+        f"allow {_f(doc['earliest_possible_s'], 0)} s at the earliest, "
+        f"{_f(doc.get('allowed_s'), 0)} s at the latest)",
+        f"- scale-downs after the drop: {downs or 'none'}",
     ]
 
 

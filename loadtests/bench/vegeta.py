@@ -423,7 +423,7 @@ def run(triton: LocalTriton, settings: dict[str, Any], vegeta: Path) -> dict[str
     ]
     return {
         "settings": settings,
-        "vegeta_version": vegeta_build.version(),
+        "vegeta_version": vegeta_build.VERSION,
         "generators": list(GENERATORS),
         "tolerance": TOLERANCE,
         "by_model": by_model,

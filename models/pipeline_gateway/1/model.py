@@ -87,7 +87,9 @@ class MicroBatcher:
     A pending batch goes to the branches:
     - at once when it holds `max_rows` rows (a request that would take it past
       `max_rows` starts the next batch), whatever else is in flight;
-    - at once when no batch is at the branches (nothing to wait for);
+    - when no batch is at the branches (nothing to wait for): at the end of
+      this turn of the event loop, so that the other requests Triton handed
+      over with this one, in the same execute call, go with it;
     - otherwise when its first request has waited `window_s`, provided fewer
       than `max_in_flight` batches are at the branches; when that many are,
       it goes as soon as one of them is answered.
@@ -104,7 +106,8 @@ class MicroBatcher:
         self.pending = []
         self.rows = 0
         self.first_at = 0.0
-        self.timer = None
+        self.timer = None  # the send to come: at a batch's due time, or this loop turn's end
+        self.soon = False  # the timer is this turn's end (nothing at the branches)
         self.running = set()  # tasks of batches sent and not yet answered
 
     def submit(self, request, features):
@@ -129,19 +132,33 @@ class MicroBatcher:
             return  # nothing to send, or a batch being answered calls again
         loop = asyncio.get_running_loop()
         due = self.first_at + self.window_s
-        if not self.running or loop.time() >= due:
+        if not self.running:
+            # The requests of one execute call are admitted one after another, each
+            # in its own task: the first must not leave before the others joined.
+            if not self.soon:
+                if self.timer is not None:
+                    self.timer.cancel()
+                self.timer = loop.call_soon(self.on_timer)
+                self.soon = True
+        elif loop.time() >= due:
             self.send()
         elif self.timer is None:
             self.timer = loop.call_at(due, self.on_timer)
 
     def on_timer(self):
         self.timer = None
-        self.consider()
+        if self.soon:
+            self.soon = False
+            if self.pending and len(self.running) < self.max_in_flight:
+                self.send()
+        else:
+            self.consider()
 
     def send(self):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self.soon = False
         batch, self.pending, self.rows = self.pending, [], 0
         task = asyncio.ensure_future(self.run_batch(batch))
         self.running.add(task)

@@ -27,6 +27,13 @@ SCALE_DOWN_STABILIZED = "ScaleDownStabilized"
 TOO_FEW_INSTANCES = "TooFewInstances"
 TOO_MANY_INSTANCES = "TooManyInstances"
 
+# Ticks are due a whole interval apart, but each runs a little after it is due, by a varying
+# amount (0 to 114 ms in one scale-down benchmark on a busy machine). A window or period that
+# ends at a tick was then over at that tick or not, by chance, and a step waited one interval
+# more: a 60 s period had run 59.886 s at the fourth 15 s tick after its step. So a window
+# counts as over at a tick that comes less than this fraction of an interval before its end.
+TICK_JITTER_FRACTION = 0.1
+
 
 @dataclass(frozen=True)
 class Recommendation:
@@ -147,6 +154,11 @@ def _optional(value: Any, kind: Any) -> Any:
     return None if value is None else kind(value)
 
 
+def tick_slack_s(spec: AutoscalerSpec) -> float:
+    """How much before its end a window counts as over (TICK_JITTER_FRACTION of a tick)."""
+    return TICK_JITTER_FRACTION * spec.interval_seconds
+
+
 def stabilize(
     spec: AutoscalerSpec,
     history: tuple[Recommendation, ...],
@@ -160,8 +172,9 @@ def stabilize(
     stabilized count and ScaleUpStabilized / ScaleDownStabilized when it differs from
     `recommended`, else None.
     """
-    up_cutoff = now - spec.behavior.scale_up.stabilization_window_seconds
-    down_cutoff = now - spec.behavior.scale_down.stabilization_window_seconds
+    slack_s = tick_slack_s(spec)
+    up_cutoff = now - spec.behavior.scale_up.stabilization_window_seconds + slack_s
+    down_cutoff = now - spec.behavior.scale_down.stabilization_window_seconds + slack_s
     lowest = highest = recommended
     for past in history:
         if past.at > up_cutoff:
@@ -189,13 +202,16 @@ def limit_rate(
     within them too: a clamp here could never change it. Returns the allowed count and
     ScaleUpLimit / ScaleDownLimit when it differs from `desired`, else None.
     """
+    slack_s = tick_slack_s(spec)
     if desired > current_instances:
-        up_limit = scale_up_limit(spec.behavior.scale_up, events, current_instances, now)
+        up_rules = spec.behavior.scale_up
+        up_limit = scale_up_limit(up_rules, events, current_instances, now, slack_s)
         ceiling = max(up_limit, current_instances)
         if desired > ceiling:
             return ceiling, SCALE_UP_LIMIT
     elif desired < current_instances:
-        down_limit = scale_down_limit(spec.behavior.scale_down, events, current_instances, now)
+        down_rules = spec.behavior.scale_down
+        down_limit = scale_down_limit(down_rules, events, current_instances, now, slack_s)
         floor = min(down_limit, current_instances)
         if desired < floor:
             return floor, SCALE_DOWN_LIMIT
@@ -203,7 +219,11 @@ def limit_rate(
 
 
 def scale_up_limit(
-    rules: ScalingRules, events: tuple[ScaleEvent, ...], current_instances: int, now: float
+    rules: ScalingRules,
+    events: tuple[ScaleEvent, ...],
+    current_instances: int,
+    now: float,
+    slack_s: float = 0.0,
 ) -> int:
     """The most instances the scale-up policies allow now.
 
@@ -216,7 +236,7 @@ def scale_up_limit(
         return current_instances
     proposals = []
     for policy in rules.policies:
-        start = _period_start(events, current_instances, policy.period_seconds, now)
+        start = _period_start(events, current_instances, policy.period_seconds, now, slack_s)
         if policy.type == "Instances":
             proposals.append(start + policy.value)
         else:
@@ -225,14 +245,18 @@ def scale_up_limit(
 
 
 def scale_down_limit(
-    rules: ScalingRules, events: tuple[ScaleEvent, ...], current_instances: int, now: float
+    rules: ScalingRules,
+    events: tuple[ScaleEvent, ...],
+    current_instances: int,
+    now: float,
+    slack_s: float = 0.0,
 ) -> int:
     """The fewest instances the scale-down policies allow now (Percent rounds down)."""
     if rules.select_policy == "Disabled":
         return current_instances
     proposals = []
     for policy in rules.policies:
-        start = _period_start(events, current_instances, policy.period_seconds, now)
+        start = _period_start(events, current_instances, policy.period_seconds, now, slack_s)
         if policy.type == "Instances":
             proposals.append(start - policy.value)
         else:
@@ -242,8 +266,12 @@ def scale_down_limit(
 
 
 def _period_start(
-    events: tuple[ScaleEvent, ...], current_instances: int, period_seconds: int, now: float
+    events: tuple[ScaleEvent, ...],
+    current_instances: int,
+    period_seconds: int,
+    now: float,
+    slack_s: float,
 ) -> int:
-    cutoff = now - period_seconds
+    cutoff = now - period_seconds + slack_s
     changed = sum(e.change for e in events if e.at > cutoff)
     return current_instances - changed
