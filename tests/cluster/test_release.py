@@ -501,10 +501,11 @@ def test_an_oom_killed_triton_restarts_and_gets_its_peers_counts_back(release: C
     assert peer_counts is not None
     pid = release.container_pid(NAMESPACE, name, "tritonserver")
     Path(f"/proc/{pid}/oom_score_adj").write_text("1000\n")
-    # As much as the whole limit, beside the server: the cgroup runs out on the way, and the
-    # kernel picks tritonserver; the container ends with it, the allocation too.
+    # As much as the whole limit, written (a bytearray's zero pages would stay untouched),
+    # beside the server: the cgroup runs out on the way, and the kernel picks tritonserver;
+    # the container ends with it, the allocation too.
     release.run("kubectl", "exec", name, "-n", NAMESPACE, "-c", "tritonserver", "--",
-                "python3", "-c", "bytearray(4 << 30)", timeout=120)  # fmt: skip
+                "python3", "-c", "b'x' * (4 << 30)", timeout=120)  # fmt: skip
     restarted = release.wait(
         "the OOM-killed tritonserver to be restarted and Ready",
         lambda: (
