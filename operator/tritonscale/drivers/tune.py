@@ -16,7 +16,8 @@ with the InstanceGroupAutoscaler's `spec` shape (docs/instancegroupautoscaler.md
 Top-level keys starting with `x-` are ignored (a place for YAML anchors shared by the
 specs). `spec.selector` may be left out here (the URLs name the pods); it is ignored when given.
 Every policy runs every `spec.intervalSeconds` through the same tick as the Kubernetes driver
-(tritonscale.control.reconcile). Each policy ticks in a thread of its own, except the members
+(tritonscale.control.reconcile), on the schedule of the Kubernetes driver's daemons
+(tritonscale.control.loop). Each policy ticks in a thread of its own, except the members
 of one budget (`spec.budget`), which share one thread: one policy's slow tick (a load waiting
 for its deadline) never delays another's, and a budget's members are allocated jointly. The
 members due at the same moment form a round: each is planned (its decision), the round is
@@ -44,6 +45,7 @@ import yaml
 
 from tritonscale.control import reconcile
 from tritonscale.control.ledger import BudgetLedger
+from tritonscale.control.loop import every
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.tick import ReconcileState, TickResult
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
@@ -330,23 +332,14 @@ class Tuner:
     def _loop(
         self, group: list[Policy], stop: threading.Event, failures: list[BaseException]
     ) -> None:
-        due = {policy.name: time.monotonic() for policy in group}
+        def members() -> list[tuple[str, float]]:
+            # The policies as the config holds them now: a config replaced while the loop
+            # runs (the demo pauses and resumes its policies) applies from the next tick.
+            return [(p.name, p.spec.interval_seconds) for p in map(self._current, group)]
+
         try:
-            while not stop.is_set():
-                # The policies as the config holds them now: a config replaced while the loop
-                # runs (the demo pauses and resumes its policies) applies from the next tick.
-                group = [self._current(policy) for policy in group]
-                ready = [p for p in group if due[p.name] <= time.monotonic()]
-                if ready:
-                    self.round(ready, time.time())
-                for policy in ready:
-                    # Keep the period: the next tick is due one interval after this one was;
-                    # a tick that overran it is followed one interval after it ended.
-                    interval_s = policy.spec.interval_seconds
-                    due[policy.name] += interval_s
-                    if due[policy.name] < time.monotonic():
-                        due[policy.name] = time.monotonic() + interval_s
-                stop.wait(max(0.0, min(due.values()) - time.monotonic()))
+            for due in every(stop, members):
+                self.round([self._current(p) for p in group if p.name in due], time.time())
         except Exception as error:  # handed to run(), which raises it
             failures.append(error)
             stop.set()
