@@ -56,9 +56,7 @@ def test_every_member_ticks_at_once_then_on_its_own_interval() -> None:
     ]
 
 
-def test_a_tick_keeps_the_period_and_one_that_overran_is_followed_an_interval_after_it() -> (
-    None
-):
+def test_the_period_is_kept_and_an_overrun_is_followed_an_interval_after_it() -> None:
     stop = FakeStop()
     # 0.5 s ticks every 2 s: the next is due 2 s after the last was, not after it ended.
     assert [at for at, _ in run(stop, [("a", 2.0)], wakes=3, tick_s=0.5)] == [0.0, 2.0, 4.0]
@@ -69,11 +67,11 @@ def test_a_tick_keeps_the_period_and_one_that_overran_is_followed_an_interval_af
 
 def test_a_changed_interval_counts_from_the_next_tick() -> None:
     stop = FakeStop()
-    members = [("a", 1.0)]
+    intervals = {"a": 1.0}
     seen = []
-    for _due in every(stop, lambda: members, stop.clock):
+    for _due in every(stop, lambda: list(intervals.items()), stop.clock):
         seen.append(stop.now)
-        members = [("a", 5.0)]  # the spec changed during the first tick
+        intervals["a"] = 5.0  # the spec changed during the first tick
         if len(seen) == 3:
             stop.stopped = True
     assert seen == [0.0, 5.0, 10.0]
