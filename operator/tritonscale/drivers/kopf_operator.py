@@ -18,11 +18,14 @@ a daemon's `patch` only when the daemon returns). An invalid spec is a status co
 (ScalingActive False, InvalidSpec) and one Warning event, never an exception: kopf would
 retry it forever, and a fixed spec is picked up on the next wake.
 
-Objects tick independently: each daemon runs in a worker thread of its own. A tick is
-bounded: a load waits at most the actuator's deadline (`--load-deadline`), and a load still
-in flight from an earlier tick is not waited for again (the tick reports ReloadTimeout and
-sends nothing more to that pod). So one object's hung reload delays its own next tick by at
-most the deadline, once, and never delays another object's tick.
+Objects tick independently: each daemon is an asyncio task on kopf's event loop, and a tick
+waits on Triton and Prometheus through asyncio clients (no thread is held while a pod is
+slow). A tick is bounded: a load waits at most the actuator's deadline (`--load-deadline`),
+and a load still in flight from an earlier tick is not waited for again (the tick reports
+ReloadTimeout and sends nothing more to that pod). So one object's hung reload delays its own
+next tick by at most the deadline, once, and never delays another object's tick. Writes to
+the API server (status, the pods' gate) go through the `kubernetes` client, one short call
+in a worker thread each.
 
 New Triton pods wait at the readinessGate `tritonscale.io/instances-ready` until they run
 their peers' counts. A second daemon per autoscaler (`admit`), apart from its ticks, brings
@@ -39,6 +42,7 @@ so a member that ticks first cannot take the room the others hold.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -87,9 +91,6 @@ class DriverConfig:
     load_deadline_s: float = DEFAULT_LOAD_DEADLINE_S
     # How often each autoscaler looks for pods waiting at the gate that it selects.
     admission_interval_s: float = 1.0
-    # kopf's worker threads: each object's two daemons hold one each for the object's life,
-    # so the pool must outnumber twice the autoscalers, or the last ones would never start.
-    max_workers: int = 256
 
 
 @dataclass
@@ -179,14 +180,17 @@ class Member:
 # Handlers.
 
 
+# Every handler is a coroutine: kopf then runs it on its event loop, not in its executor.
+
+
 @kopf.index("pods")
-def triton_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, pods.TritonPod]:
+async def triton_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, pods.TritonPod]:
     """Every pod of the watched namespaces, by namespace; the daemons filter by selector."""
     return {namespace: pods.TritonPod.from_body(body)}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def autoscalers(
+async def autoscalers(
     spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, **_: Any
 ) -> dict[str, Member]:
     """Every autoscaler whose spec reads, by namespace: which pods a new pod must match, and
@@ -208,7 +212,7 @@ def autoscalers(
 
 
 @kopf.on.event("pods", when=lambda body, **_: pods.waits_for_instances(body))
-def admit_unselected_pods(
+async def admit_unselected_pods(
     body: kopf.Body,
     namespace: str,
     memo: kopf.Memo,
@@ -221,15 +225,18 @@ def admit_unselected_pods(
     pod = pods.TritonPod.from_body(body)
     if admission.selecting(pod, [m.autoscaler for m in autoscalers.get(namespace, [])]):
         return
-    _open_gate(memo.runtime, pod, admission.judge(pod, [], {}), logger)
+    await _open_gate(memo.runtime, pod, admission.judge(pod, [], {}), logger)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile")
-def reconcile_daemon(
+# A tick waits for at most a load's deadline; past CANCELLATION_S after a stop (the object
+# deleted, the operator leaving) kopf cancels it, and a load in flight stays in flight.
+CANCELLATION_S = 10.0
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=CANCELLATION_S)
+async def reconcile_daemon(
     stopped: kopf.DaemonStopped,
     body: kopf.Body,
-    name: str,
-    namespace: str,
     memo: kopf.Memo,
     triton_pods: kopf.Index[str, pods.TritonPod],
     autoscalers: kopf.Index[str, Member],
@@ -238,48 +245,58 @@ def reconcile_daemon(
 ) -> None:
     """Tick every `spec.intervalSeconds` until kopf stops the daemon."""
     runtime: Runtime = memo.runtime
+    name, namespace = body.metadata.name or "", body.metadata.namespace or ""
     # The status as this daemon last wrote it: kopf's view of the body catches up with a
     # write only when its watch event arrives, and the next tick must not read the old state.
     status = dict(body.get("status") or {})
     reported = _Reported()
     # The interval each tick read from the spec (the spec is parsed once per tick).
     schedule = {name: runtime.config.invalid_spec_recheck_s}
-    for _due in every(stopped, lambda: list(schedule.items())):
-        try:
-            parsed: AutoscalerSpec | None = AutoscalerSpec.from_dict(dict(body.spec))
-        except InvalidSpec:
-            parsed = None
-        if parsed is not None:
-            schedule[name] = parsed.interval_seconds
-        else:
-            schedule[name] = runtime.config.invalid_spec_recheck_s
-        status = _tick(
-            runtime,
-            body,
-            parsed,
-            {**body.status, **status},
-            triton_pods,
-            autoscalers,
-            reported,
-            logger,
-        )
-    if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
-        # A tick that ended after the deletion handler ran recorded the series again.
-        _forget(runtime, namespace, name, str(body.spec.get("model", "?")))
+    try:
+        async for _due in every(stopped, lambda: list(schedule.items())):
+            # The spec and its generation as they are now: the status says which one it ran.
+            raw_spec, generation = dict(body.spec), body.metadata.get("generation")
+            try:
+                parsed: AutoscalerSpec | None = AutoscalerSpec.from_dict(raw_spec)
+            except InvalidSpec:
+                parsed = None
+            if parsed is not None:
+                schedule[name] = parsed.interval_seconds
+            else:
+                schedule[name] = runtime.config.invalid_spec_recheck_s
+            status = await _tick(
+                runtime,
+                body,
+                parsed or raw_spec,
+                generation,
+                {**body.status, **status},
+                triton_pods,
+                autoscalers,
+                reported,
+                logger,
+            )
+    finally:
+        deleted = kopf.DaemonStoppingReason.RESOURCE_DELETED
+        if stopped.reason is not None and stopped.reason & deleted:
+            # A tick that ended after the deletion handler ran recorded the series again.
+            _forget(runtime, namespace, name, str(body.spec.get("model", "?")))
 
 
-def _tick(
+async def _tick(
     runtime: Runtime,
     body: kopf.Body,
-    parsed: AutoscalerSpec | None,
+    spec: AutoscalerSpec | dict[str, Any],
+    generation: Any,
     status: Mapping[str, Any],
     triton_pods: kopf.Index[str, pods.TritonPod],
     autoscalers: kopf.Index[str, Member],
     reported: _Reported,
     logger: Any,
 ) -> dict[str, Any]:
-    """One tick of one object; the status it has after it."""
+    """One tick of one object (`spec` the raw one where it does not read); the status it has
+    after it."""
     name, namespace = body.metadata.name or "", body.metadata.namespace or ""
+    parsed = spec if isinstance(spec, AutoscalerSpec) else None
     if parsed is not None and parsed.budget is not None:
         key = budget_key(namespace, parsed)
         members = [m.claim for m in autoscalers.get(namespace, []) if m.budget == key and m.claim]
@@ -292,8 +309,8 @@ def _tick(
             runtime.config.triton_http_port,
             runtime.config.triton_metrics_port,
         )
-    result = reconcile(
-        parsed or dict(body.spec),
+    result = await reconcile(
+        spec,
         endpoints,
         runtime.source,
         runtime.actuator,
@@ -309,20 +326,19 @@ def _tick(
     runtime.health.last_tick_at = result.finished_at
 
     new_status = result.status()
-    generation = body.metadata.get("generation")
     if generation is not None:
         new_status["observedGeneration"] = generation
     changed = _changed(status, new_status)
     if changed:
-        problem = runtime.status.patch(namespace, name, changed)
+        problem = await asyncio.to_thread(runtime.status.patch, namespace, name, changed)
         if problem is not None:
             logger.warning(problem)
     _post_events(body, result, reported, logger)
     return {**status, **new_status}
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, id="admit")
-def admit_daemon(
+@kopf.daemon(GROUP, VERSION, PLURAL, id="admit", cancellation_timeout=CANCELLATION_S)
+async def admit_daemon(
     stopped: kopf.DaemonStopped,
     name: str,
     namespace: str,
@@ -336,7 +352,7 @@ def admit_daemon(
     the gate of those that run every count they must (apart from the ticks: a pod's load
     never delays them)."""
     runtime: Runtime = memo.runtime
-    for _due in every(stopped, lambda: [(name, runtime.config.admission_interval_s)]):
+    async for _due in every(stopped, lambda: [(name, runtime.config.admission_interval_s)]):
         members = autoscalers.get(namespace, [])
         this = next((m for m in members if m.autoscaler.name == name), None)
         if this is None:
@@ -344,10 +360,10 @@ def admit_daemon(
         others = [m.autoscaler for m in members if m.autoscaler.name != name]
         for pod in triton_pods.get(namespace, []):
             if pod.waiting_for_instances and admission.selecting(pod, [this.autoscaler]):
-                _admit(runtime, pod, this, others, logger)
+                await _admit(runtime, pod, this, others, logger)
 
 
-def _admit(
+async def _admit(
     runtime: Runtime,
     pod: pods.TritonPod,
     this: Member,
@@ -359,26 +375,28 @@ def _admit(
     endpoint = pod.endpoint(runtime.config.triton_http_port, runtime.config.triton_metrics_port)
     actuator, autoscaler = runtime.actuator, this.autoscaler
     if autoscaler.acting and autoscaler.desired is not None:
-        counts, _ = actuator.live_counts([endpoint], autoscaler.model)
+        counts, _ = await actuator.live_counts([endpoint], autoscaler.model)
         if counts.get(pod.name) != autoscaler.desired and not actuator.in_flight(
             endpoint, autoscaler.model
         ):
-            actuator.apply([endpoint], autoscaler.model, autoscaler.desired, this.instance_kind)
+            await actuator.apply(
+                [endpoint], autoscaler.model, autoscaler.desired, this.instance_kind
+            )
     live: dict[str, int | None] = {}
     for selecting in admission.selecting(pod, [autoscaler, *others]):
-        counts, _ = actuator.live_counts([endpoint], selecting.model)
+        counts, _ = await actuator.live_counts([endpoint], selecting.model)
         live[selecting.model] = counts.get(pod.name)
     verdict = admission.judge(pod, [autoscaler, *others], live)
     if verdict.admit:
-        _open_gate(runtime, pod, verdict, logger)
+        await _open_gate(runtime, pod, verdict, logger)
     else:
         logger.debug(verdict.message)
 
 
-def _open_gate(
+async def _open_gate(
     runtime: Runtime, pod: pods.TritonPod, verdict: admission.Verdict, logger: Any
 ) -> None:
-    problem = runtime.pod_status.open_gate(pod, verdict, time.time())
+    problem = await asyncio.to_thread(runtime.pod_status.open_gate, pod, verdict, time.time())
     if problem is not None:
         logger.warning(problem)
     else:
@@ -386,7 +404,7 @@ def _open_gate(
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def forget_autoscaler(
+async def forget_autoscaler(
     spec: kopf.Spec, name: str, namespace: str, memo: kopf.Memo, **_: Any
 ) -> None:
     """A deleted autoscaler's series must go, or its stale timestamp would fire alerts; it
@@ -402,7 +420,7 @@ def _forget(runtime: Runtime, namespace: str, name: str, model: str) -> None:
 
 
 @kopf.on.probe(id="ticks")
-def ticks_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+async def ticks_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     """In kopf's liveness answer: how many ticks ran, and when the last one ended."""
     health: Health = memo.runtime.health
     return {"count": health.ticks, "lastTickAt": health.last_tick_at}
@@ -505,7 +523,7 @@ def liveness_problem(url: str) -> str | None:
     return None
 
 
-def settings(max_workers: int = DriverConfig.max_workers) -> kopf.OperatorSettings:
+def settings() -> kopf.OperatorSettings:
     """kopf's settings for this operator."""
     operator_settings = kopf.OperatorSettings()
     # No cluster-wide scans of namespaces and CRDs: they would need a ClusterRole (list and
@@ -514,8 +532,6 @@ def settings(max_workers: int = DriverConfig.max_workers) -> kopf.OperatorSettin
     # installs the CRD before the operator).
     operator_settings.scanning.disabled = True
     operator_settings.posting.level = logging.INFO
-    # Each object's daemons hold a worker thread each for the object's life.
-    operator_settings.execution.max_workers = max_workers
     return operator_settings
 
 
@@ -560,7 +576,7 @@ def run(
     try:
         kopf.run(
             loop=loop,
-            settings=settings(config.max_workers),
+            settings=settings(),
             standalone=peering is None,
             peering_name=peering,
             priority=priority or 0,
