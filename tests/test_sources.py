@@ -409,3 +409,20 @@ async def test_a_scrape_waiting_on_a_hung_one_shares_its_failure() -> None:
     assert len(errors) == 2 and all("cannot read Triton metrics" in str(e) for e in errors)
     # The second waited for the first's timeout instead of sending (and waiting) again.
     assert metrics.requests == 1
+
+
+@pytest.mark.unit
+async def test_the_healers_read_of_a_pod_serves_the_snapshot_of_the_same_tick() -> None:
+    # Scraping, the healer's counters come from the source: one GET of /metrics per pod and
+    # tick, not one for the healer and one for the snapshot.
+    metrics = _CountingMetrics(first_delay_s=0)
+    try:
+        source = ScrapeSource()
+        pod = Endpoint("pod-a", "127.0.0.1:9", metrics.url)
+        assert await source.request_counters(pod, "m") == (0.0, 1.0)
+        assert await source.request_counters(pod, "other") == (0.0, 0.0)
+        snapshot = await source.snapshot(["m"], [pod], 5)
+    finally:
+        metrics.close()
+    assert metrics.requests == 1
+    assert snapshot.models["m"].pods_reporting == 1

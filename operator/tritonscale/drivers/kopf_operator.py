@@ -161,7 +161,11 @@ def make_runtime(
         actuator=actuator,
         metrics=metrics if metrics is not None else OperatorMetrics(),
         # The actuator's loads: neither piles a load on one the other left in flight.
-        healer=Healer(repository_key=actuator.repository_key, loads=actuator.loads),
+        healer=Healer(
+            repository_key=actuator.repository_key,
+            loads=actuator.loads,
+            request_counters=source.request_counters if isinstance(source, ScrapeSource) else None,
+        ),
         pod_status=pod_status or admission.PodStatusWriter(),
     )
 

@@ -220,8 +220,14 @@ class Tuner:
             self.source = self.config.make_source()
         if self.heal and self.healer is None:
             # The actuator's loads: neither piles a load on one the other left in flight.
+            source = self.source
             self.healer = Healer(
-                repository_key=self.actuator.repository_key, loads=self.actuator.loads
+                repository_key=self.actuator.repository_key,
+                loads=self.actuator.loads,
+                # Scraping: one read of a pod's /metrics serves the healer and the snapshot.
+                request_counters=(
+                    source.request_counters if isinstance(source, ScrapeSource) else None
+                ),
             )
 
     async def tick(self, policy: Policy, now: float) -> TickResult:

@@ -4,8 +4,9 @@ Used where no Prometheus runs. It parses the text with prometheus_client's parse
 short history of samples per target, and computes the rates itself, counting a counter that
 went down (a restarted Triton) from zero, as Prometheus's `rate()` does. Samples are taken
 when a snapshot is asked for (once per control tick; at most once per
-`min_scrape_interval_s`, so several autoscalers share one scrape) or by calling `scrape()`
-more often. The metric names come from tritonscale.metrics.queries, as the PromQL does.
+`min_scrape_interval_s`, so several autoscalers share one scrape), when the healer asks for a
+pod's request counters (`request_counters`: the tick's snapshot then shares that read), or by
+calling `scrape()` more often. The metric names come from tritonscale.metrics.queries, as the PromQL does.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonscale.core.signals import GpuSignals, MetricSnapshot, MetricsUnavailable, ModelSignals
 from tritonscale.metrics import queries
 from tritonscale.metrics.source import RATE_FIELDS
-from tritonscale.triton.client import TritonError, fetch_metrics_text
+from tritonscale.triton.client import TritonError, TritonUnreachable, fetch_metrics_text
 from tritonscale.triton.endpoints import Endpoint
 
 COUNTERS = {
@@ -152,6 +153,28 @@ class ScrapeSource:
             if samples and samples[-1].at < now - self.max_window_s - 60
         ]:
             del self._history[gone]
+
+    async def request_counters(self, endpoint: Endpoint, model: str) -> tuple[float, float]:
+        """(BACKEND failures, successes) of `model` on one pod: their totals in its latest
+        sample, taken now unless a fresh one exists (the healer's reader, `RequestCounters`:
+        the tick's snapshot then uses the same read)."""
+        url = endpoint.metrics_url
+        if not url:
+            raise TritonError(endpoint.name, "no metrics URL is known for this pod")
+        try:
+            await self.scrape([url])
+        except MetricsUnavailable as error:
+            raise TritonUnreachable(endpoint.name, str(error)) from None
+        failures = successes = 0.0
+        for (name, labels), value in self._history[url][-1].values.items():
+            by = dict(labels)
+            if by.get("model") != model:
+                continue
+            if name == queries.REQUEST_FAILURE and by.get("reason") == "BACKEND":
+                failures += value
+            elif name == queries.REQUEST_SUCCESS:
+                successes += value
+        return failures, successes
 
     def _failed(self, url: str, problem: str) -> None:
         self._failures[url] = (self._clock(), problem)

@@ -49,7 +49,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,6 +170,10 @@ class _History:
     exhausted: bool = False  # HealingExhausted has been logged
 
 
+# (pod, model) -> (BACKEND failures, successes): the totals of the model's request counters.
+RequestCounters = Callable[[Endpoint, str], Awaitable[tuple[float, float]]]
+
+
 class Healer:
     """Checks (pod, model) pairs and reloads a model whose stub died or hangs.
 
@@ -193,6 +197,7 @@ class Healer:
         timeout_s: float = 10.0,
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
         loads: LoadsInFlight | None = None,
+        request_counters: RequestCounters | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if probe not in (PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS):
@@ -210,6 +215,9 @@ class Healer:
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
         self.loads = loads or LoadsInFlight()
+        # The metrics source's read of a pod's /metrics, where it reads them itself (scrape
+        # mode): the tick then reads each pod's /metrics once for both.
+        self.request_counters = request_counters
         self.clock = clock
         self._history: dict[tuple[str, str], _History] = {}
 
@@ -266,8 +274,11 @@ class Healer:
 
         failed = succeeded = 0.0
         if endpoint.metrics_url:
-            text = await triton.metrics_text()
-            failed, succeeded = self._counter_increase(text, model, history)
+            if self.request_counters is not None:
+                totals = await self.request_counters(endpoint, model)
+            else:
+                totals = _request_counters(await triton.metrics_text(), model)
+            failed, succeeded = self._counter_increase(totals, history)
         history.rising = history.rising + 1 if failed else 0
         suspicion = f"{failed:.0f} backend failures since the last check" if failed else None
         probed = blamed = False
@@ -304,20 +315,12 @@ class Healer:
         except TritonError:
             return None  # the index refused us (a wrong key): the state is unknown
 
-    def _counter_increase(self, text: str, model: str, history: _History) -> tuple[float, float]:
-        """(BACKEND failures, successes) of `model` since the last check; (0, 0) the first time."""
-        failures = successes = 0.0
-        for family in text_string_to_metric_families(text):
-            # The parser names a counter's family without, and its samples with, "_total".
-            for sample in family.samples:
-                if sample.labels.get("model") != model:
-                    continue
-                if family.name == "nv_inference_request_failure" and (
-                    sample.labels.get("reason") == "BACKEND"
-                ):
-                    failures += sample.value
-                elif family.name == "nv_inference_request_success":
-                    successes += sample.value
+    def _counter_increase(
+        self, totals: tuple[float, float], history: _History
+    ) -> tuple[float, float]:
+        """(BACKEND failures, successes) since the last check, from their totals now; (0, 0)
+        the first time."""
+        failures, successes = totals
         before_failures, before_successes = history.failures, history.successes
         history.failures, history.successes = failures, successes
         if before_failures is None or before_successes is None:
@@ -504,3 +507,20 @@ def _probe_inputs(config: Mapping[str, Any]) -> list[httpclient.InferInput] | No
         tensor.set_data_from_numpy(zeros)
         inputs.append(tensor)
     return inputs
+
+
+def _request_counters(text: str, model: str) -> tuple[float, float]:
+    """(BACKEND failures, successes) of `model` in Triton's /metrics text: their totals."""
+    failures = successes = 0.0
+    for family in text_string_to_metric_families(text):
+        # The parser names a counter's family without, and its samples with, "_total".
+        for sample in family.samples:
+            if sample.labels.get("model") != model:
+                continue
+            if family.name == "nv_inference_request_failure" and (
+                sample.labels.get("reason") == "BACKEND"
+            ):
+                failures += sample.value
+            elif family.name == "nv_inference_request_success":
+                successes += sample.value
+    return failures, successes
