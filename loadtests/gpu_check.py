@@ -32,6 +32,7 @@ Exit code 0: every check passed; 1: a check failed (the lines say which); 2: no 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import re
 import shutil
@@ -153,7 +154,8 @@ def serve_and_check(checks: Checks, seconds: float) -> None:
             actuator = Actuator(triton.repository_key)
             endpoint = Endpoint("local", triton.http_url, triton.metrics_url)
             for model in PIPELINE_MODELS:
-                kinds = {g["kind"] for g in actuator.live_config(endpoint, model)["instance_group"]}
+                config = asyncio.run(actuator.live_config(endpoint, model))
+                kinds = {g["kind"] for g in config["instance_group"]}
                 checks.check(kinds == {"KIND_GPU"}, f"{model} serves on KIND_GPU", str(kinds))
 
             def sample() -> dict[str, dict[str, float]]:
@@ -179,7 +181,7 @@ def serve_and_check(checks: Checks, seconds: float) -> None:
             )
 
             source = ScrapeSource([triton.metrics_url])
-            source.snapshot(list(PIPELINE_MODELS))
+            asyncio.run(source.snapshot(list(PIPELINE_MODELS)))
             samples: list[dict[str, dict[str, float]]] = []
             stop = threading.Event()
             burner = gpu_burner()
@@ -208,7 +210,7 @@ def serve_and_check(checks: Checks, seconds: float) -> None:
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 samples.append(sample())
-                snapshot = source.snapshot(list(PIPELINE_MODELS), window_s=seconds)
+                snapshot = asyncio.run(source.snapshot(list(PIPELINE_MODELS), window_s=seconds))
                 time.sleep(1.0)
             stop.set()
             for worker in workers:

@@ -23,6 +23,7 @@ summary, and exits non-zero on any failed request or wrong answer.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -392,8 +393,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if control:
                 control.stop()
         instances = {
-            name: Actuator(server.repository_key).live_count(
-                Endpoint("local", server.http_url), name
+            name: asyncio.run(
+                Actuator(server.repository_key).live_count(Endpoint("local", server.http_url), name)
             )
             for name in [MODEL, *BRANCHES]
         }

@@ -36,11 +36,11 @@ def two_pods() -> Iterator[list[tuple[Endpoint, LocalTriton]]]:
 
 
 @pytest.fixture
-def pods(two_pods: list[tuple[Endpoint, LocalTriton]]) -> list[Endpoint]:
+async def pods(two_pods: list[tuple[Endpoint, LocalTriton]]) -> list[Endpoint]:
     """The two pods, each back at one instance of add_sub."""
     actuator = Actuator(two_pods[0][1].repository_key)
     endpoints = [endpoint for endpoint, _ in two_pods]
-    assert all(result.ok for result in actuator.apply(endpoints, "add_sub", 1))
+    assert all(result.ok for result in await actuator.apply(endpoints, "add_sub", 1))
     return endpoints
 
 
@@ -58,33 +58,33 @@ def _infer_add_sub(endpoint: Endpoint) -> None:
     np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
 
 
-def test_it_sets_the_count_on_every_pod_one_at_a_time(pods: list[Endpoint], two_pods) -> None:
+async def test_it_sets_the_count_on_every_pod_one_at_a_time(pods: list[Endpoint], two_pods) -> None:
     actuator = Actuator(two_pods[0][1].repository_key)
-    results = actuator.apply(pods, "add_sub", 3)
+    results = await actuator.apply(pods, "add_sub", 3)
     assert [(r.pod, r.before, r.after, r.ok) for r in results] == [
         ("pod-a", 1, 3, True),
         ("pod-b", 1, 3, True),
     ]
-    counts, failures = actuator.live_counts(pods, "add_sub")
+    counts, failures = await actuator.live_counts(pods, "add_sub")
     assert counts == {"pod-a": 3, "pod-b": 3} and failures == {}
     for endpoint in pods:
-        assert actuator.is_ready(endpoint, "add_sub")
+        assert await actuator.is_ready(endpoint, "add_sub")
         _infer_add_sub(endpoint)
 
 
-def test_pods_already_at_the_count_are_left_alone(pods: list[Endpoint], two_pods) -> None:
+async def test_pods_already_at_the_count_are_left_alone(pods: list[Endpoint], two_pods) -> None:
     actuator = Actuator(two_pods[0][1].repository_key)
-    actuator.apply(pods[:1], "add_sub", 2)
-    results = actuator.apply(pods, "add_sub", 2)
+    await actuator.apply(pods[:1], "add_sub", 2)
+    results = await actuator.apply(pods, "add_sub", 2)
     # pod-a had 2 already: only pod-b was loaded.
     assert [r.pod for r in results] == ["pod-b"]
 
 
-def test_the_override_changes_only_the_instance_group(pods: list[Endpoint], two_pods) -> None:
+async def test_the_override_changes_only_the_instance_group(pods: list[Endpoint], two_pods) -> None:
     actuator = Actuator(two_pods[0][1].repository_key)
-    before = actuator.live_config(pods[0], "add_sub")
-    actuator.apply(pods[:1], "add_sub", 2)
-    after = actuator.live_config(pods[0], "add_sub")
+    before = await actuator.live_config(pods[0], "add_sub")
+    await actuator.apply(pods[:1], "add_sub", 2)
+    after = await actuator.live_config(pods[0], "add_sub")
     assert {k: v for k, v in after.items() if k != "instance_group"} == {
         k: v for k, v in before.items() if k != "instance_group"
     }
@@ -92,40 +92,40 @@ def test_the_override_changes_only_the_instance_group(pods: list[Endpoint], two_
     assert instance_count(after) == 2
 
 
-def test_a_rejected_load_is_reported_and_the_model_keeps_serving(
+async def test_a_rejected_load_is_reported_and_the_model_keeps_serving(
     pods: list[Endpoint], two_pods
 ) -> None:
     actuator = Actuator(two_pods[0][1].repository_key)
-    actuator.apply(pods, "add_sub", 2)
+    await actuator.apply(pods, "add_sub", 2)
     # An instance kind Triton does not know: it refuses the config.
-    results = actuator.apply(pods, "add_sub", 3, kind="KIND_NOT_A_KIND")
+    results = await actuator.apply(pods, "add_sub", 3, kind="KIND_NOT_A_KIND")
     assert len(results) == 1, "the rollout must stop at the first failed pod"
     failed = results[0]
     assert (failed.pod, failed.ok, failed.before, failed.after) == ("pod-a", False, 2, 2)
     assert "add_sub" in failed.reason and "\n" not in failed.reason
-    assert actuator.live_counts(pods, "add_sub")[0] == {"pod-a": 2, "pod-b": 2}
-    assert actuator.is_ready(pods[0], "add_sub")
+    assert (await actuator.live_counts(pods, "add_sub"))[0] == {"pod-a": 2, "pod-b": 2}
+    assert await actuator.is_ready(pods[0], "add_sub")
     _infer_add_sub(pods[0])
 
 
-def test_an_unreachable_pod_is_a_failed_result_not_an_exception(two_pods) -> None:
+async def test_an_unreachable_pod_is_a_failed_result_not_an_exception(two_pods) -> None:
     actuator = Actuator(two_pods[0][1].repository_key, timeout_s=1)
     gone = Endpoint("pod-gone", f"127.0.0.1:{free_port()}")
-    results = actuator.apply([gone, two_pods[0][0]], "add_sub", 2)
+    results = await actuator.apply([gone, two_pods[0][0]], "add_sub", 2)
     assert [(r.pod, r.ok) for r in results] == [("pod-gone", False)]
     assert "cannot reach Triton" in results[0].reason
     with pytest.raises(ActuationError, match="pod-gone: cannot reach Triton"):
-        actuator.live_count(gone, "add_sub")
+        await actuator.live_count(gone, "add_sub")
 
 
-def test_an_unknown_model_is_a_clear_failure(pods: list[Endpoint], two_pods) -> None:
+async def test_an_unknown_model_is_a_clear_failure(pods: list[Endpoint], two_pods) -> None:
     actuator = Actuator(two_pods[0][1].repository_key)
-    counts, failures = actuator.live_counts(pods, "no_such_model")
+    counts, failures = await actuator.live_counts(pods, "no_such_model")
     assert counts == {}
     assert "no_such_model" in failures["pod-a"]
 
 
-def test_the_repository_key_never_appears_in_logs_messages_or_errors(
+async def test_the_repository_key_never_appears_in_logs_messages_or_errors(
     pods: list[Endpoint], two_pods, caplog: pytest.LogCaptureFixture
 ) -> None:
     key = two_pods[0][1].repository_key
@@ -133,14 +133,14 @@ def test_the_repository_key_never_appears_in_logs_messages_or_errors(
     seen: list[str] = []
     good = Actuator(key)
     seen += [repr(good)]
-    seen += [repr(r) for r in good.apply(pods, "add_sub", 2)]
-    seen += [repr(r) for r in good.apply(pods, "add_sub", 3, kind="KIND_NOT_A_KIND")]
+    seen += [repr(r) for r in await good.apply(pods, "add_sub", 2)]
+    seen += [repr(r) for r in await good.apply(pods, "add_sub", 3, kind="KIND_NOT_A_KIND")]
     wrong = Actuator("not-" + key)
-    refused = wrong.apply(pods, "add_sub", 1)
+    refused = await wrong.apply(pods, "add_sub", 1)
     assert not refused[0].ok and "refused" in refused[0].reason
     seen += [repr(r) for r in refused]
     try:
-        wrong.live_count(Endpoint("gone", f"127.0.0.1:{free_port()}"), "add_sub")
+        await wrong.live_count(Endpoint("gone", f"127.0.0.1:{free_port()}"), "add_sub")
     except ActuationError as error:
         seen.append(repr(error))
     text = "\n".join(seen + [record.getMessage() for record in caplog.records])
@@ -148,13 +148,13 @@ def test_the_repository_key_never_appears_in_logs_messages_or_errors(
     assert key not in text
 
 
-def test_the_key_comes_from_the_environment(
+async def test_the_key_comes_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, pods, two_pods
 ) -> None:
     monkeypatch.setenv("TRITONSCALE_REPOSITORY_KEY", two_pods[0][1].repository_key)
-    assert Actuator().apply(pods[:1], "add_sub", 2)[0].ok
+    assert (await Actuator().apply(pods[:1], "add_sub", 2))[0].ok
     monkeypatch.delenv("TRITONSCALE_REPOSITORY_KEY")
-    result = Actuator().apply(pods[:1], "add_sub", 3)[0]
+    result = (await Actuator().apply(pods[:1], "add_sub", 3))[0]
     assert not result.ok and "refused" in result.reason
 
 

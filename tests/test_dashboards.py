@@ -5,6 +5,7 @@ operator metrics (real control ticks of `tritonscale.control.reconcile`), plus t
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import importlib.util
 import json
@@ -14,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,7 +278,9 @@ def _sample_names(text: str) -> set[str]:
     }
 
 
-def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> Iterator[None]:
+async def _ticks(
+    triton: LocalTriton, prometheus_url: str, metrics, rounds: int
+) -> AsyncIterator[None]:
     """Real control ticks, one round per call: a model sized from Prometheus, a model forced
     to 2 instances and back to 1 (real loads), and a source that cannot be reached. The first
     two share a budget (its series feed the budget panels and the adapter rule)."""
@@ -295,8 +298,8 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
     ledger = BudgetLedger()
     budget = {"name": "pods", "instancesPerPod": 6}
 
-    def tick(autoscaler: str, spec: dict, source) -> None:
-        result = reconcile(
+    async def tick(autoscaler: str, spec: dict, source) -> None:
+        result = await reconcile(
             {"selector": selector, "metricsWindowSeconds": 5, "intervalSeconds": 1, **spec},
             endpoints,
             source,
@@ -313,15 +316,15 @@ def _ticks(triton: LocalTriton, prometheus_url: str, metrics, rounds: int) -> It
     dead_source = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=1)
     for index in range(rounds):
         # dryRun: decides (and may ask for more) but leaves the session's Triton as it is.
-        tick(
+        await tick(
             "pipeline-async",
             {"model": "pipeline_async", "maxInstances": 4, "dryRun": True, "budget": budget},
             live_source,
         )
-        tick("unreachable-prometheus", {"model": "bls_async"}, dead_source)
+        await tick("unreachable-prometheus", {"model": "bls_async"}, dead_source)
         # branch_rank: 1 -> 2 on the first round, back to 1 on the last (the session's count).
         size = 2 if index < rounds - 1 else 1
-        tick(
+        await tick(
             "branch-rank",
             {"model": "branch_rank", "minInstances": size, "maxInstances": size, "budget": budget},
             live_source,
@@ -383,9 +386,13 @@ def live(triton: LocalTriton, tmp_path_factory) -> Iterator[Live]:
             prometheus.wait_for('up{job="tritonscale"} == 1', timeout_s=30)
             time.sleep(1.0)  # a first sample of every counter before the load
             _branch_timeouts(triton, count=5)
-            for _ in _ticks(triton, prometheus.url, metrics, rounds=4):
-                stream_load(triton, requests_per_model=100)
-                time.sleep(1.5)
+
+            async def rounds() -> None:
+                async for _ in _ticks(triton, prometheus.url, metrics, rounds=4):
+                    stream_load(triton, requests_per_model=100)
+                    await asyncio.sleep(1.5)
+
+            asyncio.run(rounds())
             time.sleep(2.0)  # the last increments scraped and the rules evaluated
             config = requests.get(
                 f"http://{triton.http_url}/v2/models/branch_rank/config", timeout=10

@@ -9,6 +9,7 @@ docs/instancegroupautoscaler.md, "Signals"; these tests hold the operator to it.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import threading
 import time
@@ -104,19 +105,23 @@ def _endpoint(server: LocalTriton) -> Endpoint:
     return Endpoint("local", server.http_url, server.metrics_url)
 
 
-def _sample_for(source: ScrapeSource, server: LocalTriton, seconds: float) -> None:
+async def _sample_for(source: ScrapeSource, server: LocalTriton, seconds: float) -> None:
     """Samples of the load for `seconds` (the rates need two, a full window needs the span)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        source.scrape([server.metrics_url])
-        time.sleep(0.25)
+        await source.scrape([server.metrics_url])
+        await asyncio.sleep(0.25)
 
 
-def test_an_async_decoupled_model_is_sized_by_the_streams_it_reports(triton: LocalTriton) -> None:
+async def test_an_async_decoupled_model_is_sized_by_the_streams_it_reports(
+    triton: LocalTriton,
+) -> None:
     source = ScrapeSource(min_scrape_interval_s=0.2)
     with StreamedLoad(triton, ASYNC_MODEL, int(STREAM_S * 1000), RATE):
-        _sample_for(source, triton, WINDOW_S + 1)
-        snapshot = source.snapshot([ASYNC_MODEL], [_endpoint(triton)], WINDOW_S, {ASYNC_MODEL})
+        await _sample_for(source, triton, WINDOW_S + 1)
+        snapshot = await source.snapshot(
+            [ASYNC_MODEL], [_endpoint(triton)], WINDOW_S, {ASYNC_MODEL}
+        )
     signals = snapshot.models[ASYNC_MODEL]
     assert snapshot.complete and signals.decoupled
     assert signals.request_rate == pytest.approx(RATE, rel=0.3)
@@ -136,15 +141,15 @@ def test_an_async_decoupled_model_is_sized_by_the_streams_it_reports(triton: Loc
     assert count == pytest.approx(expected / Targets().pending_per_instance, abs=2.5)
 
 
-def test_a_decoupled_model_whose_execute_holds_its_streams_keeps_tritons_signals(
+async def test_a_decoupled_model_whose_execute_holds_its_streams_keeps_tritons_signals(
     triton: LocalTriton,
 ) -> None:
     # square_int32 answers IN responses inside execute: Triton times the stream as compute,
     # and the requests behind it wait in the queue, pending.
     source = ScrapeSource(min_scrape_interval_s=0.2)
     with StreamedLoad(triton, SYNC_MODEL, 200, rate=40):
-        _sample_for(source, triton, WINDOW_S + 1)
-        snapshot = source.snapshot([SYNC_MODEL], [_endpoint(triton)], WINDOW_S, {SYNC_MODEL})
+        await _sample_for(source, triton, WINDOW_S + 1)
+        snapshot = await source.snapshot([SYNC_MODEL], [_endpoint(triton)], WINDOW_S, {SYNC_MODEL})
     signals = snapshot.models[SYNC_MODEL]
     assert signals.decoupled and signals.streams_in_flight is None  # it exports no gauge
     assert not sizing.sized_by_streams(signals)
@@ -154,7 +159,9 @@ def test_a_decoupled_model_whose_execute_holds_its_streams_keeps_tritons_signals
     assert "streams in flight per instance" not in needs
 
 
-def test_prometheus_reads_the_same_streams_with_the_generated_query(triton: LocalTriton) -> None:
+async def test_prometheus_reads_the_same_streams_with_the_generated_query(
+    triton: LocalTriton,
+) -> None:
     if prometheus_binary() is None:
         missing("prometheus not installed (Debian package 'prometheus')")
     target = triton.metrics_url.removeprefix("http://")
@@ -162,8 +169,8 @@ def test_prometheus_reads_the_same_streams_with_the_generated_query(triton: Loca
         prometheus.wait_for(f'nv_inference_request_success{{model="{ASYNC_MODEL}"}}', 30)
         source = PrometheusSource(prometheus.url)
         with StreamedLoad(triton, ASYNC_MODEL, int(STREAM_S * 1000), RATE):
-            time.sleep(WINDOW_S + 1)  # Prometheus scrapes on its own clock
-            snapshot = source.snapshot(
+            await asyncio.sleep(WINDOW_S + 1)  # Prometheus scrapes on its own clock
+            snapshot = await source.snapshot(
                 [ASYNC_MODEL, SYNC_MODEL], [_endpoint(triton)], WINDOW_S, {ASYNC_MODEL}
             )
     streaming, holding = snapshot.models[ASYNC_MODEL], snapshot.models[SYNC_MODEL]
@@ -173,7 +180,7 @@ def test_prometheus_reads_the_same_streams_with_the_generated_query(triton: Loca
     assert not holding.decoupled and holding.streams_in_flight is None
 
 
-def test_the_tick_learns_decoupledness_from_the_live_config(triton: LocalTriton) -> None:
+async def test_the_tick_learns_decoupledness_from_the_live_config(triton: LocalTriton) -> None:
     source = ScrapeSource(min_scrape_interval_s=0.2)
     spec = {
         "selector": {"matchLabels": {"app": "triton"}},
@@ -184,8 +191,8 @@ def test_the_tick_learns_decoupledness_from_the_live_config(triton: LocalTriton)
         "dryRun": True,
     }
     with StreamedLoad(triton, ASYNC_MODEL, int(STREAM_S * 1000), RATE):
-        _sample_for(source, triton, WINDOW_S + 1)
-        result = reconcile(
+        await _sample_for(source, triton, WINDOW_S + 1)
+        result = await reconcile(
             spec,
             [_endpoint(triton)],
             source,

@@ -283,7 +283,7 @@ def _config(server: LocalTriton, models: dict[str, dict], prometheus: str | None
     return config
 
 
-def test_a_restarted_triton_gets_its_count_back(branch_triton: LocalTriton) -> None:
+async def test_a_restarted_triton_gets_its_count_back(branch_triton: LocalTriton) -> None:
     endpoint = local_endpoints([branch_triton.http_url])[0]
     actuator = Actuator(branch_triton.repository_key)
     with _Loop(branch_triton, _config(branch_triton, {"branch_rank": {"minInstances": 2}})) as loop:
@@ -300,14 +300,14 @@ def test_a_restarted_triton_gets_its_count_back(branch_triton: LocalTriton) -> N
         )
         print(f"count restored {restored.at + restored.duration_s - back:.1f} s after the restart")
     assert restored.applied[0].before == 1
-    assert actuator.live_count(endpoint, "branch_rank") == 2
+    assert await actuator.live_count(endpoint, "branch_rank") == 2
 
 
-def test_the_loop_holds_while_prometheus_is_down(branch_triton: LocalTriton) -> None:
+async def test_the_loop_holds_while_prometheus_is_down(branch_triton: LocalTriton) -> None:
     if prometheus_binary() is None:
         missing("prometheus not installed (Debian package 'prometheus')")
     endpoint = local_endpoints([branch_triton.http_url])[0]
-    Actuator(branch_triton.repository_key).apply([endpoint], "branch_rank", 2)
+    await Actuator(branch_triton.repository_key).apply([endpoint], "branch_rank", 2)
     target = branch_triton.metrics_url.removeprefix("http://").removesuffix("/metrics")
     with LocalPrometheus({"triton": [target]}, scrape_interval_s=0.5) as prometheus:
         prometheus.wait_for("nv_inference_request_success", timeout_s=30)

@@ -8,6 +8,7 @@ service back afterwards. Recovery times are printed, never asserted (2 shared co
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -100,7 +101,7 @@ def report_line(fault: str, load: Load, recovery_s: float | None) -> str:
     )
 
 
-def test_a_killed_branch_stub_is_healed_under_load(pipeline_triton: LocalTriton) -> None:
+async def test_a_killed_branch_stub_is_healed_under_load(pipeline_triton: LocalTriton) -> None:
     """kill -9 branch_embed's stub while pipeline_async serves; healing checks every second."""
     at = Endpoint("pod-0", pipeline_triton.http_url, pipeline_triton.metrics_url)
     doctor = Healer(repository_key=pipeline_triton.repository_key)
@@ -108,14 +109,14 @@ def test_a_killed_branch_stub_is_healed_under_load(pipeline_triton: LocalTriton)
     with Load(pipeline_triton, pipeline_once, threads=4) as load:
         load.wait_for_successes(20, after=0)
         for model in PIPELINE_MODELS:  # the baseline of the failure counters
-            doctor.check(at, model)
+            await doctor.check(at, model)
         killed_at = time.monotonic()
         kill_stub(pipeline_triton, "branch_embed")
         healed_at = None
         for _ in range(30):  # one control tick a second
-            time.sleep(1.0)
+            await asyncio.sleep(1.0)
             for model in PIPELINE_MODELS:
-                result = doctor.check(at, model)
+                result = await doctor.check(at, model)
                 if result.action != healing.NONE:
                     results.append(result)
                     if result.action == healing.RELOADED:
@@ -141,27 +142,27 @@ def test_a_killed_branch_stub_is_healed_under_load(pipeline_triton: LocalTriton)
     assert load.report.successes_after(healed_at) >= 20
 
 
-def test_one_of_two_branch_instances_killed_under_load_is_healed(
+async def test_one_of_two_branch_instances_killed_under_load_is_healed(
     pipeline_triton: LocalTriton,
 ) -> None:
     """Under load the probes may miss the dead instance; failures at every check give it away."""
     at = Endpoint("pod-0", pipeline_triton.http_url, pipeline_triton.metrics_url)
     assert all(
-        r.ok for r in Actuator(pipeline_triton.repository_key).apply([at], "branch_embed", 2)
+        r.ok for r in await Actuator(pipeline_triton.repository_key).apply([at], "branch_embed", 2)
     )
     doctor = Healer(repository_key=pipeline_triton.repository_key)
     results: list[healing.HealingResult] = []
     with Load(pipeline_triton, pipeline_once, threads=6, pause_s=0) as load:
         load.wait_for_successes(20, after=0)
         for model in PIPELINE_MODELS:
-            doctor.check(at, model)
+            await doctor.check(at, model)
         killed_at = time.monotonic()
         kill_stub(pipeline_triton, "branch_embed")
         healed_at = None
         for _ in range(30):
-            time.sleep(1.0)
+            await asyncio.sleep(1.0)
             for model in PIPELINE_MODELS:
-                result = doctor.check(at, model)
+                result = await doctor.check(at, model)
                 if result.action != healing.NONE:
                     results.append(result)
                     if result.model == "branch_embed" and result.action == healing.RELOADED:
@@ -174,16 +175,18 @@ def test_one_of_two_branch_instances_killed_under_load_is_healed(
     print(f"  healed by: {[(r.model, r.cause) for r in results]}")
     assert load.report.wrong_answers == []
     assert load.report.last_failure_at() is None or load.report.last_failure_at() < healed_at
-    assert Actuator(pipeline_triton.repository_key).live_count(at, "branch_embed") == 2
+    assert await Actuator(pipeline_triton.repository_key).live_count(at, "branch_embed") == 2
 
 
-def test_stopping_and_restarting_triton_on_the_same_ports(add_sub_triton: LocalTriton) -> None:
+async def test_stopping_and_restarting_triton_on_the_same_ports(
+    add_sub_triton: LocalTriton,
+) -> None:
     """A Triton restart (a pod's container restart): requests fail while it is down, then
     succeed; the instance count falls back to the repository's and the actuator restores it."""
     server = add_sub_triton
     at = Endpoint("pod-0", server.http_url, server.metrics_url)
     actuator = Actuator(server.repository_key)
-    assert actuator.apply([at], "add_sub", 3)[0].ok
+    assert (await actuator.apply([at], "add_sub", 3))[0].ok
     ports = (server.http_port, server.grpc_port, server.metrics_port)
     group = os.getpgid(server.process.pid)
     with Load(server, add_sub_once, threads=4) as load:
@@ -191,7 +194,7 @@ def test_stopping_and_restarting_triton_on_the_same_ports(add_sub_triton: LocalT
         stopped_at = time.monotonic()
         server.stop()
         assert group_gone(group), "a process of the stopped server is still running"
-        time.sleep(1.0)
+        await asyncio.sleep(1.0)
         server.start()
         restarted_at = time.monotonic()
         first_ok = load.wait_for_successes(20, after=restarted_at)
@@ -204,12 +207,12 @@ def test_stopping_and_restarting_triton_on_the_same_ports(add_sub_triton: LocalT
     assert load.report.first_failure_at() >= stopped_at  # ...only during it
     assert load.report.last_failure_at() < first_ok
     # The restarted server has the repository's count; the next tick brings the decision back.
-    assert actuator.live_count(at, "add_sub") == 1
-    assert actuator.apply([at], "add_sub", 3)[0].ok
-    assert actuator.live_count(at, "add_sub") == 3
+    assert await actuator.live_count(at, "add_sub") == 1
+    assert (await actuator.apply([at], "add_sub", 3))[0].ok
+    assert await actuator.live_count(at, "add_sub") == 3
 
 
-def test_a_config_triton_refuses_leaves_the_last_good_one_serving(
+async def test_a_config_triton_refuses_leaves_the_last_good_one_serving(
     add_sub_triton: LocalTriton,
 ) -> None:
     """The actuator asks for KIND_GPU on a machine without GPUs: refused, nothing lost."""
@@ -218,7 +221,7 @@ def test_a_config_triton_refuses_leaves_the_last_good_one_serving(
     actuator = Actuator(server.repository_key)
     with Load(server, add_sub_once, threads=4) as load:
         load.wait_for_successes(20, after=0)
-        (result,) = actuator.apply([at], "add_sub", 2, "KIND_GPU")
+        (result,) = await actuator.apply([at], "add_sub", 2, "KIND_GPU")
         after = time.monotonic()
         load.wait_for_successes(20, after=after)
     print(report_line("refused config (KIND_GPU, no GPU)", load, None))
@@ -227,7 +230,7 @@ def test_a_config_triton_refuses_leaves_the_last_good_one_serving(
     assert "\n" not in result.reason
     assert (result.before, result.after) == (1, 1)
     assert load.report.failed == 0 and load.report.wrong_answers == []
-    assert actuator.live_config(at, "add_sub")["instance_group"][0]["kind"] == "KIND_CPU"
+    assert (await actuator.live_config(at, "add_sub"))["instance_group"][0]["kind"] == "KIND_CPU"
 
 
 def test_a_config_whose_model_fails_to_initialize_leaves_the_last_good_one_serving(
@@ -262,7 +265,7 @@ def test_a_config_whose_model_fails_to_initialize_leaves_the_last_good_one_servi
     assert stub_pids(server, "pipeline_async") == stubs
 
 
-def test_a_prometheus_outage_holds_the_count_and_says_so_in_one_line(
+async def test_a_prometheus_outage_holds_the_count_and_says_so_in_one_line(
     add_sub_triton: LocalTriton,
 ) -> None:
     """Prometheus stops for a while: the tick reports FailedGetMetrics and never scales down;
@@ -272,7 +275,7 @@ def test_a_prometheus_outage_holds_the_count_and_says_so_in_one_line(
     server = add_sub_triton
     at = Endpoint("pod-0", server.http_url, server.metrics_url)
     actuator = Actuator(server.repository_key)
-    assert actuator.apply([at], "add_sub", 3)[0].ok
+    assert (await actuator.apply([at], "add_sub", 3))[0].ok
     spec = {
         "selector": {"matchLabels": {"app": "triton"}},
         "model": "add_sub",
@@ -292,17 +295,17 @@ def test_a_prometheus_outage_holds_the_count_and_says_so_in_one_line(
         state = ReconcileState()
         outage = []
         for _ in range(3):
-            tick = reconcile(spec, [at], source, actuator, state, now=time.time())
+            tick = await reconcile(spec, [at], source, actuator, state, now=time.time())
             state = tick.state
             outage.append(tick)
-            time.sleep(1.0)
-        stopped_count = actuator.live_count(at, "add_sub")
+            await asyncio.sleep(1.0)
+        stopped_count = await actuator.live_count(at, "add_sub")
 
         prometheus.start()
         recovered = None
         for _ in range(20):
-            time.sleep(1.0)
-            tick = reconcile(spec, [at], source, actuator, state, now=time.time())
+            await asyncio.sleep(1.0)
+            tick = await reconcile(spec, [at], source, actuator, state, now=time.time())
             state = tick.state
             if tick.applied:
                 recovered = tick

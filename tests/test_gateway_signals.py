@@ -10,6 +10,7 @@ reloads the gateway.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -137,12 +138,12 @@ def streams_gauge(server: LocalTriton) -> float:
     return value
 
 
-def sample_for(source: ScrapeSource, server: LocalTriton, seconds: float) -> None:
+async def sample_for(source: ScrapeSource, server: LocalTriton, seconds: float) -> None:
     """Samples for `seconds`: the rates need two, a complete window needs the span."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        source.scrape([server.metrics_url])
-        time.sleep(0.25)
+        await source.scrape([server.metrics_url])
+        await asyncio.sleep(0.25)
 
 
 def gauge_back_at_rest(server: LocalTriton, timeout_s: float = 10.0) -> None:
@@ -198,18 +199,18 @@ def test_a_bad_request_is_counted_out_too(triton: LocalTriton) -> None:
     gauge_back_at_rest(triton)
 
 
-def test_scrape_source_reads_the_gateways_streams(triton: LocalTriton) -> None:
+async def test_scrape_source_reads_the_gateways_streams(triton: LocalTriton) -> None:
     # The gauge is read at one instant, and a closed loop answered in batches swings it
     # between its requests in flight and few (all of them on their way back to the client):
     # several snapshots, one must see them.
     source = ScrapeSource(min_scrape_interval_s=0.2)
     streams: list[float | None] = []
     with ClosedLoopStream(triton, IN_FLIGHT):
-        sample_for(source, triton, WINDOW_S + 1)
+        await sample_for(source, triton, WINDOW_S + 1)
         for _ in range(SNAPSHOTS):
-            snapshot = source.snapshot([GATEWAY], [endpoint(triton)], WINDOW_S, {GATEWAY})
+            snapshot = await source.snapshot([GATEWAY], [endpoint(triton)], WINDOW_S, {GATEWAY})
             streams.append(snapshot.models[GATEWAY].streams_in_flight)
-            time.sleep(0.25)
+            await asyncio.sleep(0.25)
     signals = snapshot.models[GATEWAY]
     assert snapshot.complete and signals.decoupled and signals.request_rate > 0
     assert sizing.sized_by_streams(signals)
@@ -219,9 +220,9 @@ def test_scrape_source_reads_the_gateways_streams(triton: LocalTriton) -> None:
     assert sizing.busy_per_instance(signals, 1) < Targets().utilization, signals
 
 
-def test_a_tick_raises_the_gateways_count_for_its_streams(triton: LocalTriton) -> None:
+async def test_a_tick_raises_the_gateways_count_for_its_streams(triton: LocalTriton) -> None:
     actuator = Actuator(triton.repository_key)
-    assert actuator.live_count(endpoint(triton), GATEWAY) == 1
+    assert await actuator.live_count(endpoint(triton), GATEWAY) == 1
     source = ScrapeSource(min_scrape_interval_s=0.2)
     spec = {
         "selector": {"matchLabels": {"app": "triton"}},
@@ -235,15 +236,15 @@ def test_a_tick_raises_the_gateways_count_for_its_streams(triton: LocalTriton) -
     # gauge is one instant, see above); every tick before it changed nothing.
     state, seen = ReconcileState(), []
     with ClosedLoopStream(triton, IN_FLIGHT):
-        sample_for(source, triton, WINDOW_S + 1)
+        await sample_for(source, triton, WINDOW_S + 1)
         for _ in range(SNAPSHOTS):
-            result = reconcile(spec, [endpoint(triton)], source, actuator, state, time.time())
+            result = await reconcile(spec, [endpoint(triton)], source, actuator, state, time.time())
             assert not result.errors, result.errors
             state = result.state
             seen.append(result.decision.message if result.decision else "no decision")
             if result.applied:
                 break
-            sample_for(source, triton, 1)
+            await sample_for(source, triton, 1)
     assert result.applied, f"no tick of {SNAPSHOTS} raised the count: {seen}"
     decision = result.decision
     assert decision is not None and result.snapshot is not None
@@ -254,7 +255,7 @@ def test_a_tick_raises_the_gateways_count_for_its_streams(triton: LocalTriton) -
     assert [(r.before, r.after, r.ok) for r in result.applied] == [
         (1, decision.desired_instances, True)
     ], result.applied
-    assert actuator.live_count(endpoint(triton), GATEWAY) == decision.desired_instances
+    assert await actuator.live_count(endpoint(triton), GATEWAY) == decision.desired_instances
     # The new instances count into the same gauge: at rest, then under load. Each instance
     # publishes its changes once per turn of its event loop, so for a moment a request one
     # instance has answered and its successor, admitted by another, can both be counted.

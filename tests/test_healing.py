@@ -7,10 +7,10 @@ READY and every request fails in about 1 s with "Stub process '<model>_0_0' is n
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,11 +88,13 @@ def serve_correctly(server: LocalTriton, model_once, count: int = 5) -> None:
 
 
 class TestAKilledStubIsHealed:
-    def test_it_is_seen_by_backend_failures_and_reloaded_with_the_same_instances(
+    async def test_it_is_seen_by_backend_failures_and_reloaded_with_the_same_instances(
         self, server: LocalTriton
     ) -> None:
         doctor = healer(server)
-        assert doctor.check(endpoint(server), "add_sub").reason == healing.HEALTHY  # baseline
+        assert (
+            await doctor.check(endpoint(server), "add_sub")
+        ).reason == healing.HEALTHY  # baseline
         config_before = requests.get(f"http://{server.http_url}/v2/models/add_sub/config").json()
         killed = kill_stub(server, "add_sub")
 
@@ -103,7 +105,7 @@ class TestAKilledStubIsHealed:
         assert requests.get(f"{base}/v2/models/add_sub/ready").status_code == 200
         assert requests.get(f"{base}/v2/health/ready").status_code == 200
 
-        result = doctor.check(endpoint(server), "add_sub")
+        result = await doctor.check(endpoint(server), "add_sub")
         assert (result.action, result.reason) == (healing.RELOADED, healing.HEALED), result
         assert result.cause == healing.STUB_UNHEALTHY
         assert "backend failures" in result.message and "not healthy" in result.message
@@ -114,54 +116,56 @@ class TestAKilledStubIsHealed:
         assert stub_pids(server, "add_sub") and killed not in stub_pids(server, "add_sub")
         config_after = requests.get(f"{base}/v2/models/add_sub/config").json()
         assert config_after["instance_group"] == config_before["instance_group"]
-        assert doctor.check(endpoint(server), "add_sub").reason == healing.HEALTHY
+        assert (await doctor.check(endpoint(server), "add_sub")).reason == healing.HEALTHY
 
-    def test_a_probe_finds_a_dead_stub_with_no_traffic_at_all(self, server: LocalTriton) -> None:
+    async def test_a_probe_finds_a_dead_stub_with_no_traffic_at_all(
+        self, server: LocalTriton
+    ) -> None:
         doctor = healer(server, probe=healing.PROBE_ALWAYS)
-        assert doctor.check(endpoint(server), "branch_rank").reason == healing.HEALTHY
+        assert (await doctor.check(endpoint(server), "branch_rank")).reason == healing.HEALTHY
         kill_stub(server, "branch_rank")
-        result = doctor.check(endpoint(server), "branch_rank")
+        result = await doctor.check(endpoint(server), "branch_rank")
         assert result.action == healing.RELOADED, result
         assert "Stub process 'branch_rank_0_0' is not healthy" in result.message
         serve_correctly(server, pipeline_once)
 
-    def test_a_hung_stub_is_found_by_a_probe_and_replaced(self, server: LocalTriton) -> None:
+    async def test_a_hung_stub_is_found_by_a_probe_and_replaced(self, server: LocalTriton) -> None:
         """SIGSTOP: the stub is alive but answers nothing; Triton calls it unhealthy in ~1 s."""
         doctor = healer(server, probe=healing.PROBE_ALWAYS)
         at = endpoint(server)
-        assert doctor.check(at, "branch_classify").reason == healing.HEALTHY
+        assert (await doctor.check(at, "branch_classify")).reason == healing.HEALTHY
         (hung,) = stub_pids(server, "branch_classify")
         os.kill(hung, signal.SIGSTOP)
-        result = doctor.check(at, "branch_classify")
+        result = await doctor.check(at, "branch_classify")
         assert result.action == healing.RELOADED, result
         assert "Stub process 'branch_classify_0_0' is not healthy" in result.message
         serve_correctly(server, pipeline_once)
         assert set(stub_pids(server, "branch_classify")) - {hung}  # a fresh stub serves
 
-    def test_a_dead_branch_is_healed_and_its_parent_is_left_alone(
+    async def test_a_dead_branch_is_healed_and_its_parent_is_left_alone(
         self, server: LocalTriton
     ) -> None:
         doctor = healer(server)
         for model in ("pipeline_async", "branch_embed"):
-            assert doctor.check(endpoint(server), model).reason == healing.HEALTHY
+            assert (await doctor.check(endpoint(server), model)).reason == healing.HEALTHY
         parent_stubs = stub_pids(server, "pipeline_async")
         kill_stub(server, "branch_embed")
 
         errors = fail_requests(server, pipeline_once)
         assert all("branch_embed" in e and "not healthy" in e for e in errors), errors
         # The parent fails everything too, but its own stub answers the probe: no reload.
-        parent = doctor.check(endpoint(server), "pipeline_async")
+        parent = await doctor.check(endpoint(server), "pipeline_async")
         assert (parent.action, parent.reason) == (healing.NONE, healing.HEALTHY), parent
-        child = doctor.check(endpoint(server), "branch_embed")
+        child = await doctor.check(endpoint(server), "branch_embed")
         assert child.action == healing.RELOADED, child
 
         serve_correctly(server, pipeline_once)
         assert stub_pids(server, "pipeline_async") == parent_stubs
 
-    def test_bad_requests_alone_never_cause_a_reload(self, server: LocalTriton) -> None:
+    async def test_bad_requests_alone_never_cause_a_reload(self, server: LocalTriton) -> None:
         """A burst of requests the model itself refuses (NaN) is the requests' fault."""
         doctor = healer(server)
-        assert doctor.check(endpoint(server), "pipeline_async").reason == healing.HEALTHY
+        assert (await doctor.check(endpoint(server), "pipeline_async")).reason == healing.HEALTHY
         bad = httpclient.InferInput("FEATURES", [1, 64], "FP32")
         bad.set_data_from_numpy(np.full((1, 64), np.nan, dtype=np.float32))
         with http_client(server) as client:
@@ -169,17 +173,19 @@ class TestAKilledStubIsHealed:
                 with pytest.raises(InferenceServerException, match="must be finite"):
                     client.infer("pipeline_async", [bad])
         stubs = stub_pids(server, "pipeline_async")
-        result = doctor.check(endpoint(server), "pipeline_async")
+        result = await doctor.check(endpoint(server), "pipeline_async")
         assert (result.action, result.reason) == (healing.NONE, healing.HEALTHY), result
         assert stub_pids(server, "pipeline_async") == stubs
 
 
-def test_one_dead_instance_among_two_is_found_and_all_are_replaced(server: LocalTriton) -> None:
+async def test_one_dead_instance_among_two_is_found_and_all_are_replaced(
+    server: LocalTriton,
+) -> None:
     """With two instances only every other request fails; probes reach both instances."""
     at = endpoint(server)
-    assert all(r.ok for r in Actuator(server.repository_key).apply([at], "add_sub", 2))
+    assert all(r.ok for r in await Actuator(server.repository_key).apply([at], "add_sub", 2))
     doctor = healer(server)
-    assert doctor.check(at, "add_sub").reason == healing.HEALTHY
+    assert (await doctor.check(at, "add_sub")).reason == healing.HEALTHY
     survivors = stub_pids(server, "add_sub")
     assert len(survivors) == 2
     killed = survivors[0]
@@ -197,16 +203,16 @@ def test_one_dead_instance_among_two_is_found_and_all_are_replaced(server: Local
                 outcomes.append("failed")
     assert "ok" in outcomes and "failed" in outcomes, outcomes  # a share fails
 
-    result = doctor.check(at, "add_sub")
+    result = await doctor.check(at, "add_sub")
     assert result.action == healing.RELOADED, result
     serve_correctly(server, add_sub_once, count=8)
-    assert Actuator(server.repository_key).live_count(at, "add_sub") == 2
+    assert await Actuator(server.repository_key).live_count(at, "add_sub") == 2
     new = set(stub_pids(server, "add_sub")) - set(survivors)
     assert len(new) == 2 and killed not in new
     # Triton 2.51 never finishes unloading the replaced version once its dead stub has been
     # sent requests: the old version's live stub stays until the server stops (measured;
     # docs/reliability.md). Printed, not asserted, so that a fixed Triton is noticed.
-    time.sleep(3)
+    await asyncio.sleep(3)
     left = set(stub_pids(server, "add_sub")) & set(survivors)
     print(f"{len(left)} stub(s) of the replaced version still running 3 s after the heal")
 
@@ -231,7 +237,7 @@ class CountingLoads(LoadsInFlight):
         return super().run(pod, model, what, send)
 
 
-def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
+async def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Its model.py breaks after startup: each reload fails, then healing asks for a person."""
@@ -255,13 +261,13 @@ def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
 
         seen = []
         for _ in range(8):  # 8 checks, 10 s apart, of a model that stays broken
-            seen.append(doctor.check(at, "add_sub").action)
+            seen.append((await doctor.check(at, "add_sub")).action)
             clock.now += 10
         # Attempts at t=0, t=10 (after 10 s) and t=30 (after 20 s); then only "ask a person".
         failed, waiting, exhausted = healing.RELOAD_FAILED, healing.WAITING, healing.EXHAUSTED
         assert seen == [failed, failed, waiting, failed, exhausted, exhausted, exhausted, exhausted]
         assert counted.loads == 3
-        final = doctor.check(at, "add_sub")
+        final = await doctor.check(at, "add_sub")
         assert final.reason == healing.HEALING_EXHAUSTED and final.needs_person
         assert caplog.text.count("a person must look") == 1  # logged once, not at every check
         assert final.condition() == {
@@ -275,7 +281,7 @@ def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_backoff(
 
         # Once the window has passed, one more attempt is allowed (and fails again).
         clock.now += 600
-        assert doctor.check(at, "add_sub").action == healing.RELOAD_FAILED
+        assert (await doctor.check(at, "add_sub")).action == healing.RELOAD_FAILED
         assert counted.loads == 4
     finally:
         triton.stop()
@@ -288,11 +294,11 @@ def test_backoff_doubles_up_to_its_cap() -> None:
 
 
 @pytest.mark.unit
-def test_an_unreachable_pod_is_not_healing_s_business() -> None:
+async def test_an_unreachable_pod_is_not_healing_s_business() -> None:
     from tritonscale.local.ports import free_port
 
     doctor = Healer(repository_key="k")
-    result = doctor.check(Endpoint("gone", f"127.0.0.1:{free_port()}"), "add_sub")
+    result = await doctor.check(Endpoint("gone", f"127.0.0.1:{free_port()}"), "add_sub")
     assert (result.action, result.reason) == (healing.NONE, healing.POD_UNREACHABLE)
     assert result.event_type == "Warning"
 
@@ -304,7 +310,7 @@ def test_an_unknown_probe_mode_is_refused(probe: str) -> None:
         Healer(probe=probe)
 
 
-def test_a_healthy_server_is_never_reloaded_whatever_the_model(triton: LocalTriton) -> None:
+async def test_a_healthy_server_is_never_reloaded_whatever_the_model(triton: LocalTriton) -> None:
     """Probes at every check, twice, on every model of the shared server: no false alarm."""
     index = requests.post(
         f"http://{triton.http_url}/v2/repository/index",
@@ -318,6 +324,6 @@ def test_a_healthy_server_is_never_reloaded_whatever_the_model(triton: LocalTrit
     doctor = Healer(repository_key=triton.repository_key, probe=healing.PROBE_ALWAYS, loads=counted)
     at = endpoint(triton)
     for _ in range(2):
-        results = {model: doctor.check(at, model) for model in models}
+        results = {model: await doctor.check(at, model) for model in models}
         assert {m: r.reason for m, r in results.items()} == dict.fromkeys(models, healing.HEALTHY)
     assert counted.loads == 0

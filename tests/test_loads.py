@@ -1,13 +1,13 @@
 """LoadsInFlight alone: a load past its deadline is handed back and remembered until it ends.
 
-The loads here are plain callables that block until the test lets them go; the real thing,
+The loads here are plain coroutines that wait until the test lets them go; the real thing,
 a Triton reload that hangs, is in tests/test_reload_timeout.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
 
 import pytest
@@ -19,78 +19,103 @@ DEADLINE_S = 0.2
 WAIT_S = 10.0
 
 
-def until(check, what: str) -> None:
+async def until(check, what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+        await asyncio.sleep(0.01)
 
 
-def test_a_load_that_finishes_in_time_leaves_nothing_behind() -> None:
+def appends(sent: list[object], value: object):
+    async def send() -> None:
+        sent.append(value)
+
+    return send
+
+
+async def test_a_load_that_finishes_in_time_leaves_nothing_behind() -> None:
     loads = LoadsInFlight(deadline_s=WAIT_S)
-    sent = []
-    assert loads.run("pod-a", "m", "2 instances", lambda: sent.append(1)) is None
+    sent: list[object] = []
+    assert await loads.run("pod-a", "m", "2 instances", appends(sent, 1)) is None
     assert sent == [1]
     assert loads.in_flight("pod-a", "m") is None
 
 
-def test_a_refused_load_is_raised_to_the_caller() -> None:
+async def test_a_refused_load_is_raised_to_the_caller() -> None:
     loads = LoadsInFlight(deadline_s=WAIT_S)
 
-    def refused() -> None:
+    async def refused() -> None:
         raise TritonError("pod-a", "Triton refused to load m: no")
 
     with pytest.raises(TritonError, match="pod-a: Triton refused to load m"):
-        loads.run("pod-a", "m", "2 instances", refused)
+        await loads.run("pod-a", "m", "2 instances", refused)
     assert loads.in_flight("pod-a", "m") is None
 
 
-def test_a_load_past_its_deadline_is_in_flight_until_it_ends(
+async def test_a_load_past_its_deadline_is_in_flight_until_it_ends(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     loads = LoadsInFlight(deadline_s=DEADLINE_S)
-    release = threading.Event()
-    sent = []
+    release = asyncio.Event()
+    sent: list[object] = []
 
-    def hangs() -> None:
+    async def hangs() -> None:
         sent.append("first")
-        assert release.wait(WAIT_S), "never released"
+        await asyncio.wait_for(release.wait(), WAIT_S)
 
-    late = loads.run("pod-a", "m", "2 instances", hangs)
+    late = await loads.run("pod-a", "m", "2 instances", hangs)
     assert late is not None and not release.is_set()  # it returned while the load hung
     assert (late.pod, late.model, late.what, late.deadline_s) == ("pod-a", "m", "2 instances", 0.2)
     assert loads.in_flight("pod-a", "m") == late
     # Other pods and other models are not held.
     assert loads.in_flight("pod-b", "m") is None and loads.in_flight("pod-a", "other") is None
-    assert loads.run("pod-b", "m", "2 instances", lambda: sent.append("pod-b")) is None
+    assert await loads.run("pod-b", "m", "2 instances", appends(sent, "pod-b")) is None
 
     # A second load to the same pod is not sent: the first is handed back.
-    assert loads.run("pod-a", "m", "3 instances", lambda: sent.append("second")) == late
+    assert await loads.run("pod-a", "m", "3 instances", appends(sent, "second")) == late
     assert sent == ["first", "pod-b"]
 
     caplog.set_level(logging.WARNING)
     release.set()
-    until(lambda: loads.in_flight("pod-a", "m") is None, "the released load to end")
-    until(lambda: "past its deadline of 0.2 s" in caplog.text, "the late load's log line")
+    await until(lambda: loads.in_flight("pod-a", "m") is None, "the released load to end")
+    await until(lambda: "past its deadline of 0.2 s" in caplog.text, "the late load's log line")
     assert "pod-a: the load of m (2 instances) finished" in caplog.text
-    assert loads.run("pod-a", "m", "3 instances", lambda: sent.append("third")) is None
+    assert await loads.run("pod-a", "m", "3 instances", appends(sent, "third")) is None
     assert sent == ["first", "pod-b", "third"]
 
 
-def test_a_late_failure_is_logged_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_late_failure_is_logged_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
     loads = LoadsInFlight(deadline_s=DEADLINE_S)
-    release = threading.Event()
+    release = asyncio.Event()
 
-    def hangs_then_fails() -> None:
-        release.wait(WAIT_S)
+    async def hangs_then_fails() -> None:
+        await asyncio.wait_for(release.wait(), WAIT_S)
         raise TritonError("pod-a", "Triton refused to load m: out of memory")
 
     caplog.set_level(logging.WARNING)
-    assert loads.run("pod-a", "m", "2 instances", hangs_then_fails) is not None
+    assert await loads.run("pod-a", "m", "2 instances", hangs_then_fails) is not None
     release.set()
-    until(lambda: loads.in_flight("pod-a", "m") is None, "the failed load to end")
-    until(lambda: "failed: Triton refused" in caplog.text, "the late failure's log line")
+    await until(lambda: loads.in_flight("pod-a", "m") is None, "the failed load to end")
+    await until(lambda: "failed: Triton refused" in caplog.text, "the late failure's log line")
+
+
+async def test_a_caller_cancelled_while_waiting_leaves_the_load_in_flight() -> None:
+    loads = LoadsInFlight(deadline_s=WAIT_S)
+    release = asyncio.Event()
+
+    async def hangs() -> None:
+        await asyncio.wait_for(release.wait(), WAIT_S)
+
+    caller = asyncio.ensure_future(loads.run("pod-a", "m", "2 instances", hangs))
+    await asyncio.sleep(0.05)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    # The load was not cancelled with its caller: Triton still works on it.
+    assert loads.in_flight("pod-a", "m") is not None
+    release.set()
+    await until(lambda: loads.in_flight("pod-a", "m") is None, "the load to end")
 
 
 @pytest.mark.parametrize("deadline_s", [0, -1])

@@ -15,6 +15,7 @@ rounds called by the test (no timing assertions: counts and reasons).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -58,7 +59,7 @@ def triton(tmp_path_factory) -> Iterator[LocalTriton]:
         yield server
 
 
-def test_the_operator_gives_back_instances_that_do_not_help_and_scales_those_that_do(
+async def test_the_operator_gives_back_instances_that_do_not_help_and_scales_those_that_do(
     triton: LocalTriton,
 ) -> None:
     config = parse_config(
@@ -93,11 +94,11 @@ def test_the_operator_gives_back_instances_that_do_not_help_and_scales_those_tha
 
     with ClosedLoop(triton, {LOCKED: IN_FLIGHT, FREE: IN_FLIGHT}) as load:
         for _ in range(MAX_ROUNDS):
-            tuner.round(config.policies, time.time())
+            await tuner.round(config.policies, time.time())
             found = verdict()
             if found is not None and len(results[LOCKED]) - found > ROUNDS_HELD:
                 break
-            time.sleep(INTERVAL_S)
+            await asyncio.sleep(INTERVAL_S)
         else:
             pytest.fail(
                 f"no NoGain verdict on {LOCKED} within {MAX_ROUNDS} rounds:\n"

@@ -22,6 +22,7 @@ part, a tick bounded by the deadline, held then too (add_sub's tick ended with R
 from __future__ import annotations
 
 import asyncio
+import inspect
 import shutil
 import threading
 import time
@@ -91,12 +92,12 @@ class HangingTriton:
     def release(self) -> None:
         self.release_file.touch()
 
-    def live_count(self, model: str) -> int:
-        return Actuator(self.server.repository_key).live_count(self.endpoint, model)
+    async def live_count(self, model: str) -> int:
+        return await Actuator(self.server.repository_key).live_count(self.endpoint, model)
 
-    def set_count(self, model: str, count: int) -> None:
+    async def set_count(self, model: str, count: int) -> None:
         """What a person (or a restarted pod) might do behind the autoscaler's back."""
-        result = Actuator(self.server.repository_key).apply_one(self.endpoint, model, count)
+        result = await Actuator(self.server.repository_key).apply_one(self.endpoint, model, count)
         assert result is None or result.ok, result
 
     def answers(self, model: str, count: int = 5) -> None:
@@ -110,7 +111,7 @@ class HangingTriton:
 
 
 @pytest.fixture
-def hanging(tmp_path: Path) -> Iterator[HangingTriton]:
+async def hanging(tmp_path: Path) -> Iterator[HangingTriton]:
     triton = HangingTriton(tmp_path / "models")
     try:
         triton.server.start()
@@ -119,7 +120,7 @@ def hanging(tmp_path: Path) -> Iterator[HangingTriton]:
             missing(str(error))
         raise
     try:
-        triton.set_count("add_sub", 2)  # where its autoscaler wants it (see the docstring)
+        await triton.set_count("add_sub", 2)  # where its autoscaler wants it (see the docstring)
         yield triton
     finally:
         # Let a hung load end, so that its connection closes and Triton stops at once.
@@ -138,20 +139,27 @@ def spec(model: str) -> dict[str, Any]:
     }
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
+async def is_count(triton: HangingTriton, model: str, count: int) -> bool:
+    return await triton.live_count(model) == count
+
+
+async def wait_for(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
+    """`check()` until it is true (awaited when it is a coroutine), on the test's event loop."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = check()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
-        time.sleep(0.1)
+        await asyncio.sleep(0.1)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 # ---- the actuator's rollout -------------------------------------------------------------------
 
 
-def test_a_pod_whose_reload_hangs_holds_back_no_other_pod(
+async def test_a_pod_whose_reload_hangs_holds_back_no_other_pod(
     hanging: HangingTriton, tmp_path: Path
 ) -> None:
     """The first pod takes the change alone; then the others go together: one that hangs
@@ -182,17 +190,17 @@ def test_a_pod_whose_reload_hangs_holds_back_no_other_pod(
             Endpoint("pod-c", calm[1].http_url),
         ]
         actuator = Actuator(key, load_deadline_s=DEADLINE_S)
-        results = actuator.apply(pods, HANGS, 2)
+        results = await actuator.apply(pods, HANGS, 2)
         assert not hanging.released()
         assert [(r.pod, r.ok, r.pending) for r in results] == [
             ("pod-a", True, False),
             ("pod-b", False, True),
             ("pod-c", True, False),
         ]
-        assert actuator.live_counts(pods, HANGS)[0] == {"pod-a": 2, "pod-b": 1, "pod-c": 2}
+        assert (await actuator.live_counts(pods, HANGS))[0] == {"pod-a": 2, "pod-b": 1, "pod-c": 2}
         # While pod-b's load is in flight, nothing more is sent there.
         assert actuator.in_flight(pods[1], HANGS) is not None
-        (again,) = actuator.apply(pods, HANGS, 2)
+        (again,) = await actuator.apply(pods, HANGS, 2)
         assert (again.pod, again.pending, again.seconds) == ("pod-b", True, 0.0)
         assert "has not finished" in again.reason
         print(f"pod-a {results[0].seconds:.2f} s, pod-c {results[2].seconds:.2f} s")
@@ -204,7 +212,7 @@ def test_a_pod_whose_reload_hangs_holds_back_no_other_pod(
 # ---- the increase's gain check ----------------------------------------------------------------
 
 
-def test_an_increase_whose_load_hangs_keeps_its_gain_check_until_the_count_is_live(
+async def test_an_increase_whose_load_hangs_keeps_its_gain_check_until_the_count_is_live(
     hanging: HangingTriton,
 ) -> None:
     """The check of an increase (core.gain) outlives ticks whose load is in flight; the tick
@@ -223,14 +231,14 @@ def test_an_increase_whose_load_hangs_keeps_its_gain_check_until_the_count_is_li
     try:
         # A full window of scrapes with requests in it: the first tick has a request rate,
         # so its increase gets a check (an idle model's increase has none).
-        def primed() -> bool:
-            snapshot = source.snapshot([HANGS], [endpoint], 2.0)
+        async def primed() -> bool:
+            snapshot = await source.snapshot([HANGS], [endpoint], 2.0)
             return snapshot.complete and snapshot.models[HANGS].request_rate > 0
 
-        wait_for(primed, "a full window of requests to hang_on_reload")
+        await wait_for(primed, "a full window of requests to hang_on_reload")
         state = ReconcileState()
 
-        def tick() -> TickResult:
+        async def tick() -> TickResult:
             nonlocal state
             wanted = {
                 **spec(HANGS),
@@ -239,25 +247,25 @@ def test_an_increase_whose_load_hangs_keeps_its_gain_check_until_the_count_is_li
                 "minInstances": 1,
                 "targets": {"utilization": 0.001},
             }
-            result = reconcile(wanted, [endpoint], source, actuator, state, time.time())
+            result = await reconcile(wanted, [endpoint], source, actuator, state, time.time())
             state = result.state
             return result
 
-        first = tick()
+        first = await tick()
         assert first.reason == RELOAD_TIMEOUT and not hanging.released(), first.line()
         check = state.policy.gain_check
         assert check is not None and state.load_in_flight and check.before.instances == 1
         decided_at = check.since
         for _ in range(3):
-            time.sleep(1.0)
-            during = tick()
+            await asyncio.sleep(1.0)
+            during = await tick()
             assert during.reason == RELOAD_TIMEOUT and during.current_instances == 1
             check = state.policy.gain_check
             assert check is not None and (check.since, state.load_in_flight) == (decided_at, True)
 
         hanging.release()
-        wait_for(lambda: hanging.live_count(HANGS) == 2, "the released load to finish")
-        landed = tick()
+        await wait_for(lambda: is_count(hanging, HANGS, 2), "the released load to finish")
+        landed = await tick()
         assert landed.current_instances == 2 and landed.errors == [], landed.line()
         check = state.policy.gain_check
         assert check is not None and not state.load_in_flight and check.since == landed.at
@@ -267,11 +275,11 @@ def test_an_increase_whose_load_hangs_keeps_its_gain_check_until_the_count_is_li
         later: list[TickResult] = []
         while state.policy.gain_check is not None:
             assert len(later) < 30, "no verdict within 30 ticks of the landing"
-            time.sleep(1.0)
-            later.append(tick())
+            await asyncio.sleep(1.0)
+            later.append(await tick())
         judged = later[-1]
         assert judged.at - 2.0 >= landed.at + gain.SETTLE_S, judged.line()
-        assert judged.current_instances == 2 and hanging.live_count(HANGS) == 2
+        assert judged.current_instances == 2 and await hanging.live_count(HANGS) == 2
     finally:
         stop.set()
         sender.join(timeout=WAIT_S)
@@ -281,7 +289,7 @@ def test_an_increase_whose_load_hangs_keeps_its_gain_check_until_the_count_is_li
 # ---- the local driver ------------------------------------------------------------------------
 
 
-def test_tune_a_hung_reload_ends_its_tick_at_the_deadline_and_delays_no_other_policy(
+async def test_tune_a_hung_reload_ends_its_tick_at_the_deadline_and_delays_no_other_policy(
     hanging: HangingTriton,
 ) -> None:
     config = parse_config(
@@ -310,7 +318,7 @@ def test_tune_a_hung_reload_ends_its_tick_at_the_deadline_and_delays_no_other_po
     loop = threading.Thread(target=tuner.run, kwargs={"stop": stop}, name="tune under test")
     loop.start()
     try:
-        stuck: TickResult = wait_for(lambda: next(iter(of("hangs")), None), "the first tick")
+        stuck: TickResult = await wait_for(lambda: next(iter(of("hangs")), None), "the first tick")
         # The load cannot finish before the release: the tick ended without it.
         assert not hanging.released()
         assert stuck.reason == RELOAD_TIMEOUT, stuck.line()
@@ -334,19 +342,21 @@ def test_tune_a_hung_reload_ends_its_tick_at_the_deadline_and_delays_no_other_po
         assert len(during) >= 3, [tick.line() for tick in of("adds")]
         assert all(tick.errors == [] for tick in during), [tick.line() for tick in during]
         # ...and applies a change while the load hangs.
-        hanging.set_count("add_sub", 3)
-        fixed = wait_for(
+        await hanging.set_count("add_sub", 3)
+        fixed = await wait_for(
             lambda: next((t for t in of("adds") if t.applied_ok), None), "add_sub back to 2"
         )
         assert [(p.before, p.after) for p in fixed.applied] == [(3, 2)]
-        assert hanging.live_count("add_sub") == 2 and not hanging.released()
+        assert await hanging.live_count("add_sub") == 2 and not hanging.released()
 
         # The old instance answers while the reload hangs.
         hanging.answers(HANGS)
-        assert hanging.live_count(HANGS) == 1
+        assert await hanging.live_count(HANGS) == 1
 
         # Later ticks say the load is still in flight, and send nothing more.
-        later = wait_for(lambda: of("hangs")[1:4] if len(of("hangs")) >= 4 else None, "3 ticks")
+        later = await wait_for(
+            lambda: of("hangs")[1:4] if len(of("hangs")) >= 4 else None, "3 ticks"
+        )
         assert not hanging.released()
         for tick in later:
             assert tick.reason == RELOAD_TIMEOUT and tick.applied == [], tick.line()
@@ -355,7 +365,7 @@ def test_tune_a_hung_reload_ends_its_tick_at_the_deadline_and_delays_no_other_po
 
         # Released, Triton finishes the load: the next ticks find the count in place.
         hanging.release()
-        settled = wait_for(
+        settled = await wait_for(
             lambda: next(
                 (t for t in of("hangs") if t.live_counts == {hanging.endpoint.name: 2}), None
             ),
@@ -415,14 +425,14 @@ async def test_operator_a_hung_reload_is_a_warning_and_delays_no_other_autoscale
         assert able["status"] == "False" and HANGS in able["message"]
 
         # The other autoscaler applies a change and keeps ticking while the load hangs.
-        await asyncio.to_thread(hanging.set_count, "add_sub", 3)
+        await hanging.set_count("add_sub", 3)
         (rescaled,) = await eventually(
             lambda: [e for e in events_for(api, "adds") if e["reason"] == "SucceededRescale"],
             "add_sub back to 2",
             WAIT_S,
         )
         assert "add_sub 3 -> 2 instances" in rescaled["message"]
-        assert await asyncio.to_thread(hanging.live_count, "add_sub") == 2
+        assert await hanging.live_count("add_sub") == 2
         before = await ticks(operator, "adds")
         hung_ticks = await ticks(operator, "hangs")
         await eventually_async(
@@ -432,7 +442,7 @@ async def test_operator_a_hung_reload_is_a_warning_and_delays_no_other_autoscale
             lambda: ticks(operator, "hangs"), lambda n: n >= hung_ticks + 2, "2 more", WAIT_S
         )
         assert not hanging.released()
-        assert await asyncio.to_thread(hanging.live_count, HANGS) == 1
+        assert await hanging.live_count(HANGS) == 1
         await asyncio.to_thread(hanging.answers, HANGS)
         # One Warning for the load, not one per tick while it hangs.
         assert [e["reason"] for e in warnings("hangs")] == [RELOAD_TIMEOUT]

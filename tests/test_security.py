@@ -215,7 +215,7 @@ def test_server_state_apis_are_locked_too_while_inference_stays_open(
         assert requests.get(f"http://{triton.http_url}{open_path}", timeout=10).status_code == 200
 
 
-def test_the_key_appears_in_no_log_message_result_or_status(
+async def test_the_key_appears_in_no_log_message_result_or_status(
     keyed_triton: LocalTriton, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The real actuator, healer and tick, succeeding and failing, with every logger at DEBUG."""
@@ -224,23 +224,23 @@ def test_the_key_appears_in_no_log_message_result_or_status(
     shown: list[str] = []
 
     actuator = Actuator(KNOWN_KEY)
-    shown += [repr(actuator), repr(actuator.apply([at], "add_sub", 2))]
-    shown.append(repr(actuator.apply([at], "add_sub", 3, "KIND_GPU")))  # refused by Triton
+    shown += [repr(actuator), repr(await actuator.apply([at], "add_sub", 2))]
+    shown.append(repr(await actuator.apply([at], "add_sub", 3, "KIND_GPU")))  # refused by Triton
     stranger = Actuator(WRONG_KEY)
-    shown.append(repr(stranger.apply([at], "add_sub", 1)))  # refused: wrong key
+    shown.append(repr(await stranger.apply([at], "add_sub", 1)))  # refused: wrong key
     try:
-        Actuator(KNOWN_KEY).live_config(Endpoint("gone", "127.0.0.1:9"), "add_sub")
+        await Actuator(KNOWN_KEY).live_config(Endpoint("gone", "127.0.0.1:9"), "add_sub")
     except ActuationError as error:
         shown.append(str(error))
 
     healer = Healer(repository_key=KNOWN_KEY, probe="always")
     kill_stub(keyed_triton, "add_sub", every=True)
-    healed = healer.check(at, "add_sub")
+    healed = await healer.check(at, "add_sub")
     assert healed.action == "reloaded", healed
     kill_stub(keyed_triton, "add_sub", every=True)
-    refused = Healer(repository_key=WRONG_KEY, probe="always").check(at, "add_sub")
+    refused = await Healer(repository_key=WRONG_KEY, probe="always").check(at, "add_sub")
     assert refused.action == "reload-failed" and "restricted" in refused.message
-    healer.check(at, "add_sub")  # heal it again for the tick below
+    await healer.check(at, "add_sub")  # heal it again for the tick below
     shown += [repr(healer), repr(healed), repr(refused), json.dumps(refused.condition())]
 
     # Ticks that must act: up to the minimum with the key, down to the maximum without it.
@@ -249,7 +249,7 @@ def test_the_key_appears_in_no_log_message_result_or_status(
     down = {**base, "minInstances": 1, "maxInstances": 1}
     for key, spec in ((KNOWN_KEY, up), (WRONG_KEY, down)):
         selector = {"selector": {"matchLabels": {"app": "triton"}}}
-        tick = reconcile(
+        tick = await reconcile(
             {**spec, **selector}, [at], ScrapeSource(), Actuator(key), ReconcileState(), now=1e9
         )
         assert tick.applied, tick.line()
@@ -269,7 +269,7 @@ def test_the_key_appears_in_no_log_message_result_or_status(
         )
         log, printed = io.StringIO(), []
         tuner = Tuner(config, actuator=Actuator(key), decision_log=log, echo=printed.append)
-        tuner.tick(config.policies[0], time.time())
+        await tuner.tick(config.policies[0], time.time())
         shown += [log.getvalue(), *printed]
     assert "FailedRescale" in "\n".join(shown)
 

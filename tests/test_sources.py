@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -56,24 +57,24 @@ def _endpoint(server: LocalTriton) -> Endpoint:
 # ---- both sources on the same load ----------------------------------------------------
 
 
-def test_both_sources_measure_the_same_load(pipeline: LocalTriton, prometheus) -> None:
+async def test_both_sources_measure_the_same_load(pipeline: LocalTriton, prometheus) -> None:
     endpoints = [_endpoint(pipeline)]
     scrape = ScrapeSource(min_scrape_interval_s=0.2)
     prom = PrometheusSource(prometheus.url)
     with ClosedLoopLoad(pipeline.grpc_url, "pipeline_async") as load:
         load.set_users(4)
-        time.sleep(2)  # past the ramp
+        await asyncio.sleep(2)  # past the ramp
         started = time.time()
         while time.time() - started < WINDOW_S + 1:
-            scrape.scrape([pipeline.metrics_url])
-            time.sleep(0.5)
-        by_scrape = scrape.snapshot(PIPELINE, endpoints, WINDOW_S)
+            await scrape.scrape([pipeline.metrics_url])
+            await asyncio.sleep(0.5)
+        by_scrape = await scrape.snapshot(PIPELINE, endpoints, WINDOW_S)
         # Until Prometheus has taken a scrape after that moment (a bounded wait).
         prometheus.wait_for(
             f'timestamp(nv_inference_request_success{{model="pipeline_async"}}) > {by_scrape.taken_at}',
             timeout_s=10,
         )
-        by_prometheus = prom.snapshot(PIPELINE, endpoints, WINDOW_S)
+        by_prometheus = await prom.snapshot(PIPELINE, endpoints, WINDOW_S)
         sent = load.stats(time.time() - WINDOW_S, time.time())
     assert by_scrape.complete and by_prometheus.complete
     assert by_scrape.window_s == pytest.approx(WINDOW_S, rel=0.15)
@@ -96,44 +97,50 @@ def test_both_sources_measure_the_same_load(pipeline: LocalTriton, prometheus) -
 # ---- PrometheusSource -------------------------------------------------------------------
 
 
-def test_a_window_longer_than_the_series_is_incomplete(pipeline: LocalTriton, prometheus) -> None:
-    snapshot = PrometheusSource(prometheus.url).snapshot(PIPELINE, [_endpoint(pipeline)], 3000)
+async def test_a_window_longer_than_the_series_is_incomplete(
+    pipeline: LocalTriton, prometheus
+) -> None:
+    snapshot = await PrometheusSource(prometheus.url).snapshot(
+        PIPELINE, [_endpoint(pipeline)], 3000
+    )
     assert not snapshot.complete
     assert snapshot.window_s < 3000
     assert "pipeline_async" in snapshot.models
 
 
-def test_a_model_absent_from_the_pods_is_absent_from_the_snapshot(
+async def test_a_model_absent_from_the_pods_is_absent_from_the_snapshot(
     pipeline: LocalTriton, prometheus
 ) -> None:
-    snapshot = PrometheusSource(prometheus.url).snapshot(["add_sub"], [_endpoint(pipeline)], 5)
+    snapshot = await PrometheusSource(prometheus.url).snapshot(
+        ["add_sub"], [_endpoint(pipeline)], 5
+    )
     assert snapshot.models == {}
 
 
-def test_other_pods_are_not_counted(pipeline: LocalTriton, prometheus) -> None:
+async def test_other_pods_are_not_counted(pipeline: LocalTriton, prometheus) -> None:
     elsewhere = Endpoint("other", "127.0.0.1:1", f"http://127.0.0.1:{free_port()}/metrics")
-    snapshot = PrometheusSource(prometheus.url).snapshot(PIPELINE, [elsewhere], 5)
+    snapshot = await PrometheusSource(prometheus.url).snapshot(PIPELINE, [elsewhere], 5)
     assert snapshot.models == {}
 
 
-def test_prometheus_stopped_is_metrics_unavailable(pipeline: LocalTriton, prometheus) -> None:
+async def test_prometheus_stopped_is_metrics_unavailable(pipeline: LocalTriton, prometheus) -> None:
     source = PrometheusSource(prometheus.url, timeout_s=2)
     prometheus.stop()
     try:
         with pytest.raises(
             MetricsUnavailable, match="Prometheus at http://127.0.0.1:.* is unreachable"
         ):
-            source.snapshot(PIPELINE, [_endpoint(pipeline)], 5)
+            await source.snapshot(PIPELINE, [_endpoint(pipeline)], 5)
     finally:
         prometheus.start()
     prometheus.wait_for("up", timeout_s=30)
-    assert source.snapshot(PIPELINE, [_endpoint(pipeline)], 5).models
+    assert (await source.snapshot(PIPELINE, [_endpoint(pipeline)], 5)).models
 
 
-def test_a_bad_query_is_one_line_naming_it(pipeline: LocalTriton, prometheus) -> None:
+async def test_a_bad_query_is_one_line_naming_it(pipeline: LocalTriton, prometheus) -> None:
     source = PrometheusSource(prometheus.url, queries={"request_rate": "sum(rate(broken["})
     with pytest.raises(MetricsUnavailable, match=r"query failed: .*\(query: sum\(rate\(broken\[\)"):
-        source.snapshot(PIPELINE, [_endpoint(pipeline)], 5)
+        await source.snapshot(PIPELINE, [_endpoint(pipeline)], 5)
 
 
 @pytest.mark.unit
@@ -237,26 +244,28 @@ def test_counter_increase_counts_a_reset_from_zero() -> None:
     assert counter_increase([3]) == 0
 
 
-def test_a_fresh_scraper_is_incomplete_until_a_window_has_passed(pipeline: LocalTriton) -> None:
+async def test_a_fresh_scraper_is_incomplete_until_a_window_has_passed(
+    pipeline: LocalTriton,
+) -> None:
     now = [1000.0]
     source = ScrapeSource(min_scrape_interval_s=0.1, clock=lambda: now[0])
     endpoints = [_endpoint(pipeline)]
-    first = source.snapshot(PIPELINE, endpoints, 2)
+    first = await source.snapshot(PIPELINE, endpoints, 2)
     assert not first.complete and first.window_s == 0
     now[0] += 1.7  # under 0.9 of the window: still warming up
-    assert not source.snapshot(PIPELINE, endpoints, 2).complete
+    assert not (await source.snapshot(PIPELINE, endpoints, 2)).complete
     now[0] += 0.3
-    second = source.snapshot(PIPELINE, endpoints, 2)
+    second = await source.snapshot(PIPELINE, endpoints, 2)
     assert second.complete
     assert second.window_s == 2.0
     assert second.models["pipeline_async"].pods_reporting == 1
 
 
-def test_an_unreachable_target_is_metrics_unavailable(pipeline: LocalTriton) -> None:
+async def test_an_unreachable_target_is_metrics_unavailable(pipeline: LocalTriton) -> None:
     gone = f"http://127.0.0.1:{free_port()}/metrics"
     source = ScrapeSource([pipeline.metrics_url, gone], timeout_s=1)
     with pytest.raises(MetricsUnavailable, match=f"cannot read Triton metrics at {gone}"):
-        source.snapshot(PIPELINE, (), 5)
+        await source.snapshot(PIPELINE, (), 5)
 
 
 def _send(server: LocalTriton, requests: int) -> None:
@@ -278,37 +287,37 @@ def _wait_for_count(server: LocalTriton, model: str, count: int) -> None:
         time.sleep(0.05)
 
 
-def test_a_restarted_triton_counts_on_from_zero() -> None:
+async def test_a_restarted_triton_counts_on_from_zero() -> None:
     server = _triton(["add_sub"])
     now = [1000.0]
     source = ScrapeSource(min_scrape_interval_s=0, clock=lambda: now[0])
     endpoints = [_endpoint(server)]
     with server:
         _wait_for_count(server, "add_sub", 0)
-        source.scrape([server.metrics_url])  # add_sub at 0 requests
+        await source.scrape([server.metrics_url])  # add_sub at 0 requests
         _send(server, 20)
         _wait_for_count(server, "add_sub", 20)
         now[0] += 10
-        source.scrape([server.metrics_url])
+        await source.scrape([server.metrics_url])
     with server:  # the same ports, counters back at zero
         # Fewer than before: a counter that went down is a reset. (One that climbed past its
         # old value between two samples cannot be told from growth, as in Prometheus.)
         _send(server, 5)
         _wait_for_count(server, "add_sub", 5)
         now[0] += 10
-        after = source.snapshot(["add_sub"], endpoints, 600)
+        after = await source.snapshot(["add_sub"], endpoints, 600)
     assert after.window_s == 20
     assert after.models["add_sub"].request_rate == (20 + 5) / 20
     assert not after.complete  # 600 s of history do not exist yet
 
 
-def test_targets_gone_longer_than_any_window_are_forgotten(pipeline: LocalTriton) -> None:
+async def test_targets_gone_longer_than_any_window_are_forgotten(pipeline: LocalTriton) -> None:
     now = [1000.0]
     source = ScrapeSource(max_window_s=60, clock=lambda: now[0])
     old_pod, new_pod = pipeline.metrics_url, pipeline.metrics_url + "?pod=new"
-    source.scrape([old_pod])
+    await source.scrape([old_pod])
     now[0] += 500  # the old pod was replaced long ago
-    source.scrape([new_pod])
+    await source.scrape([new_pod])
     assert source.targets([Endpoint("new", "x", new_pod)]) == [new_pod]
     assert set(source._history) == {new_pod}
 
@@ -350,36 +359,38 @@ class _CountingMetrics:
         self.server.server_close()
 
 
-def _scrape_twice_at_once(source: ScrapeSource, metrics: _CountingMetrics) -> list[BaseException]:
+async def _scrape_twice_at_once(
+    source: ScrapeSource, metrics: _CountingMetrics
+) -> list[BaseException]:
     """Two policies' scrapes of one target, the second asked while the first is in flight."""
     errors: list[BaseException] = []
 
-    def scrape() -> None:
+    async def scrape() -> None:
         try:
-            source.scrape([metrics.url])
+            await source.scrape([metrics.url])
         except MetricsUnavailable as error:
             errors.append(error)
 
-    first = threading.Thread(target=scrape)
-    first.start()
-    assert metrics.first_arrived.wait(10), "the first scrape never reached the server"
-    second = threading.Thread(target=scrape)
-    second.start()
-    for thread in (first, second):
-        thread.join(30)
-        assert not thread.is_alive(), "a scrape did not end within 30 s"
+    first = asyncio.ensure_future(scrape())
+    for _ in range(1000):  # the server's thread says when the first request arrived
+        if metrics.first_arrived.is_set():
+            break
+        await asyncio.sleep(0.01)
+    assert metrics.first_arrived.is_set(), "the first scrape never reached the server"
+    second = asyncio.ensure_future(scrape())
+    await asyncio.wait_for(asyncio.gather(first, second), 30)
     return errors
 
 
 @pytest.mark.unit
-def test_scrapes_of_one_target_are_kept_in_the_order_they_were_taken() -> None:
-    # The policies tick in threads of their own. Had the second scrape's answer (2) been kept
+async def test_scrapes_of_one_target_are_kept_in_the_order_they_were_taken() -> None:
+    # The policies' ticks interleave. Had the second scrape's answer (2) been kept
     # before the first's (1), the counter would seem to go down: a reset, its whole value
     # counted as new requests (seen on busy cores as a branch at 13 times its real rate).
     metrics = _CountingMetrics(first_delay_s=0.5)
     try:
         source = ScrapeSource(min_scrape_interval_s=0)
-        assert _scrape_twice_at_once(source, metrics) == []
+        assert await _scrape_twice_at_once(source, metrics) == []
     finally:
         metrics.close()
     values = [sample.values[("nv_inference_request_success", (("model", "m"), ("version", "1")))]
@@ -388,13 +399,30 @@ def test_scrapes_of_one_target_are_kept_in_the_order_they_were_taken() -> None:
 
 
 @pytest.mark.unit
-def test_a_scrape_waiting_on_a_hung_one_shares_its_failure() -> None:
+async def test_a_scrape_waiting_on_a_hung_one_shares_its_failure() -> None:
     metrics = _CountingMetrics(first_delay_s=3)
     try:
         source = ScrapeSource(min_scrape_interval_s=0, timeout_s=0.5)
-        errors = _scrape_twice_at_once(source, metrics)
+        errors = await _scrape_twice_at_once(source, metrics)
     finally:
         metrics.close()
     assert len(errors) == 2 and all("cannot read Triton metrics" in str(e) for e in errors)
     # The second waited for the first's timeout instead of sending (and waiting) again.
     assert metrics.requests == 1
+
+
+@pytest.mark.unit
+async def test_the_healers_read_of_a_pod_serves_the_snapshot_of_the_same_tick() -> None:
+    # Scraping, the healer's counters come from the source: one GET of /metrics per pod and
+    # tick, not one for the healer and one for the snapshot.
+    metrics = _CountingMetrics(first_delay_s=0)
+    try:
+        source = ScrapeSource()
+        pod = Endpoint("pod-a", "127.0.0.1:9", metrics.url)
+        assert await source.request_counters(pod, "m") == (0.0, 1.0)
+        assert await source.request_counters(pod, "other") == (0.0, 0.0)
+        snapshot = await source.snapshot(["m"], [pod], 5)
+    finally:
+        metrics.close()
+    assert metrics.requests == 1
+    assert snapshot.models["m"].pods_reporting == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -162,11 +163,11 @@ def _env(server: LocalTriton) -> dict[str, str]:
     return {**os.environ, "TRITONSCALE_REPOSITORY_KEY": server.repository_key}
 
 
-def test_tune_runs_the_loop_logs_decisions_and_exports_metrics(
+async def test_tune_runs_the_loop_logs_decisions_and_exports_metrics(
     tmp_path: Path, server: LocalTriton
 ) -> None:
     endpoint = Endpoint("local", server.http_url)
-    Actuator(server.repository_key).apply([endpoint], "add_sub", 1)
+    await Actuator(server.repository_key).apply([endpoint], "add_sub", 1)
     log = tmp_path / "decisions.jsonl"
     port = free_port()
     process = subprocess.Popen(
@@ -197,7 +198,7 @@ def test_tune_runs_the_loop_logs_decisions_and_exports_metrics(
         try:
             exported = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
         except requests.RequestException:
-            time.sleep(0.2)
+            await asyncio.sleep(0.2)
     output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     lines = output.splitlines()
@@ -213,7 +214,7 @@ def test_tune_runs_the_loop_logs_decisions_and_exports_metrics(
         'tritonscale_desired_instances{autoscaler="adder",model="add_sub",namespace="local"} 2.0'
         in exported
     )
-    assert Actuator(server.repository_key).live_count(endpoint, "add_sub") == 2
+    assert await Actuator(server.repository_key).live_count(endpoint, "add_sub") == 2
     assert server.repository_key not in output
 
 

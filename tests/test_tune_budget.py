@@ -10,6 +10,7 @@ reasons and conditions, checked on the live server after every round.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -56,7 +57,7 @@ def triton(tmp_path_factory) -> Iterator[LocalTriton]:
         yield server
 
 
-def test_tune_keeps_the_pods_within_the_budget_and_gives_the_busier_model_more(
+async def test_tune_keeps_the_pods_within_the_budget_and_gives_the_busier_model_more(
     triton: LocalTriton, tmp_path: Path
 ) -> None:
     config = parse_config(
@@ -86,10 +87,10 @@ def test_tune_keeps_the_pods_within_the_budget_and_gives_the_busier_model_more(
         )
         with ClosedLoop(triton, {BUSY: 8, LIGHT: 3}) as load:
             for _ in range(ROUNDS):
-                tuner.round(config.policies, time.time())
-                live = {m: actuator.live_count(endpoint, m) for m in (BUSY, LIGHT)}
+                await tuner.round(config.policies, time.time())
+                live = {m: await actuator.live_count(endpoint, m) for m in (BUSY, LIGHT)}
                 live_totals.append(sum(live.values()))
-                time.sleep(INTERVAL_S)
+                await asyncio.sleep(INTERVAL_S)
         assert not load.errors, load.errors[:3]
 
     # Never more than the budget on the pod, and all of it used.

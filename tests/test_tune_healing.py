@@ -23,7 +23,7 @@ from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.healing import HEALED, HEALTHY, RELOADED
 
 
-def test_the_local_driver_reloads_a_model_whose_stub_died_and_reports_it() -> None:
+async def test_the_local_driver_reloads_a_model_whose_stub_died_and_reports_it() -> None:
     require_local_triton()
     with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=["add_sub"]) as server:
         config = parse_config(
@@ -40,7 +40,7 @@ def test_the_local_driver_reloads_a_model_whose_stub_died_and_reports_it() -> No
             config, actuator=Actuator(server.repository_key), decision_log=log, echo=printed.append
         )
         policy = config.policies[0]
-        healthy = tuner.tick(policy, time.time())
+        healthy = await tuner.tick(policy, time.time())
         condition = next(c for c in healthy.conditions if c["type"] == "ModelHealthy")
         assert (condition["status"], condition["reason"]) == ("True", HEALTHY)
         assert healthy.healing_actions == []
@@ -52,7 +52,7 @@ def test_the_local_driver_reloads_a_model_whose_stub_died_and_reports_it() -> No
                 with pytest.raises(InferenceServerException, match="not healthy"):
                     add_sub_once(client, rng)
 
-            healed = tuner.tick(policy, time.time())
+            healed = await tuner.tick(policy, time.time())
             assert [r.action for r in healed.healing_actions] == [RELOADED]
             condition = next(c for c in healed.conditions if c["type"] == "ModelHealthy")
             assert (condition["status"], condition["reason"]) == ("True", HEALED)

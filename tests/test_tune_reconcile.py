@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -41,10 +42,10 @@ def server() -> Iterator[LocalTriton]:
 
 
 @pytest.fixture
-def pods(server: LocalTriton) -> list[Endpoint]:
+async def pods(server: LocalTriton) -> list[Endpoint]:
     """The Triton as one pod, add_sub back at one instance."""
     endpoints = [Endpoint("pod-0", server.http_url, server.metrics_url)]
-    assert all(r.ok for r in Actuator(server.repository_key).apply(endpoints, "add_sub", 1))
+    assert all(r.ok for r in await Actuator(server.repository_key).apply(endpoints, "add_sub", 1))
     return endpoints
 
 
@@ -53,8 +54,8 @@ def actuator(server: LocalTriton) -> Actuator:
     return Actuator(server.repository_key)
 
 
-def _live(actuator: Actuator, pods: list[Endpoint]) -> int:
-    return actuator.live_count(pods[0], "add_sub")
+async def _live(actuator: Actuator, pods: list[Endpoint]) -> int:
+    return await actuator.live_count(pods[0], "add_sub")
 
 
 def _sample(metrics: OperatorMetrics, name: str, **labels: str) -> float | None:
@@ -69,9 +70,9 @@ def _condition(result, kind: str) -> dict:
     return next(c for c in result.conditions if c["type"] == kind)
 
 
-def test_no_ready_pod_is_an_error_result(actuator: Actuator) -> None:
+async def test_no_ready_pod_is_an_error_result(actuator: Actuator) -> None:
     metrics = OperatorMetrics()
-    result = reconcile(
+    result = await reconcile(
         spec(), [], ScrapeSource(), actuator, ReconcileState(), 1000.0, metrics=metrics
     )
     assert result.decision is None and result.reason == NO_READY_PODS
@@ -83,21 +84,21 @@ def test_no_ready_pod_is_an_error_result(actuator: Actuator) -> None:
     )
 
 
-def test_an_invalid_spec_is_an_error_result_naming_the_field(actuator, pods) -> None:
+async def test_an_invalid_spec_is_an_error_result_naming_the_field(actuator, pods) -> None:
     bad = spec(minInstances=5, maxInstances=2)
-    result = reconcile(bad, pods, ScrapeSource(), actuator, ReconcileState(), 1000.0)
+    result = await reconcile(bad, pods, ScrapeSource(), actuator, ReconcileState(), 1000.0)
     assert result.reason == INVALID_SPEC
     assert (
         "spec: minInstances must be <= maxInstances (minInstances is 5, maxInstances is 2)"
         in result.message
     )
-    assert _live(actuator, pods) == 1
+    assert await _live(actuator, pods) == 1
 
 
-def test_a_count_below_min_is_raised_at_once_and_exported(actuator, pods) -> None:
+async def test_a_count_below_min_is_raised_at_once_and_exported(actuator, pods) -> None:
     metrics = OperatorMetrics()
     now = time.time()
-    result = reconcile(
+    result = await reconcile(
         spec(minInstances=2),
         pods,
         ScrapeSource(),
@@ -111,7 +112,7 @@ def test_a_count_below_min_is_raised_at_once_and_exported(actuator, pods) -> Non
     assert (result.current_instances, result.desired_instances) == (1, 2)
     assert result.reason == "TooFewInstances"
     assert [(p.pod, p.before, p.after, p.ok) for p in result.applied] == [("pod-0", 1, 2, True)]
-    assert _live(actuator, pods) == 2
+    assert await _live(actuator, pods) == 2
     able = _condition(result, "AbleToScale")
     assert (able["status"], able["reason"]) == ("True", "SucceededRescale")
     assert result.state.last_scale_time == now
@@ -136,27 +137,29 @@ def test_a_count_below_min_is_raised_at_once_and_exported(actuator, pods) -> Non
     assert 'autoscaler="adder"' not in generate_latest(metrics.registry).decode()
 
 
-def test_a_dry_run_decides_and_applies_nothing(actuator, pods) -> None:
-    result = reconcile(
+async def test_a_dry_run_decides_and_applies_nothing(actuator, pods) -> None:
+    result = await reconcile(
         spec(minInstances=3, dryRun=True), pods, ScrapeSource(), actuator, ReconcileState(), 1000.0
     )
     assert result.desired_instances == 3 and result.applied == []
     assert result.reason == "DryRun"
     assert _condition(result, "AbleToScale")["reason"] == "DryRun"
-    assert _live(actuator, pods) == 1
+    assert await _live(actuator, pods) == 1
 
 
-def test_a_paused_autoscaler_acts_on_nothing(actuator, pods) -> None:
-    result = reconcile(
+async def test_a_paused_autoscaler_acts_on_nothing(actuator, pods) -> None:
+    result = await reconcile(
         spec(minInstances=3, paused=True), pods, ScrapeSource(), actuator, ReconcileState(), 1000.0
     )
     assert result.applied == [] and result.reason == "Paused"
-    assert _live(actuator, pods) == 1
+    assert await _live(actuator, pods) == 1
 
 
-def test_metrics_that_cannot_be_read_hold_the_count(actuator, pods) -> None:
+async def test_metrics_that_cannot_be_read_hold_the_count(actuator, pods) -> None:
     gone = [Endpoint("pod-0", pods[0].http_url, f"http://127.0.0.1:{free_port()}/metrics")]
-    result = reconcile(spec(), gone, ScrapeSource(timeout_s=1), actuator, ReconcileState(), 1000.0)
+    result = await reconcile(
+        spec(), gone, ScrapeSource(timeout_s=1), actuator, ReconcileState(), 1000.0
+    )
     assert result.reason == FAILED_GET_METRICS
     assert result.decision is not None and result.decision.reason == "MetricsMissing"
     assert result.desired_instances == result.current_instances == 1
@@ -165,45 +168,51 @@ def test_metrics_that_cannot_be_read_hold_the_count(actuator, pods) -> None:
     assert "cannot read Triton metrics" in active["message"]
 
 
-def test_failed_loads_back_off_exponentially_then_recover(server, pods) -> None:
+async def test_failed_loads_back_off_exponentially_then_recover(server, pods) -> None:
     refused = Actuator("not-the-key")
     source = ScrapeSource()
     wanted = spec(minInstances=2)
-    first = reconcile(wanted, pods, source, refused, ReconcileState(), 1000.0, backoff_base_s=10)
+    first = await reconcile(
+        wanted, pods, source, refused, ReconcileState(), 1000.0, backoff_base_s=10
+    )
     assert first.reason == FAILED_RESCALE and "refused" in first.message
     assert [p.ok for p in first.applied] == [False]
     assert first.state.backoff.failures == 1 and first.state.backoff.retry_at == 1010.0
     assert _condition(first, "AbleToScale")["status"] == "False"
 
-    waiting = reconcile(wanted, pods, source, refused, first.state, 1005.0, backoff_base_s=10)
+    waiting = await reconcile(wanted, pods, source, refused, first.state, 1005.0, backoff_base_s=10)
     assert waiting.applied == [], "no load may be tried while backing off"
     assert "backing off after 1 failed load" in waiting.message
 
-    second = reconcile(wanted, pods, source, refused, waiting.state, 1011.0, backoff_base_s=10)
+    second = await reconcile(
+        wanted, pods, source, refused, waiting.state, 1011.0, backoff_base_s=10
+    )
     assert second.state.backoff.failures == 2 and second.state.backoff.retry_at == 1031.0
 
     capped = second.state.backoff.failed(1031.0, base_s=10, cap_s=25)
     assert capped.retry_at == 1031.0 + 25
 
     good = Actuator(server.repository_key)
-    healed = reconcile(wanted, pods, source, good, second.state, 1032.0, backoff_base_s=10)
+    healed = await reconcile(wanted, pods, source, good, second.state, 1032.0, backoff_base_s=10)
     assert healed.errors == [] and healed.applied[0].ok
     assert healed.state.backoff.failures == 0
-    assert _live(good, pods) == 2
+    assert await _live(good, pods) == 2
 
 
-def test_conditions_keep_their_transition_time_while_unchanged(actuator, pods) -> None:
+async def test_conditions_keep_their_transition_time_while_unchanged(actuator, pods) -> None:
     source = ScrapeSource()
-    first = reconcile(spec(), pods, source, actuator, ReconcileState(), 1000.0)
-    later = reconcile(spec(), pods, source, actuator, first.state, 1100.0)
+    first = await reconcile(spec(), pods, source, actuator, ReconcileState(), 1000.0)
+    later = await reconcile(spec(), pods, source, actuator, first.state, 1100.0)
     for before, after in zip(first.conditions, later.conditions, strict=True):
         if before["status"] == after["status"]:
             assert after["lastTransitionTime"] == before["lastTransitionTime"]
 
 
-def test_the_state_survives_a_round_trip_through_status(actuator, pods) -> None:
+async def test_the_state_survives_a_round_trip_through_status(actuator, pods) -> None:
     now = float(int(time.time()))
-    result = reconcile(spec(minInstances=2), pods, ScrapeSource(), actuator, ReconcileState(), now)
+    result = await reconcile(
+        spec(minInstances=2), pods, ScrapeSource(), actuator, ReconcileState(), now
+    )
     back = ReconcileState.from_status(result.status())
     assert back.policy == result.state.policy
     assert back.backoff == result.state.backoff
@@ -215,19 +224,19 @@ def test_the_state_survives_a_round_trip_through_status(actuator, pods) -> None:
     )
 
 
-def test_children_counts_are_read_from_the_pods(actuator, pods) -> None:
+async def test_children_counts_are_read_from_the_pods(actuator, pods) -> None:
     # add_sub "calls" itself is refused by the spec; a model absent from the pods is left out.
-    result = reconcile(
+    result = await reconcile(
         spec(calls=["not_loaded_here"]), pods, ScrapeSource(), actuator, ReconcileState(), 1000.0
     )
     assert result.child_instances == {}
     assert result.decision is not None
 
 
-def test_the_decision_log_record_is_plain_json(actuator, pods) -> None:
+async def test_the_decision_log_record_is_plain_json(actuator, pods) -> None:
     import json
 
-    result = reconcile(
+    result = await reconcile(
         spec(minInstances=2), pods, ScrapeSource(), actuator, ReconcileState(), 1000.0
     )
     record = json.loads(json.dumps(result.to_dict()))
@@ -236,7 +245,7 @@ def test_the_decision_log_record_is_plain_json(actuator, pods) -> None:
     assert result.line().split()[1:4] == ["add_sub", "1", "->"]
 
 
-def test_a_restarted_pod_is_brought_up_to_its_peers_not_the_peers_down_to_it(
+async def test_a_restarted_pod_is_brought_up_to_its_peers_not_the_peers_down_to_it(
     server: LocalTriton, actuator: Actuator
 ) -> None:
     """Two pods disagree: one serves 3 instances, the other restarted with the default 1.
@@ -256,17 +265,17 @@ def test_a_restarted_pod_is_brought_up_to_its_peers_not_the_peers_down_to_it(
             Endpoint("pod-0", server.http_url, server.metrics_url),
             Endpoint("pod-1", restarted.http_url, restarted.metrics_url),
         ]
-        assert actuator.apply(pods[:1], "add_sub", 3)[0].ok
-        result = reconcile(
+        assert (await actuator.apply(pods[:1], "add_sub", 3))[0].ok
+        result = await reconcile(
             spec(maxInstances=4), pods, ScrapeSource(), actuator, ReconcileState(), time.time()
         )
         assert result.current_instances == 3
         assert any("disagree" in note for note in result.notes)
-        assert [actuator.live_count(pod, "add_sub") for pod in pods] == [3, 3]
-    assert actuator.apply(pods[:1], "add_sub", 1)[0].ok
+        assert [await actuator.live_count(pod, "add_sub") for pod in pods] == [3, 3]
+    assert (await actuator.apply(pods[:1], "add_sub", 1))[0].ok
 
 
-def test_a_pod_that_stops_answering_is_left_out_until_it_answers_again(
+async def test_a_pod_that_stops_answering_is_left_out_until_it_answers_again(
     server: LocalTriton, pods: list[Endpoint]
 ) -> None:
     """A pod that accepts connections and never answers costs the tick that meets it one
@@ -282,12 +291,14 @@ def test_a_pod_that_stops_answering_is_left_out_until_it_answers_again(
         both = [*pods, hung]
         relay.freeze()
         state = ReconcileState()
-        first = reconcile(spec(minInstances=2), both, ScrapeSource(), actuator, state, time.time())
+        first = await reconcile(
+            spec(minInstances=2), both, ScrapeSource(), actuator, state, time.time()
+        )
         assert first.live_counts == {"pod-0": 2}, first.message
         assert any(note.startswith("pod-1 did not answer") for note in first.notes), first.notes
         assert len(actuator.silent_pods) == 1
 
-        second = reconcile(
+        second = await reconcile(
             spec(minInstances=3, maxInstances=3),
             both,
             ScrapeSource(),
@@ -302,7 +313,7 @@ def test_a_pod_that_stops_answering_is_left_out_until_it_answers_again(
         relay.thaw()
         state, back = second.state, None
         for _ in range(20):
-            result = reconcile(
+            result = await reconcile(
                 spec(minInstances=3, maxInstances=3),
                 both,
                 ScrapeSource(),
@@ -314,9 +325,9 @@ def test_a_pod_that_stops_answering_is_left_out_until_it_answers_again(
             if "pod-1" in result.live_counts:
                 back = result
                 break
-            time.sleep(0.5)
+            await asyncio.sleep(0.5)
         assert back is not None, "pod-1 answers again but was not taken back within 20 ticks"
         assert back.live_counts == {"pod-0": 3, "pod-1": 3}  # the relay's pod is the same server
         assert not any("left out" in note for note in back.notes)
         assert len(actuator.silent_pods) == 0
-    assert Actuator(server.repository_key).apply(pods, "add_sub", 1)[0].ok
+    assert (await Actuator(server.repository_key).apply(pods, "add_sub", 1))[0].ok

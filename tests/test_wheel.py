@@ -8,6 +8,7 @@ is on any path. Slow: each environment is a real pip install (from pip's cache w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import shutil
@@ -113,8 +114,10 @@ def test_the_base_install_tunes_a_real_triton(base_install: Environment, tmp_pat
             json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()
         ]
         assert records and records[-1]["current"] == 2
-        live = Actuator(server.repository_key).live_count(
-            Endpoint("local", server.http_url), "add_sub"
+        live = asyncio.run(
+            Actuator(server.repository_key).live_count(
+                Endpoint("local", server.http_url), "add_sub"
+            )
         )
         assert live == 2
 

@@ -11,6 +11,7 @@ one process, no gevent, so that at these rates the generator is not the bottlene
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import json
 import os
@@ -77,7 +78,7 @@ class Instances:
     def set(self, counts: Mapping[str, int]) -> None:
         for model, count in counts.items():
             self.original.setdefault(model, self.get(model))
-            result = self.actuator.apply_one(self.endpoint, model, count)
+            result = asyncio.run(self.actuator.apply_one(self.endpoint, model, count))
             if result is None:
                 continue
             if not result.ok:
@@ -87,12 +88,12 @@ class Instances:
             self.change_seconds.append(result.seconds)
 
     def get(self, model: str) -> int:
-        return self.actuator.live_count(self.endpoint, model)
+        return asyncio.run(self.actuator.live_count(self.endpoint, model))
 
     def restore(self) -> None:
         """Every model this object changed back to its count before the first change."""
         for model, count in self.original.items():
-            self.actuator.apply_one(self.endpoint, model, count)
+            asyncio.run(self.actuator.apply_one(self.endpoint, model, count))
 
 
 # ---- the local driver under load ---------------------------------------------------

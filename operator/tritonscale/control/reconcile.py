@@ -1,8 +1,8 @@
 """One control tick, shared by the Kubernetes driver and the local driver (`tritonscale tune`).
 
     state = ReconcileState.from_status(obj_status)        # or ReconcileState() locally
-    result = reconcile(spec, endpoints, source, actuator, state, now=time.time(),
-                       metrics=metrics, namespace="ns", autoscaler="pipeline-async")
+    result = await reconcile(spec, endpoints, source, actuator, state, now=time.time(),
+                             metrics=metrics, namespace="ns", autoscaler="pipeline-async")
     patch.status.update(result.status())                  # kopf; tune prints result.line()
     state = result.state                                  # pass it to the next tick
 
@@ -10,7 +10,9 @@ A tick: read the live counts on the ready pods (the highest is `current`, so tha
 or lagging pod converges to what the others serve; disagreements are reported), read the
 children's counts (`spec.calls`), take a metrics snapshot, ask `policy.decide`, then, unless
 paused, dry-running or backing off, bring every pod whose count differs from the decision to
-it (`Actuator.apply`: the first pod alone, then the others in parallel). Errors are results,
+it (`Actuator.apply`: the first pod alone, then the others in parallel). A tick is a coroutine:
+it waits on Triton and Prometheus without holding a thread, and its reads of several pods go
+together. Errors are results,
 not exceptions: `TickResult.errors` holds each with its HPA-style reason (FailedGetMetrics,
 FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec) and one line. A load that does not
 finish within the actuator's deadline ends the tick's wait with ReloadTimeout; while it is in
@@ -34,7 +36,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,14 +63,13 @@ from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.source import MetricsSource
 from tritonscale.triton.actuator import Actuator, PodResult, instance_count, is_decoupled
-from tritonscale.triton.client import free_thread_hub
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.healing import CONDITION_TYPE as HEALTH_CONDITION
 from tritonscale.triton.healing import NONE as NO_HEALING_ACTION
 from tritonscale.triton.healing import POD_UNREACHABLE, Healer, HealingResult
 
 
-def reconcile(
+async def reconcile(
     spec: AutoscalerSpec | Mapping[str, Any],
     endpoints: Sequence[Endpoint],
     source: MetricsSource,
@@ -97,7 +97,7 @@ def reconcile(
     budget gets what the budget grants (the module's docstring).
     """
     member = autoscaler or _model_of(spec)
-    planned = plan(
+    planned = await plan(
         spec,
         endpoints,
         source,
@@ -121,7 +121,7 @@ def reconcile(
                 budget_limits(planned.spec),
                 planned.claim(member),
             )
-    result = finish(
+    result = await finish(
         planned,
         actuator,
         granted,
@@ -279,7 +279,7 @@ class Plan:
         )
 
 
-def plan(
+async def plan(
     spec: AutoscalerSpec | Mapping[str, Any],
     endpoints: Sequence[Endpoint],
     source: MetricsSource,
@@ -308,12 +308,12 @@ def plan(
     silent = {e.name: why for e in endpoints if (why := actuator.silent_pods.reason(e))}
     asked = [e for e in endpoints if e.name not in silent]
     # Heal first: a model whose stub died serves nothing, and its metrics would mislead.
-    healing = _check_pods(healer, asked, spec.model, actuator.parallel_pods) if healer else []
+    healing = await _check_pods(healer, asked, spec.model, actuator) if healer else []
     # A pod the healer could not reach is not asked again in this tick: every further read
     # would wait out its timeout once more, and delay the decision for all pods.
     unreachable = {h.pod: h.message for h in healing if h.reason == POD_UNREACHABLE}
     reachable = [e for e in asked if e.name not in unreachable]
-    configs, unreadable = actuator.live_configs(reachable, spec.model)
+    configs, unreadable = await actuator.live_configs(reachable, spec.model)
     live = {pod: instance_count(config) for pod, config in configs.items()}
     unreadable = {**unreachable, **unreadable}
     for endpoint in asked:
@@ -345,7 +345,7 @@ def plan(
     for child in spec.calls:
         # Given the children's counts, only the first pod's configs are needed.
         asked_for = answered if child_instances is None else answered[:1]
-        configs_of[child], _ = actuator.live_configs(asked_for, child)
+        configs_of[child], _ = await actuator.live_configs(asked_for, child)
     if child_instances is None:
         child_instances = {
             child: min(instance_count(config) for config in configs_of[child].values())
@@ -358,7 +358,7 @@ def plan(
     snapshot: MetricSnapshot | None = None
     models = [spec.model, *spec.calls]
     try:
-        snapshot = source.snapshot(
+        snapshot = await source.snapshot(
             models,
             answered,
             spec.metrics_window_seconds,
@@ -381,27 +381,16 @@ def plan(
     )
 
 
-def _check_pods(
-    healer: Healer, endpoints: Sequence[Endpoint], model: str, parallel: int
+async def _check_pods(
+    healer: Healer, endpoints: Sequence[Endpoint], model: str, actuator: Actuator
 ) -> list[HealingResult]:
-    """The healer's check of `model` on every pod, `parallel` pods at a time (in the pods'
-    order): one pod that does not answer costs one timeout, not a wait for the pods after it."""
-    if len(endpoints) <= 1:
-        return [healer.check(endpoint, model) for endpoint in endpoints]
-
-    def check(endpoint: Endpoint) -> HealingResult:
-        try:
-            return healer.check(endpoint, model)
-        finally:
-            free_thread_hub()  # the pool's threads end with the checks
-
-    with ThreadPoolExecutor(
-        max_workers=min(parallel, len(endpoints)), thread_name_prefix="heal"
-    ) as pool:
-        return list(pool.map(check, endpoints))
+    """The healer's check of `model` on every pod, the actuator's `parallel_pods` at a time
+    (in the pods' order): one pod that does not answer costs one timeout, not a wait for the
+    pods after it."""
+    return await actuator.each(endpoints, lambda endpoint: healer.check(endpoint, model))
 
 
-def finish(
+async def finish(
     planned: Plan,
     actuator: Actuator,
     granted: Granted | None = None,
@@ -441,7 +430,7 @@ def finish(
     applied: list[PodResult] = []
     backoff, load_error = state.backoff, None
     if pending and not spec.paused and not spec.dry_run:
-        applied, backoff, load_error = _apply(
+        applied, backoff, load_error = await _apply(
             planned, actuator, pending, desired, backoff_base_s, backoff_cap_s
         )
     errors += [error for error in (in_flight_error, load_error) if error is not None]
@@ -478,7 +467,7 @@ def finish(
     )
 
 
-def _apply(
+async def _apply(
     planned: Plan,
     actuator: Actuator,
     pods: Sequence[Endpoint],
@@ -496,7 +485,7 @@ def _apply(
             f"next try in {wait:.0f} s"
         )
         return [], backoff, TickError(FAILED_RESCALE, message)
-    applied = actuator.apply(pods, spec.model, desired, spec.instance_kind)
+    applied = await actuator.apply(pods, spec.model, desired, spec.instance_kind)
     failures = [p for p in applied if not p.ok]
     if not failures:
         return applied, Backoff(), None

@@ -151,7 +151,10 @@ class PodStatusWriter:
         self._opened: set[str] = set()
         self._lock = threading.Lock()
 
-    def _core(self) -> Any:
+    @property
+    def api_client(self) -> Any:
+        """The `kubernetes` client's ApiClient, made on first use (the operator's other writes
+        to the API server share it)."""
         from kubernetes import client, config
 
         if self._api_client is None:
@@ -161,7 +164,12 @@ class PodStatusWriter:
                 config.load_kube_config()
             self._api_client = client.ApiClient()
             self._api_client.user_agent = USER_AGENT
-        return client.CoreV1Api(self._api_client)
+        return self._api_client
+
+    def _core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api_client)
 
     def open_gate(self, pod: TritonPod, verdict: Verdict, now: float) -> str | None:
         """Set the pod's condition True; the reason it failed, in one line, or None."""

@@ -1,40 +1,48 @@
-"""The Kubernetes driver: kopf handlers that run one control tick per InstanceGroupAutoscaler.
+"""The Kubernetes driver: one kopf daemon per InstanceGroupAutoscaler runs its control ticks.
 
     tritonscale operator --namespace ml --liveness http://0.0.0.0:8080/healthz
 
-A timer wakes every `TICK_S` for each object and runs a tick when the object's
-`spec.intervalSeconds` has passed (or its spec changed): the ready Triton pods its selector
-matches (from kopf's index of pods), then `reconcile.reconcile` (snapshot, policy,
-actuator), then the result into `status` and Kubernetes events. The handlers only move
-data between kopf and `reconcile`; the arithmetic lives in the policy.
+kopf starts a daemon (`reconcile`) for each object when it appears (or when the operator
+starts) and stops it when the object goes. The daemon ticks, then sleeps on kopf's `stopped`
+for the spec's `intervalSeconds` (tritonscale.control.loop, the loop `tritonscale tune` runs
+too): the ready Triton pods its selector matches (from kopf's index of pods), then
+`reconcile.reconcile` (snapshot, policy, actuator), then the result into `status` and
+Kubernetes events. The daemon reads the object as kopf last saw it, so a changed spec applies
+from the next wake. The handlers only move data between kopf and `reconcile`; the arithmetic
+lives in the policy.
 
 State lives in the object's status (`status.policyState`, `status.backoff`,
 `status.loadInFlight`, the conditions), so a restarted or failed-over operator carries on
-where the last one stopped. An invalid spec is a status condition (ScalingActive False,
-InvalidSpec) and one Warning event, never an exception: kopf would retry it forever, and a
-fixed spec is picked up on the next tick.
+where the last one stopped. A daemon writes its status itself after every tick (kopf applies
+a daemon's `patch` only when the daemon returns). An invalid spec is a status condition
+(ScalingActive False, InvalidSpec) and one Warning event, never an exception: kopf would
+retry it forever, and a fixed spec is picked up on the next wake.
 
-Objects tick independently: kopf runs each object's timer as a task of its own, its sync
-handler in a worker thread. A tick is bounded: a load waits at most the actuator's
-deadline (`--load-deadline`), and a load still in flight from an earlier tick is not waited
-for again (the tick reports ReloadTimeout and sends nothing more to that pod). So one
-object's hung reload holds one worker thread for at most the deadline, once, and never
-delays another object's tick.
+Objects tick independently: each daemon is an asyncio task on kopf's event loop, and a tick
+waits on Triton and Prometheus through asyncio clients (no thread is held while a pod is
+slow). A tick is bounded: a load waits at most the actuator's deadline (`--load-deadline`),
+and a load still in flight from an earlier tick is not waited for again (the tick reports
+ReloadTimeout and sends nothing more to that pod). So one object's hung reload delays its own
+next tick by at most the deadline, once, and never delays another object's tick. Writes to
+the API server (status, the pods' gate) go through the `kubernetes` client, one short call
+in a worker thread each.
 
 New Triton pods wait at the readinessGate `tritonscale.io/instances-ready` until they run
-their peers' counts: each tick brings the waiting pods its autoscaler selects to its count and
-opens the gate once every autoscaler selecting the pod is matched; a watch of the pods opens it
-at once for a pod that no autoscaler selects (tritonscale.drivers.admission).
+their peers' counts. A second daemon per autoscaler (`admit`), apart from its ticks, brings
+the waiting pods it selects to its count and opens the gate once every autoscaler selecting
+the pod is matched; a watch of the pods opens it at once for a pod that no autoscaler selects
+(tritonscale.drivers.admission).
 
 Autoscalers that name a budget (`spec.budget`) share it through one `BudgetLedger` in the
 operator process (kopf's peering keeps one operator active): each tick claims and is granted
 under its lock, so the grants never exceed the budget although the ticks run apart. After a
-restart the ledger is seeded from the other members' status (an index of the autoscalers by
-budget), so a member that ticks first cannot take the room the others hold.
+restart the ledger is seeded from the other members' status (the index of the autoscalers),
+so a member that ticks first cannot take the room the others hold.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -46,6 +54,7 @@ from urllib.parse import urlsplit
 import kopf
 
 from tritonscale.control.ledger import BudgetKey, BudgetLedger
+from tritonscale.control.loop import every
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.reconcile import budget_key, budget_limits, reconcile
 from tritonscale.control.tick import FAILED_RESCALE, RELOAD_TIMEOUT, ReconcileState, TickResult
@@ -60,9 +69,6 @@ from tritonscale.triton.healing import Healer
 from tritonscale.triton.loads import DEFAULT_LOAD_DEADLINE_S
 
 GROUP, VERSION, PLURAL = "tritonscale.io", "v1alpha1", "instancegroupautoscalers"
-# How often each object's timer wakes to see whether its interval has passed. The spec's
-# intervalSeconds (>= 1) sets the real period; kopf fixes a timer's interval at import time.
-TICK_S = 1.0
 
 
 class OperatorError(RuntimeError):
@@ -79,10 +85,12 @@ class DriverConfig:
     triton_http_port: int = pods.DEFAULT_HTTP_PORT
     triton_metrics_port: int = pods.DEFAULT_METRICS_PORT
     # How often an object whose spec cannot be read is looked at again (it has no
-    # intervalSeconds to trust); a change of its spec is looked at at once.
+    # intervalSeconds to trust).
     invalid_spec_recheck_s: float = 15.0
     # How long a tick waits for one load of a model on a pod (tritonscale.triton.loads).
     load_deadline_s: float = DEFAULT_LOAD_DEADLINE_S
+    # How often each autoscaler looks for pods waiting at the gate that it selects.
+    admission_interval_s: float = 1.0
 
 
 @dataclass
@@ -91,6 +99,30 @@ class Health:
 
     ticks: int = 0
     last_tick_at: float | None = None
+
+
+class StatusWriter:
+    """Merge-patches an autoscaler's status with the `kubernetes` client (credentials and
+    client as the pods' writer has them: tritonscale.drivers.admission.PodStatusWriter)."""
+
+    def __init__(self, pod_status: admission.PodStatusWriter) -> None:
+        self._pod_status = pod_status
+
+    def patch(self, namespace: str, name: str, status: Mapping[str, Any]) -> str | None:
+        """Write the fields of `status`; the reason it failed, in one line, or None."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        api = client.CustomObjectsApi(self._pod_status.api_client)
+        try:
+            api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
+            )
+        except ApiException as error:
+            return f"patching {namespace}/{name}'s status failed: {error.status} {error.reason}"
+        except Exception as error:  # noqa: BLE001 - the connection's trouble, reported by the caller
+            return f"patching {namespace}/{name}'s status failed: {error}"
+        return None
 
 
 @dataclass
@@ -105,6 +137,10 @@ class Runtime:
     health: Health = field(default_factory=Health)
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
     pod_status: admission.PodStatusWriter = field(default_factory=admission.PodStatusWriter)
+
+    @property
+    def status(self) -> StatusWriter:
+        return StatusWriter(self.pod_status)
 
 
 def make_runtime(
@@ -125,97 +161,150 @@ def make_runtime(
         actuator=actuator,
         metrics=metrics if metrics is not None else OperatorMetrics(),
         # The actuator's loads: neither piles a load on one the other left in flight.
-        healer=Healer(repository_key=actuator.repository_key, loads=actuator.loads),
+        healer=Healer(
+            repository_key=actuator.repository_key,
+            loads=actuator.loads,
+            request_counters=source.request_counters if isinstance(source, ScrapeSource) else None,
+        ),
         pod_status=pod_status or admission.PodStatusWriter(),
     )
+
+
+@dataclass(frozen=True)
+class Member:
+    """One autoscaler as the index holds it: what admission and the budgets need of it."""
+
+    autoscaler: admission.Autoscaler
+    instance_kind: str
+    budget: BudgetKey | None  # None: it names no budget
+    claim: Claim | None  # what its status last said it holds (with a budget)
 
 
 # ---------------------------------------------------------------------------------------
 # Handlers.
 
 
+# Every handler is a coroutine: kopf then runs it on its event loop, not in its executor.
+
+
 @kopf.index("pods")
-def triton_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, pods.TritonPod]:
-    """Every pod of the watched namespaces, by namespace; the timer filters by selector."""
+async def triton_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, pods.TritonPod]:
+    """Every pod of the watched namespaces, by namespace; the daemons filter by selector."""
     return {namespace: pods.TritonPod.from_body(body)}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def autoscalers(
+async def autoscalers(
     spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, **_: Any
-) -> dict[str, admission.Autoscaler]:
-    """Every autoscaler whose spec reads, by namespace: which pods a new pod must match."""
-    found = admission.Autoscaler.from_object(name, spec, status)
-    return {namespace: found} if found is not None else {}
-
-
-@kopf.on.event("pods", when=lambda body, **_: pods.TritonPod.from_body(body).waiting_for_instances)
-def admit_unselected_pods(
-    body: kopf.Body,
-    namespace: str,
-    memo: kopf.Memo,
-    autoscalers: kopf.Index[str, admission.Autoscaler],
-    logger: kopf.Logger,
-    **_: Any,
-) -> None:
-    """A pod waiting at the gate that no autoscaler selects joins at once (its autoscalers'
-    ticks admit the others: tritonscale.drivers.admission)."""
-    pod = pods.TritonPod.from_body(body)
-    if admission.selecting(pod, autoscalers.get(namespace, [])):
-        return
-    _open_gate(memo.runtime, pod, admission.judge(pod, [], {}), logger)
-
-
-@kopf.index(GROUP, VERSION, PLURAL)
-def budget_members(
-    spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, **_: Any
-) -> dict[BudgetKey, Claim]:
-    """Every autoscaler that names a budget, holding what its status last said."""
+) -> dict[str, Member]:
+    """Every autoscaler whose spec reads, by namespace: which pods a new pod must match, and
+    what each budget's members hold."""
     try:
         parsed = AutoscalerSpec.from_dict(dict(spec))
     except InvalidSpec:
         return {}
+    desired = status.get("desiredInstances")
+    found = admission.Autoscaler.of(name, parsed, desired if isinstance(desired, int) else None)
     if parsed.budget is None:
-        return {}
+        return {namespace: Member(found, parsed.instance_kind, None, None)}
     held = max(
         (n for n in (status.get("currentInstances"), status.get("desiredInstances")) if n),
         default=parsed.min_instances,
     )
     claim = Claim(name, parsed.model, int(held), int(held), parsed.min_instances)
-    return {budget_key(namespace, parsed): claim}
+    return {namespace: Member(found, parsed.instance_kind, budget_key(namespace, parsed), claim)}
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, id="reconcile", interval=TICK_S)
-def reconcile_timer(
+@kopf.on.event("pods", when=lambda body, **_: pods.waits_for_instances(body))
+async def admit_unselected_pods(
     body: kopf.Body,
-    spec: kopf.Spec,
-    status: kopf.Status,
-    meta: kopf.Meta,
-    name: str,
     namespace: str,
-    patch: kopf.Patch,
     memo: kopf.Memo,
-    triton_pods: kopf.Index[str, pods.TritonPod],
-    budget_members: kopf.Index[BudgetKey, Claim],
-    autoscalers: kopf.Index[str, admission.Autoscaler],
+    autoscalers: kopf.Index[str, Member],
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    runtime: Runtime = memo.runtime
-    now = time.time()
-    raw_spec = dict(spec)
-    try:
-        parsed: AutoscalerSpec | None = AutoscalerSpec.from_dict(raw_spec)
-    except InvalidSpec:
-        parsed = None
-    interval_s = parsed.interval_seconds if parsed else runtime.config.invalid_spec_recheck_s
-    generation = meta.get("generation")
-    if not _due(memo, now, interval_s, generation):
+    """A pod waiting at the gate that no autoscaler selects joins at once (the `admit`
+    daemons of its autoscalers admit the others: tritonscale.drivers.admission)."""
+    pod = pods.TritonPod.from_body(body)
+    if admission.selecting(pod, [m.autoscaler for m in autoscalers.get(namespace, [])]):
         return
+    await _open_gate(memo.runtime, pod, admission.judge(pod, [], {}), logger)
 
+
+# A tick waits for at most a load's deadline; past CANCELLATION_S after a stop (the object
+# deleted, the operator leaving) kopf cancels it, and a load in flight stays in flight.
+CANCELLATION_S = 10.0
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=CANCELLATION_S)
+async def reconcile_daemon(
+    stopped: kopf.DaemonStopped,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    triton_pods: kopf.Index[str, pods.TritonPod],
+    autoscalers: kopf.Index[str, Member],
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    """Tick every `spec.intervalSeconds` until kopf stops the daemon."""
+    runtime: Runtime = memo.runtime
+    name, namespace = body.metadata.name or "", body.metadata.namespace or ""
+    # The status as this daemon last wrote it: kopf's view of the body catches up with a
+    # write only when its watch event arrives, and the next tick must not read the old state.
+    status = dict(body.get("status") or {})
+    reported = _Reported()
+    # The interval each tick read from the spec (the spec is parsed once per tick).
+    schedule = {name: runtime.config.invalid_spec_recheck_s}
+    try:
+        async for _due in every(stopped, lambda: list(schedule.items())):
+            # The spec and its generation as they are now: the status says which one it ran.
+            raw_spec, generation = dict(body.spec), body.metadata.get("generation")
+            try:
+                parsed: AutoscalerSpec | None = AutoscalerSpec.from_dict(raw_spec)
+            except InvalidSpec:
+                parsed = None
+            if parsed is not None:
+                schedule[name] = parsed.interval_seconds
+            else:
+                schedule[name] = runtime.config.invalid_spec_recheck_s
+            status = await _tick(
+                runtime,
+                body,
+                parsed or raw_spec,
+                generation,
+                {**body.status, **status},
+                triton_pods,
+                autoscalers,
+                reported,
+                logger,
+            )
+    finally:
+        deleted = kopf.DaemonStoppingReason.RESOURCE_DELETED
+        if stopped.reason is not None and stopped.reason & deleted:
+            # A tick that ended after the deletion handler ran recorded the series again.
+            _forget(runtime, namespace, name, str(body.spec.get("model", "?")))
+
+
+async def _tick(
+    runtime: Runtime,
+    body: kopf.Body,
+    spec: AutoscalerSpec | dict[str, Any],
+    generation: Any,
+    status: Mapping[str, Any],
+    triton_pods: kopf.Index[str, pods.TritonPod],
+    autoscalers: kopf.Index[str, Member],
+    reported: _Reported,
+    logger: Any,
+) -> dict[str, Any]:
+    """One tick of one object (`spec` the raw one where it does not read); the status it has
+    after it."""
+    name, namespace = body.metadata.name or "", body.metadata.namespace or ""
+    parsed = spec if isinstance(spec, AutoscalerSpec) else None
     if parsed is not None and parsed.budget is not None:
         key = budget_key(namespace, parsed)
-        runtime.ledger.seed(key, budget_limits(parsed), budget_members.get(key, []))
+        members = [m.claim for m in autoscalers.get(namespace, []) if m.budget == key and m.claim]
+        runtime.ledger.seed(key, budget_limits(parsed), members)
     endpoints = []
     if parsed is not None:
         endpoints = pods.ready_endpoints(
@@ -224,100 +313,121 @@ def reconcile_timer(
             runtime.config.triton_http_port,
             runtime.config.triton_metrics_port,
         )
-    result = reconcile(
-        parsed or raw_spec,
+    result = await reconcile(
+        spec,
         endpoints,
         runtime.source,
         runtime.actuator,
         ReconcileState.from_status(status),
-        now,
+        time.time(),
         metrics=runtime.metrics,
         namespace=namespace,
         autoscaler=name,
         healer=runtime.healer,
         ledger=runtime.ledger,
     )
-    memo.last_tick_at, memo.last_generation = now, generation
     runtime.health.ticks += 1
     runtime.health.last_tick_at = result.finished_at
 
     new_status = result.status()
     if generation is not None:
         new_status["observedGeneration"] = generation
-    patch.status.update(_changed(status, new_status))
-    _post_events(body, result, memo, logger)
-    if parsed is not None:
-        desired = new_status.get("desiredInstances") or status.get("desiredInstances")
-        this = admission.Autoscaler.of(name, parsed, desired if isinstance(desired, int) else None)
-        others = [a for a in autoscalers.get(namespace, []) if a.name != name]
+    changed = _changed(status, new_status)
+    if changed:
+        problem = await asyncio.to_thread(runtime.status.patch, namespace, name, changed)
+        if problem is not None:
+            logger.warning(problem)
+    _post_events(body, result, reported, logger)
+    return {**status, **new_status}
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="admit", cancellation_timeout=CANCELLATION_S)
+async def admit_daemon(
+    stopped: kopf.DaemonStopped,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    triton_pods: kopf.Index[str, pods.TritonPod],
+    autoscalers: kopf.Index[str, Member],
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    """Bring the pods waiting at the gate that this autoscaler selects to its count, and open
+    the gate of those that run every count they must (apart from the ticks: a pod's load
+    never delays them)."""
+    runtime: Runtime = memo.runtime
+    async for _due in every(stopped, lambda: [(name, runtime.config.admission_interval_s)]):
+        members = autoscalers.get(namespace, [])
+        this = next((m for m in members if m.autoscaler.name == name), None)
+        if this is None:
+            continue  # its spec does not read: it selects nothing
+        others = [m.autoscaler for m in members if m.autoscaler.name != name]
         for pod in triton_pods.get(namespace, []):
-            if pod.waiting_for_instances and admission.selecting(pod, [this]):
-                _admit(runtime, pod, parsed, this, others, logger)
+            if pod.waiting_for_instances and admission.selecting(pod, [this.autoscaler]):
+                await _admit(runtime, pod, this, others, logger)
 
 
-def _admit(
+async def _admit(
     runtime: Runtime,
     pod: pods.TritonPod,
-    spec: AutoscalerSpec,
-    this: admission.Autoscaler,
+    this: Member,
     others: list[admission.Autoscaler],
     logger: Any,
 ) -> None:
     """Bring a pod waiting at the gate to this autoscaler's count, then admit it if every
     autoscaler that selects it is matched (tritonscale.drivers.admission)."""
     endpoint = pod.endpoint(runtime.config.triton_http_port, runtime.config.triton_metrics_port)
-    actuator = runtime.actuator
-    if this.acting and this.desired is not None:
-        counts, _ = actuator.live_counts([endpoint], spec.model)
-        if counts.get(pod.name) != this.desired and not actuator.in_flight(endpoint, spec.model):
-            actuator.apply([endpoint], spec.model, this.desired, spec.instance_kind)
+    actuator, autoscaler = runtime.actuator, this.autoscaler
+    if autoscaler.acting and autoscaler.desired is not None:
+        counts, _ = await actuator.live_counts([endpoint], autoscaler.model)
+        if counts.get(pod.name) != autoscaler.desired and not actuator.in_flight(
+            endpoint, autoscaler.model
+        ):
+            await actuator.apply(
+                [endpoint], autoscaler.model, autoscaler.desired, this.instance_kind
+            )
     live: dict[str, int | None] = {}
-    for autoscaler in admission.selecting(pod, [this, *others]):
-        counts, _ = actuator.live_counts([endpoint], autoscaler.model)
-        live[autoscaler.model] = counts.get(pod.name)
-    verdict = admission.judge(pod, [this, *others], live)
+    for selecting in admission.selecting(pod, [autoscaler, *others]):
+        counts, _ = await actuator.live_counts([endpoint], selecting.model)
+        live[selecting.model] = counts.get(pod.name)
+    verdict = admission.judge(pod, [autoscaler, *others], live)
     if verdict.admit:
-        _open_gate(runtime, pod, verdict, logger)
+        await _open_gate(runtime, pod, verdict, logger)
     else:
         logger.debug(verdict.message)
 
 
-def _open_gate(
+async def _open_gate(
     runtime: Runtime, pod: pods.TritonPod, verdict: admission.Verdict, logger: Any
 ) -> None:
-    problem = runtime.pod_status.open_gate(pod, verdict, time.time())
+    problem = await asyncio.to_thread(runtime.pod_status.open_gate, pod, verdict, time.time())
     if problem is not None:
         logger.warning(problem)
     else:
         logger.info(f"{pods.INSTANCES_READY} of {pod.name}: True ({verdict.message})")
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED")
-def forget_metrics(spec: kopf.Spec, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+async def forget_autoscaler(
+    spec: kopf.Spec, name: str, namespace: str, memo: kopf.Memo, **_: Any
+) -> None:
     """A deleted autoscaler's series must go, or its stale timestamp would fire alerts; it
-    leaves its budget, and a budget without members loses its series too.
+    leaves its budget, and a budget without members loses its series too. Optional: the
+    object's deletion never waits for it."""
+    _forget(memo.runtime, namespace, name, str(spec.get("model", "?")))
 
-    A watching handler, not `on.delete`: it keeps no state on the object (no annotations).
-    """
-    runtime: Runtime = memo.runtime
-    runtime.metrics.forget(namespace, name, str(spec.get("model", "?")))
+
+def _forget(runtime: Runtime, namespace: str, name: str, model: str) -> None:
+    runtime.metrics.forget(namespace, name, model)
     for _namespace, budget in runtime.ledger.forget(namespace, name):
         runtime.metrics.forget_budget(namespace, budget)
 
 
 @kopf.on.probe(id="ticks")
-def ticks_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+async def ticks_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     """In kopf's liveness answer: how many ticks ran, and when the last one ended."""
     health: Health = memo.runtime.health
     return {"count": health.ticks, "lastTickAt": health.last_tick_at}
-
-
-def _due(memo: kopf.Memo, now: float, interval_s: float, generation: Any) -> bool:
-    """Tick on the first wake, on a spec change, and once `interval_s` has passed."""
-    last = memo.get("last_tick_at")
-    if last is None or generation != memo.get("last_generation"):
-        return True
-    return now - last >= interval_s
 
 
 def _changed(status: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -325,7 +435,15 @@ def _changed(status: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
     return {key: value for key, value in new.items() if status.get(key) != value}
 
 
-def _post_events(body: kopf.Body, result: TickResult, memo: kopf.Memo, logger: Any) -> None:
+@dataclass
+class _Reported:
+    """What one object's events last announced (kept by its daemon)."""
+
+    failing: frozenset[str] = frozenset()
+    budget_exhausted: bool = False
+
+
+def _post_events(body: kopf.Body, result: TickResult, reported: _Reported, logger: Any) -> None:
     """A Normal event per change of count, a Warning per failure.
 
     A failure that persists (no pods, Prometheus down, a bad spec, a load still in flight)
@@ -337,7 +455,7 @@ def _post_events(body: kopf.Body, result: TickResult, memo: kopf.Memo, logger: A
     if result.applied_ok and result.decision is not None:
         kopf.info(body, reason="SucceededRescale", message=result.decision.message)
         logger.info(result.line())
-    previous: Collection[str] = memo.get("failing", ())
+    previous: Collection[str] = reported.failing
     new_this_tick = {
         FAILED_RESCALE: any(not pod.ok and not pod.pending for pod in result.applied),
         RELOAD_TIMEOUT: any(pod.pending for pod in result.applied),
@@ -346,13 +464,13 @@ def _post_events(body: kopf.Body, result: TickResult, memo: kopf.Memo, logger: A
         if error.reason not in previous or new_this_tick.get(error.reason, False):
             kopf.warn(body, reason=error.reason, message=error.message)
             logger.warning(result.line())
-    memo.failing = frozenset(error.reason for error in result.errors)
+    reported.failing = frozenset(error.reason for error in result.errors)
     # The budget refusing instances is a Warning when it starts: more pods are the answer.
     exhausted = result.reason == BUDGET_EXHAUSTED
-    if exhausted and not memo.get("budget_exhausted", False) and result.decision is not None:
+    if exhausted and not reported.budget_exhausted and result.decision is not None:
         kopf.warn(body, reason=BUDGET_EXHAUSTED, message=result.decision.message)
         logger.warning(result.line())
-    memo.budget_exhausted = exhausted
+    reported.budget_exhausted = exhausted
     # Healing results are events of their own; the Healer's back-off and attempt limit
     # bound how often a sick model can post one.
     for healing in result.healing_actions:
@@ -367,10 +485,10 @@ def _post_events(body: kopf.Body, result: TickResult, memo: kopf.Memo, logger: A
 # Running.
 
 
-class _QuietTicks(logging.Filter):
-    """Drop kopf's lines for every timer run and liveness probe: they would bury the rest."""
+class _QuietProbes(logging.Filter):
+    """Drop kopf's line for every liveness probe: the kubelet asks every few seconds."""
 
-    NOISE = frozenset({"Timer 'reconcile' succeeded.", "Activity 'ticks' succeeded."})
+    NOISE = frozenset({"Activity 'ticks' succeeded."})
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and record.getMessage() in self.NOISE)
@@ -450,8 +568,7 @@ def run(
     if peering and priority is None:
         priority = random.randint(1, 2**31 - 1)
     runtime = make_runtime(config, metrics, pod_status)
-    for name in ("kopf.objects", "kopf.activities.probe"):
-        logging.getLogger(name).addFilter(_QuietTicks())
+    logging.getLogger("kopf.activities.probe").addFilter(_QuietProbes())
     server = None
     if metrics_port is not None:
         try:

@@ -51,8 +51,7 @@ class TritonPod:
         metadata = body.get("metadata") or {}
         status = body.get("status") or {}
         ports = _named_ports(body.get("spec") or {})
-        conditions = status.get("conditions") or []
-        gate = next((i for i, c in enumerate(conditions) if c.get("type") == INSTANCES_READY), None)
+        gated, gate, gate_open = _gate(body)
         return cls(
             name=metadata.get("name", ""),
             namespace=metadata.get("namespace", ""),
@@ -61,15 +60,12 @@ class TritonPod:
             ready=_is_ready(metadata, status),
             http_port=ports.get(HTTP_PORT_NAME),
             metrics_port=ports.get(METRICS_PORT_NAME),
-            gated=any(
-                readiness_gate.get("conditionType") == INSTANCES_READY
-                for readiness_gate in (body.get("spec") or {}).get("readinessGates") or []
-            ),
+            gated=gated,
             gate_condition=gate,
             resource_version=metadata.get("resourceVersion"),
             uid=metadata.get("uid"),
-            gate_open=gate is not None and conditions[gate].get("status") == "True",
-            serving=_is_running(metadata, status) and _condition(status, "ContainersReady"),
+            gate_open=gate_open,
+            serving=_is_serving(metadata, status),
         )
 
     @property
@@ -86,6 +82,31 @@ class TritonPod:
             metrics_url=f"http://{host}:{self.metrics_port or metrics_port}/metrics",
             namespace=self.namespace,
         )
+
+
+def waits_for_instances(body: Mapping[str, Any]) -> bool:
+    """`TritonPod.waiting_for_instances` of a Pod object, read without building the TritonPod
+    (kopf asks it of every pod event)."""
+    gated, _, gate_open = _gate(body)
+    if not gated or gate_open:
+        return False
+    return _is_serving(body.get("metadata") or {}, body.get("status") or {})
+
+
+def _gate(body: Mapping[str, Any]) -> tuple[bool, int | None, bool]:
+    """Whether the pod has the gate INSTANCES_READY, its condition's index, whether it is True."""
+    gated = any(
+        readiness_gate.get("conditionType") == INSTANCES_READY
+        for readiness_gate in (body.get("spec") or {}).get("readinessGates") or []
+    )
+    conditions = (body.get("status") or {}).get("conditions") or []
+    gate = next((i for i, c in enumerate(conditions) if c.get("type") == INSTANCES_READY), None)
+    return gated, gate, gate is not None and conditions[gate].get("status") == "True"
+
+
+def _is_serving(metadata: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Triton answers: running, and its containers are ready (whatever the gate says)."""
+    return _is_running(metadata, status) and _condition(status, "ContainersReady")
 
 
 def _is_ready(metadata: Mapping[str, Any], status: Mapping[str, Any]) -> bool:

@@ -16,8 +16,9 @@ with the InstanceGroupAutoscaler's `spec` shape (docs/instancegroupautoscaler.md
 Top-level keys starting with `x-` are ignored (a place for YAML anchors shared by the
 specs). `spec.selector` may be left out here (the URLs name the pods); it is ignored when given.
 Every policy runs every `spec.intervalSeconds` through the same tick as the Kubernetes driver
-(tritonscale.control.reconcile). Each policy ticks in a thread of its own, except the members
-of one budget (`spec.budget`), which share one thread: one policy's slow tick (a load waiting
+(tritonscale.control.reconcile), on the schedule of the Kubernetes driver's daemons
+(tritonscale.control.loop). Each policy ticks in a task of its own, except the members
+of one budget (`spec.budget`), which share one task: one policy's slow tick (a load waiting
 for its deadline) never delays another's, and a budget's members are allocated jointly. The
 members due at the same moment form a round: each is planned (its decision), the round is
 allocated, and then each tick finishes, the ones that give instances back first, so that what
@@ -32,7 +33,9 @@ The repository-API key comes from TRITONSCALE_REPOSITORY_KEY.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -44,6 +47,7 @@ import yaml
 
 from tritonscale.control import reconcile
 from tritonscale.control.ledger import BudgetLedger
+from tritonscale.control.loop import Stop, every
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.tick import ReconcileState, TickResult
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
@@ -51,7 +55,6 @@ from tritonscale.metrics.prometheus import PrometheusSource
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.metrics.source import MetricsSource
 from tritonscale.triton.actuator import Actuator
-from tritonscale.triton.client import free_thread_hub
 from tritonscale.triton.endpoints import Endpoint, local_endpoints
 from tritonscale.triton.healing import Healer
 
@@ -195,9 +198,8 @@ def load_config(path: str | Path) -> TuneConfig:
 
 @dataclass
 class Tuner:
-    """The loop: each policy ticks every intervalSeconds, in a thread of its own (a budget's
-    members share one); `run` until
-    `stop` or the duration."""
+    """The loop: each policy ticks every intervalSeconds, in a task of its own (a budget's
+    members share one); `run` until `stop` or the duration."""
 
     config: TuneConfig
     actuator: Actuator = field(default_factory=Actuator)
@@ -212,28 +214,32 @@ class Tuner:
     heal: bool = True
     states: dict[str, ReconcileState] = field(default_factory=dict)
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
-    # The policies tick in threads of their own; their lines and log records go out whole.
-    _output: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.source is None:
             self.source = self.config.make_source()
         if self.heal and self.healer is None:
             # The actuator's loads: neither piles a load on one the other left in flight.
+            source = self.source
             self.healer = Healer(
-                repository_key=self.actuator.repository_key, loads=self.actuator.loads
+                repository_key=self.actuator.repository_key,
+                loads=self.actuator.loads,
+                # Scraping: one read of a pod's /metrics serves the healer and the snapshot.
+                request_counters=(
+                    source.request_counters if isinstance(source, ScrapeSource) else None
+                ),
             )
 
-    def tick(self, policy: Policy, now: float) -> TickResult:
+    async def tick(self, policy: Policy, now: float) -> TickResult:
         """One policy's tick (a round of one)."""
-        return self.round([policy], now)[0]
+        return (await self.round([policy], now))[0]
 
-    def round(self, policies: list[Policy], now: float) -> list[TickResult]:
+    async def round(self, policies: list[Policy], now: float) -> list[TickResult]:
         """The ticks of the policies due at `now`, their budgets allocated jointly."""
         assert self.source is not None
         planned: dict[str, reconcile.Plan | TickResult] = {}
         for policy in policies:
-            planned[policy.name] = reconcile.plan(
+            planned[policy.name] = await reconcile.plan(
                 policy.spec,
                 self.config.endpoints,
                 self.source,
@@ -257,63 +263,88 @@ class Tuner:
 
         results = {}
         for policy in sorted(policies, key=releases_first):
-            results[policy.name] = self._finish(policy, planned[policy.name])
+            results[policy.name] = await self._finish(policy, planned[policy.name])
         return [results[policy.name] for policy in policies]
 
-    def _finish(self, policy: Policy, plan: reconcile.Plan | TickResult) -> TickResult:
+    async def _finish(self, policy: Policy, plan: reconcile.Plan | TickResult) -> TickResult:
         if isinstance(plan, TickResult):
             result = plan
         elif plan.spec.budget is None:
-            result = reconcile.finish(plan, self.actuator)
+            result = await reconcile.finish(plan, self.actuator)
         else:
             key = reconcile.budget_key(NAMESPACE, plan.spec)
-            result = reconcile.finish(plan, self.actuator, self.ledger.grant(key, policy.name))
+            grant = self.ledger.grant(key, policy.name)
+            result = await reconcile.finish(plan, self.actuator, grant)
             self.ledger.settle(key, policy.name, result.holding)
         if self.metrics is not None:
             self.metrics.record(result, NAMESPACE, policy.name)
         self.states[policy.name] = result.state
-        with self._output:
-            self.echo(result.line())
-            if self.on_tick is not None:
-                self.on_tick(policy.name, result)
-            if self.decision_log is not None:
-                self.decision_log.write(
-                    json.dumps({"autoscaler": policy.name, **result.to_dict()}) + "\n"
-                )
-                self.decision_log.flush()
+        self.echo(result.line())
+        if self.on_tick is not None:
+            self.on_tick(policy.name, result)
+        if self.decision_log is not None:
+            self.decision_log.write(
+                json.dumps({"autoscaler": policy.name, **result.to_dict()}) + "\n"
+            )
+            self.decision_log.flush()
         return result
 
     def run(self, duration_s: float | None = None, stop: threading.Event | None = None) -> None:
-        """Tick every policy on its own schedule until `stop` is set or `duration_s` has passed.
+        """Tick every policy on its own schedule until `stop` is set or `duration_s` has passed
+        (`run_async` on an event loop of its own).
 
         A tick that fails with an exception (a bug: Triton's and Prometheus's troubles are
         results) stops the others and is raised here.
         """
+        asyncio.run(self.run_async(duration_s, stop))
+
+    async def run_async(
+        self, duration_s: float | None = None, stop: threading.Event | None = None
+    ) -> None:
+        """`run` on the running loop. `stop` may be set from any thread. In the main thread,
+        SIGINT and SIGTERM stop the loops too, then raise KeyboardInterrupt here (so that a
+        signal never lands inside a tick)."""
         stop = stop or threading.Event()
-        failures: list[BaseException] = []
-        loops = [
-            threading.Thread(
-                target=self._loop,
-                args=(group, stop, failures),
-                name=f"tune {', '.join(policy.name for policy in group)}",
-                daemon=True,
-            )
-            for group in self.groups()
-        ]
-        for loop in loops:
-            loop.start()
+        interrupted = threading.Event()
+        loop = asyncio.get_running_loop()
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.getsignal(signum)
+                loop.add_signal_handler(signum, lambda: (interrupted.set(), stop.set()))
         try:
-            stop.wait(duration_s)
+            await self._run(duration_s, stop, Stop())
+        finally:
+            for signum, handler in previous.items():
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, handler)
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+
+    async def _run(self, duration_s: float | None, stop: threading.Event, stopping: Stop) -> None:
+        # The caller's flag is a thread's: one waiter turns it (or the duration) into the loop's.
+        waiter = asyncio.ensure_future(asyncio.to_thread(stop.wait, duration_s))
+        loops = {
+            asyncio.ensure_future(self._loop(group, stopping)): ", ".join(p.name for p in group)
+            for group in self.groups()
+        }
+        try:
+            await asyncio.wait([waiter, *loops], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.set()
+            stopping.set()
             # A round ends within the actuator's load deadline (per member) plus bounded reads.
             join_s = self.actuator.load_deadline_s * max(len(self.config.policies), 1) + 60
-            for loop in loops:
-                loop.join(timeout=join_s)
-                if loop.is_alive():
-                    self.echo(f"{loop.name}: its tick did not end within {join_s:g} s of the stop")
-        if failures:
-            raise failures[0]
+            _, late = await asyncio.wait(loops, timeout=join_s)
+            for loop in late:
+                self.echo(
+                    f"tune {loops[loop]}: its tick did not end within {join_s:g} s of the stop"
+                )
+                loop.cancel()
+            await waiter
+        for loop in loops:
+            if loop.done() and not loop.cancelled() and (error := loop.exception()) is not None:
+                raise error
 
     def groups(self) -> list[list[Policy]]:
         """The policies that tick together: a budget's members, and each other policy alone."""
@@ -327,28 +358,15 @@ class Tuner:
     def _current(self, policy: Policy) -> Policy:
         return next((p for p in self.config.policies if p.name == policy.name), policy)
 
-    def _loop(
-        self, group: list[Policy], stop: threading.Event, failures: list[BaseException]
-    ) -> None:
-        due = {policy.name: time.monotonic() for policy in group}
+    async def _loop(self, group: list[Policy], stop: Stop) -> None:
+        def members() -> list[tuple[str, float]]:
+            # The policies as the config holds them now: a config replaced while the loop
+            # runs (the demo pauses and resumes its policies) applies from the next tick.
+            return [(p.name, p.spec.interval_seconds) for p in map(self._current, group)]
+
         try:
-            while not stop.is_set():
-                # The policies as the config holds them now: a config replaced while the loop
-                # runs (the demo pauses and resumes its policies) applies from the next tick.
-                group = [self._current(policy) for policy in group]
-                ready = [p for p in group if due[p.name] <= time.monotonic()]
-                if ready:
-                    self.round(ready, time.time())
-                for policy in ready:
-                    # Keep the period: the next tick is due one interval after this one was;
-                    # a tick that overran it is followed one interval after it ended.
-                    interval_s = policy.spec.interval_seconds
-                    due[policy.name] += interval_s
-                    if due[policy.name] < time.monotonic():
-                        due[policy.name] = time.monotonic() + interval_s
-                stop.wait(max(0.0, min(due.values()) - time.monotonic()))
-        except Exception as error:  # handed to run(), which raises it
-            failures.append(error)
-            stop.set()
-        finally:
-            free_thread_hub()
+            async for due in every(stop, members):
+                await self.round([self._current(p) for p in group if p.name in due], time.time())
+        except Exception:
+            stop.set()  # a bug: the other policies stop too, and run() raises it
+            raise

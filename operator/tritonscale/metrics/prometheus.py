@@ -9,17 +9,18 @@ tritonscale.metrics.queries (`DEFAULT_QUERIES`, overridable per key): `string.Te
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from string import Template
 
-import requests
+import aiohttp
 
 from tritonscale.core.signals import GpuSignals, MetricSnapshot, MetricsUnavailable, ModelSignals
 from tritonscale.metrics import queries
-from tritonscale.metrics.prometheus_api import PrometheusApiError, prometheus_get
+from tritonscale.metrics.prometheus_api import PrometheusApiError, prometheus_get_async
 from tritonscale.metrics.source import RATE_FIELDS
 from tritonscale.triton.endpoints import Endpoint
 
@@ -93,17 +94,15 @@ class PrometheusSource:
         self.queries = {**DEFAULT_QUERIES, **(queries or {})}
         self.matcher = matcher
         self.timeout_s = timeout_s
-        self._session = requests.Session()
 
-    def query(self, promql: str) -> list[dict]:
+    async def query(self, promql: str, session: aiohttp.ClientSession | None = None) -> list[dict]:
         """One instant query; MetricsUnavailable with one line on any failure."""
+        if session is None:
+            async with aiohttp.ClientSession() as own:
+                return await self.query(promql, own)
         try:
-            data = prometheus_get(
-                self.url,
-                "query",
-                {"query": promql},
-                timeout_s=self.timeout_s,
-                session=self._session,
+            data = await prometheus_get_async(
+                session, self.url, "query", {"query": promql}, timeout_s=self.timeout_s
             )
         except PrometheusApiError as error:
             if "failed:" in str(error):
@@ -111,12 +110,23 @@ class PrometheusSource:
             raise MetricsUnavailable(str(error)) from None
         return data["result"]
 
-    def snapshot(
+    async def snapshot(
         self,
         models: Sequence[str],
         endpoints: Sequence[Endpoint],
         window_s: float,
         decoupled: Collection[str] = (),
+    ) -> MetricSnapshot:
+        async with aiohttp.ClientSession() as session:
+            return await self._snapshot(session, models, endpoints, window_s, decoupled)
+
+    async def _snapshot(
+        self,
+        session: aiohttp.ClientSession,
+        models: Sequence[str],
+        endpoints: Sequence[Endpoint],
+        window_s: float,
+        decoupled: Collection[str],
     ) -> MetricSnapshot:
         pods = pod_matcher(endpoints, self.matcher)
         selector = f'{pods},model=~"{_regex_alternatives(models)}"'
@@ -125,17 +135,23 @@ class PrometheusSource:
         step = max(1, window // 300)
         fill = {"selector": selector, "pods": pods, "window": f"{window}s", "step": f"{step}s"}
 
-        def run(key: str) -> list[dict]:
-            return self.query(Template(self.queries[key]).substitute(fill))
+        async def run(key: str) -> list[dict]:
+            return await self.query(Template(self.queries[key]).substitute(fill), session)
 
         values: dict[str, dict[str, float]] = {}
         taken_at = time.time()
         keys = (*RATE_FIELDS, "pods_reporting", "first_sample")
         if decoupled:
             keys += ("streams_in_flight",)
-        for key in keys:
+        # The queries go together: the snapshot waits for the slowest, not for their sum.
+        answers = await asyncio.gather(*(run(key) for key in keys), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        for key, rows in zip(keys, answers, strict=True):
+            assert not isinstance(rows, BaseException)
             values[key] = {}
-            for row in run(key):
+            for row in rows:
                 model = row["metric"].get("model")
                 if model is not None:
                     values[key][model] = float(row["value"][1])
@@ -173,24 +189,24 @@ class PrometheusSource:
             taken_at=taken_at,
             window_s=max(0.0, covered),
             models=signals,
-            gpu=self._gpu(run),
+            gpu=await self._gpu(run),
             complete=complete and bool(signals),
         )
 
-    def _gpu(self, run: Callable[[str], list[dict]]) -> GpuSignals | None:
-        def scalar(key: str) -> float | None:
-            rows = run(key)
+    async def _gpu(self, run: Callable[[str], Awaitable[list[dict]]]) -> GpuSignals | None:
+        async def scalar(key: str) -> float | None:
+            rows = await run(key)
             if not rows:
                 return None
             value = float(rows[0]["value"][1])
             return value if math.isfinite(value) else None
 
-        utilization = scalar("gpu_utilization")
-        memory = scalar("gpu_memory_fraction")
+        utilization = await scalar("gpu_utilization")
+        memory = await scalar("gpu_memory_fraction")
         if utilization is None:
-            utilization = scalar("gpu_utilization_dcgm")
+            utilization = await scalar("gpu_utilization_dcgm")
             if memory is None:
-                memory = scalar("gpu_memory_fraction_dcgm")
+                memory = await scalar("gpu_memory_fraction_dcgm")
         if utilization is None:
             return None
         return GpuSignals(utilization=utilization, memory_fraction=memory)

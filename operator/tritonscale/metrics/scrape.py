@@ -4,25 +4,27 @@ Used where no Prometheus runs. It parses the text with prometheus_client's parse
 short history of samples per target, and computes the rates itself, counting a counter that
 went down (a restarted Triton) from zero, as Prometheus's `rate()` does. Samples are taken
 when a snapshot is asked for (once per control tick; at most once per
-`min_scrape_interval_s`, so several autoscalers share one scrape) or by calling `scrape()`
-more often. The metric names come from tritonscale.metrics.queries, as the PromQL does.
+`min_scrape_interval_s`, so several autoscalers share one scrape), when the healer asks for a
+pod's request counters (`request_counters`: the tick's snapshot then shares that read), or by
+calling `scrape()` more often. The metric names come from tritonscale.metrics.queries, as the PromQL does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-import requests
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tritonscale.core.signals import GpuSignals, MetricSnapshot, MetricsUnavailable, ModelSignals
 from tritonscale.metrics import queries
 from tritonscale.metrics.source import RATE_FIELDS
+from tritonscale.triton.client import TritonError, TritonUnreachable, fetch_metrics_text
 from tritonscale.triton.endpoints import Endpoint
 
 COUNTERS = {
@@ -90,71 +92,94 @@ class ScrapeSource:
         self.timeout_s = timeout_s
         self._clock = clock
         self._history: dict[str, deque[Sample]] = {}
-        self._lock = threading.Lock()
-        # One scrape of a target at a time: the policies tick in threads of their own, and two
-        # responses appended out of order would show a counter going down, read as a reset
-        # (its whole value counted as new requests).
-        self._target_locks: dict[str, threading.Lock] = {}
+        # One scrape of a target at a time: the policies' ticks interleave, and two responses
+        # appended out of order would show a counter going down, read as a reset (its whole
+        # value counted as new requests).
+        self._target_locks: dict[str, asyncio.Lock] = {}
         self._failures: dict[str, tuple[float, str]] = {}  # url -> (when, the one line)
-        self._session = requests.Session()
 
     def targets(self, endpoints: Sequence[Endpoint] = ()) -> list[str]:
         urls = [e.metrics_url for e in endpoints if e.metrics_url]
         return urls or list(self.metrics_urls)
 
-    def scrape(self, targets: Sequence[str] | None = None) -> None:
-        """Take one sample of each target (skipped when the last is fresher than the minimum)."""
+    async def scrape(self, targets: Sequence[str] | None = None) -> None:
+        """Take one sample of each target (skipped when the last is fresher than the minimum);
+        the targets are read together."""
         targets = self.targets() if targets is None else targets
         if not targets:
             raise MetricsUnavailable("no Triton metrics URL to scrape")
-        for url in targets:
-            asked = self._clock()
-            with self._lock:
-                target_lock = self._target_locks.setdefault(url, threading.Lock())
-            with target_lock:
-                self._scrape_one(url, asked)
+        asked = self._clock()
+        async with aiohttp.ClientSession() as session:
+            failures = await asyncio.gather(
+                *(self._scrape_locked(session, url, asked) for url in targets),
+                return_exceptions=True,
+            )
+        for failure in failures:
+            if isinstance(failure, BaseException):
+                raise failure
 
-    def _scrape_one(self, url: str, asked: float) -> None:
+    async def _scrape_locked(self, session: aiohttp.ClientSession, url: str, asked: float) -> None:
+        async with self._target_locks.setdefault(url, asyncio.Lock()):
+            await self._scrape_one(session, url, asked)
+
+    async def _scrape_one(self, session: aiohttp.ClientSession, url: str, asked: float) -> None:
         """One sample of `url`, unless a fresh one exists; a failure of a scrape that was in
         flight when this one was asked for is this one's failure too (no second wait)."""
         now = self._clock()
-        with self._lock:
-            history = self._history.setdefault(url, deque())
-            if history and now - history[-1].at < self.min_scrape_interval_s:
-                return
-            failed = self._failures.get(url)
-            if failed is not None and failed[0] > asked:
-                raise MetricsUnavailable(failed[1])
+        history = self._history.setdefault(url, deque())
+        if history and now - history[-1].at < self.min_scrape_interval_s:
+            return
+        failed = self._failures.get(url)
+        if failed is not None and failed[0] > asked:
+            raise MetricsUnavailable(failed[1])
         try:
-            response = self._session.get(url, timeout=self.timeout_s)
-            response.raise_for_status()
-            values = parse_metrics(response.text)
-        except requests.RequestException as error:
-            problem = f"cannot read Triton metrics at {url} ({type(error).__name__})"
+            values = parse_metrics(await fetch_metrics_text(session, url, url, self.timeout_s))
+        except TritonError as error:
+            problem = f"cannot read Triton metrics at {url} ({_why(error)})"
             self._failed(url, problem)
             raise MetricsUnavailable(problem) from None
         except ValueError as error:
             problem = f"unreadable Triton metrics at {url}: {error}"
             self._failed(url, problem)
             raise MetricsUnavailable(problem) from None
-        with self._lock:
-            self._failures.pop(url, None)
-            history.append(Sample(self._clock(), values))
-            while history and history[0].at < history[-1].at - self.max_window_s - 60:
-                history.popleft()
-            # Forget targets gone for longer than any window (pods replaced in Kubernetes).
-            for gone in [
-                target
-                for target, samples in self._history.items()
-                if samples and samples[-1].at < now - self.max_window_s - 60
-            ]:
-                del self._history[gone]
+        self._failures.pop(url, None)
+        history.append(Sample(self._clock(), values))
+        while history and history[0].at < history[-1].at - self.max_window_s - 60:
+            history.popleft()
+        # Forget targets gone for longer than any window (pods replaced in Kubernetes).
+        for gone in [
+            target
+            for target, samples in self._history.items()
+            if samples and samples[-1].at < now - self.max_window_s - 60
+        ]:
+            del self._history[gone]
+
+    async def request_counters(self, endpoint: Endpoint, model: str) -> tuple[float, float]:
+        """(BACKEND failures, successes) of `model` on one pod: their totals in its latest
+        sample, taken now unless a fresh one exists (the healer's reader, `RequestCounters`:
+        the tick's snapshot then uses the same read)."""
+        url = endpoint.metrics_url
+        if not url:
+            raise TritonError(endpoint.name, "no metrics URL is known for this pod")
+        try:
+            await self.scrape([url])
+        except MetricsUnavailable as error:
+            raise TritonUnreachable(endpoint.name, str(error)) from None
+        failures = successes = 0.0
+        for (name, labels), value in self._history[url][-1].values.items():
+            by = dict(labels)
+            if by.get("model") != model:
+                continue
+            if name == queries.REQUEST_FAILURE and by.get("reason") == "BACKEND":
+                failures += value
+            elif name == queries.REQUEST_SUCCESS:
+                successes += value
+        return failures, successes
 
     def _failed(self, url: str, problem: str) -> None:
-        with self._lock:
-            self._failures[url] = (self._clock(), problem)
+        self._failures[url] = (self._clock(), problem)
 
-    def snapshot(
+    async def snapshot(
         self,
         models: Sequence[str],
         endpoints: Sequence[Endpoint] = (),
@@ -162,7 +187,7 @@ class ScrapeSource:
         decoupled: Collection[str] = (),
     ) -> MetricSnapshot:
         targets = self.targets(endpoints)
-        self.scrape(targets)
+        await self.scrape(targets)
         wanted = set(models)
         totals: dict[str, dict[str, float]] = {}
         streams: dict[str, float] = {}
@@ -171,8 +196,7 @@ class ScrapeSource:
         gpu_memory: list[float] = []
         covered = math.inf
         taken_at = 0.0
-        with self._lock:
-            windows = [self._window(list(self._history[url]), window_s) for url in targets]
+        windows = [self._window(list(self._history[url]), window_s) for url in targets]
         for samples in windows:
             latest = samples[-1]
             taken_at = max(taken_at, latest.at)
@@ -240,3 +264,14 @@ def _gpu_from(values: Mapping[Series, float]) -> tuple[list[float], list[float]]
     total = {labels: v for (name, labels), v in values.items() if name == queries.GPU_MEMORY_TOTAL}
     memory = [used[labels] / total[labels] for labels in used if total.get(labels)]
     return utilization, memory
+
+
+def _why(error: TritonError) -> str:
+    """The short cause of a failed read: HTTP status, a timeout, or the connection's error."""
+    if error.status:
+        return f"HTTP {error.status}"
+    return (
+        "no answer in time"
+        if getattr(error, "timed_out", False)
+        else error.reason.rsplit(": ", 1)[-1]
+    )

@@ -32,7 +32,7 @@ RATE_FIELDS = (
 
 
 class MetricsSource(Protocol):
-    def snapshot(
+    async def snapshot(
         self,
         models: Sequence[str],
         endpoints: Sequence[Endpoint],

@@ -9,8 +9,8 @@ Triton serving the old config; the pod's result says why.
 The rollout: the first pod that needs the change goes alone, and must be READY with the
 new count before any other pod is touched, so that a config Triton refuses, or a model that
 does not come back, stops at one pod. Once one pod has taken the change, the config is known
-good and the others go together, at most `parallel_pods` (4) at a time, each on its own: a
-slow or hung pod does not hold back the others' counts.
+good and the others go together, at most `parallel_pods` (4) at a time, each on its own (an
+asyncio task): a slow or hung pod does not hold back the others' counts.
 
 Each load is a bounded wait (`load_deadline_s`, see tritonscale.triton.loads): past its
 deadline the pod's result is `pending`, the old instances keep serving (Triton does that by
@@ -26,17 +26,17 @@ execution: it is sent as a header and never appears in a log line, message or ex
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tritonscale import REPOSITORY_KEY_ENV
-from tritonscale.triton.client import TritonClient, TritonError, free_thread_hub
+from tritonscale.triton.client import AsyncTritonClient, TritonError
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.loads import (
     DEFAULT_LOAD_DEADLINE_S,
@@ -53,6 +53,7 @@ ActuationError = TritonError
 
 # Pods loaded at the same time once the first pod has taken a change.
 PARALLEL_PODS = 4
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class Actuator:
         parallel_pods: int = PARALLEL_PODS,
         loads: LoadsInFlight | None = None,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if parallel_pods < 1:
             raise ValueError(f"parallel_pods must be >= 1, not {parallel_pods}")
@@ -160,19 +161,19 @@ class Actuator:
     def load_deadline_s(self) -> float:
         return self.loads.deadline_s
 
-    def client(self, endpoint: Endpoint) -> TritonClient:
+    def client(self, endpoint: Endpoint) -> AsyncTritonClient:
         """A client for one pod, with this actuator's key and timeout; close it after use."""
-        return TritonClient(endpoint, self._key, timeout_s=self.timeout_s)
+        return AsyncTritonClient(endpoint, self._key, timeout_s=self.timeout_s)
 
     # ---- reading -------------------------------------------------------------------
-    def live_config(self, endpoint: Endpoint, model: str) -> dict[str, Any]:
-        with self.client(endpoint) as triton:
-            return triton.model_config(model)
+    async def live_config(self, endpoint: Endpoint, model: str) -> dict[str, Any]:
+        async with self.client(endpoint) as triton:
+            return await triton.model_config(model)
 
-    def live_count(self, endpoint: Endpoint, model: str) -> int:
-        return instance_count(self.live_config(endpoint, model))
+    async def live_count(self, endpoint: Endpoint, model: str) -> int:
+        return instance_count(await self.live_config(endpoint, model))
 
-    def live_configs(
+    async def live_configs(
         self, endpoints: Sequence[Endpoint], model: str
     ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
         """({pod: live config} for the pods that answered, {pod: reason} for those that did not).
@@ -180,13 +181,7 @@ class Actuator:
         The pods are read at the same time, `parallel_pods` at once: a pod that does not
         answer costs the tick one timeout, not one for itself and a wait for every pod after it.
         """
-        if len(endpoints) > 1:
-            with ThreadPoolExecutor(
-                max_workers=min(self.parallel_pods, len(endpoints)), thread_name_prefix="read"
-            ) as pool:
-                answers = list(pool.map(lambda pod: self._read_in_worker(pod, model), endpoints))
-        else:
-            answers = [self._read(endpoint, model) for endpoint in endpoints]
+        answers = await self.each(endpoints, lambda endpoint: self._read(endpoint, model))
         configs: dict[str, dict[str, Any]] = {}
         failures: dict[str, str] = {}
         for endpoint, (config, reason) in zip(endpoints, answers, strict=True):
@@ -196,37 +191,45 @@ class Actuator:
                 configs[endpoint.name] = config
         return configs, failures
 
-    def live_counts(
+    async def live_counts(
         self, endpoints: Sequence[Endpoint], model: str
     ) -> tuple[dict[str, int], dict[str, str]]:
         """`live_configs`, each config's instance count."""
-        configs, failures = self.live_configs(endpoints, model)
+        configs, failures = await self.live_configs(endpoints, model)
         return {pod: instance_count(config) for pod, config in configs.items()}, failures
 
-    def _read(self, endpoint: Endpoint, model: str) -> tuple[dict[str, Any] | None, str]:
+    async def each(
+        self, endpoints: Sequence[Endpoint], call: Callable[[Endpoint], Awaitable[T]]
+    ) -> list[T]:
+        """`call` on every pod, `parallel_pods` at a time, as tasks; results in the pods' order."""
+        if len(endpoints) <= 1:
+            return [await call(endpoint) for endpoint in endpoints]
+        room = asyncio.Semaphore(self.parallel_pods)
+
+        async def bounded(endpoint: Endpoint) -> T:
+            async with room:
+                return await call(endpoint)
+
+        return list(await asyncio.gather(*(bounded(endpoint) for endpoint in endpoints)))
+
+    async def _read(self, endpoint: Endpoint, model: str) -> tuple[dict[str, Any] | None, str]:
         try:
-            return self.live_config(endpoint, model), ""
+            return await self.live_config(endpoint, model), ""
         except TritonError as error:
             return None, error.reason
 
-    def _read_in_worker(self, endpoint: Endpoint, model: str) -> tuple[dict[str, Any] | None, str]:
+    async def _is_live(self, endpoint: Endpoint) -> bool:
+        """SilentPods' background call."""
         try:
-            return self._read(endpoint, model)
-        finally:
-            free_thread_hub()  # the pool's threads end with the read
-
-    def _is_live(self, endpoint: Endpoint) -> bool:
-        """SilentPods' background call (on a thread of its own, which ends with it)."""
-        try:
-            with self.client(endpoint) as triton:
-                return triton.is_live()
+            async with self.client(endpoint) as triton:
+                return await triton.is_live()
         except TritonError:
             return False
 
-    def is_ready(self, endpoint: Endpoint, model: str) -> bool:
-        with self.client(endpoint) as triton:
+    async def is_ready(self, endpoint: Endpoint, model: str) -> bool:
+        async with self.client(endpoint) as triton:
             try:
-                return triton.is_model_ready(model)
+                return await triton.is_model_ready(model)
             except TritonError:
                 return False
 
@@ -239,7 +242,7 @@ class Actuator:
         return still_in_flight(load, self._clock() - load.started)
 
     # ---- acting --------------------------------------------------------------------
-    def apply(
+    async def apply(
         self, endpoints: Sequence[Endpoint], model: str, desired: int, kind: str = ""
     ) -> list[PodResult]:
         """Bring every pod to `desired` instances: the first pod that needs it alone, then
@@ -254,30 +257,24 @@ class Actuator:
         results: list[PodResult] = []
         rest = list(endpoints)
         while rest:
-            first = self.apply_one(rest.pop(0), model, desired, kind)
+            first = await self.apply_one(rest.pop(0), model, desired, kind)
             if first is None:
                 continue
             results.append(first)
             if not first.ok:
                 return results
             break
-        if rest:
-            with ThreadPoolExecutor(
-                max_workers=min(self.parallel_pods, len(rest)), thread_name_prefix="apply"
-            ) as pool:
-                others = pool.map(
-                    lambda pod: self._apply_in_worker(pod, model, desired, kind), rest
-                )
-                results += [result for result in others if result is not None]
+        others = await self.each(rest, lambda pod: self.apply_one(pod, model, desired, kind))
+        results += [result for result in others if result is not None]
         return results
 
-    def apply_one(
+    async def apply_one(
         self, endpoint: Endpoint, model: str, desired: int, kind: str = ""
     ) -> PodResult | None:
         """Load `model` on one pod with `desired` instances; None when it already has them."""
         started = self._clock()
         try:
-            config = self.live_config(endpoint, model)
+            config = await self.live_config(endpoint, model)
         except TritonError as error:
             return PodResult(endpoint.name, None, None, False, error.reason, 0.0)
         before = instance_count(config)
@@ -291,13 +288,15 @@ class Actuator:
         override = with_instances(config, desired, kind)
         what = f"{desired} instance{'' if desired == 1 else 's'}" + (f" of {kind}" if kind else "")
         try:
-            late = self.loads.run(
+            late = await self.loads.run(
                 endpoint.name, model, what, lambda: self._load(endpoint, model, override)
             )
             if late is None:
-                self._wait_ready(endpoint, model, desired, until=started + self.load_deadline_s)
+                await self._wait_ready(
+                    endpoint, model, desired, until=started + self.load_deadline_s
+                )
         except TritonError as error:
-            after = self._count_or_none(endpoint, model)
+            after = await self._count_or_none(endpoint, model)
             seconds = self._clock() - started
             log.warning(
                 "%s: %s %d -> %d failed: %s", endpoint.name, model, before, desired, error.reason
@@ -316,26 +315,18 @@ class Actuator:
         )
         return PodResult(endpoint.name, before, desired, True, "", seconds)
 
-    def _apply_in_worker(
-        self, endpoint: Endpoint, model: str, desired: int, kind: str
-    ) -> PodResult | None:
-        try:
-            return self.apply_one(endpoint, model, desired, kind)
-        finally:
-            free_thread_hub()  # the pool's threads end with the rollout
+    async def _load(self, endpoint: Endpoint, model: str, config: Mapping[str, Any]) -> None:
+        """One load request (the load's own task, see LoadsInFlight.run)."""
+        async with self.client(endpoint) as triton:
+            await triton.load(model, config, timeout_s=self.load_timeout_s)
 
-    def _load(self, endpoint: Endpoint, model: str, config: Mapping[str, Any]) -> None:
-        """One load request (in the load's own thread, see LoadsInFlight.run)."""
-        with self.client(endpoint) as triton:
-            triton.load(model, config, timeout_s=self.load_timeout_s)
-
-    def _wait_ready(self, endpoint: Endpoint, model: str, desired: int, until: float) -> None:
+    async def _wait_ready(self, endpoint: Endpoint, model: str, desired: int, until: float) -> None:
         """Triton answers a load once the model is READY; this checks it, until `until`."""
-        with self.client(endpoint) as triton:
+        async with self.client(endpoint) as triton:
             while True:
                 try:
-                    ready = triton.is_model_ready(model)
-                    if ready and instance_count(triton.model_config(model)) == desired:
+                    ready = await triton.is_model_ready(model)
+                    if ready and instance_count(await triton.model_config(model)) == desired:
                         return
                 except TritonError:
                     pass  # not readable yet: looked at again until the deadline
@@ -345,10 +336,10 @@ class Actuator:
                         f"{model} not READY with {desired} instances within the load's "
                         f"deadline of {self.load_deadline_s:g} s",
                     )
-                self._sleep(0.1)
+                await self._sleep(0.1)
 
-    def _count_or_none(self, endpoint: Endpoint, model: str) -> int | None:
+    async def _count_or_none(self, endpoint: Endpoint, model: str) -> int | None:
         try:
-            return self.live_count(endpoint, model)
+            return await self.live_count(endpoint, model)
         except TritonError:
             return None

@@ -1,21 +1,22 @@
-"""One Triton pod's HTTP API, over the official client (`tritonclient.http`).
+"""One Triton pod's HTTP API, over the official client (`tritonclient.http`, and its asyncio
+twin `tritonclient.http.aio` for the control loop).
 
-    with TritonClient(endpoint, repository_key) as triton:
-        config = triton.model_config("add_sub")
-        triton.load("add_sub", {**config, "instance_group": [{"kind": "KIND_CPU", "count": 2}]})
-        assert triton.is_model_ready("add_sub")
+    async with AsyncTritonClient(endpoint, repository_key) as triton:
+        config = await triton.model_config("add_sub")
+        await triton.load("add_sub", {**config, "instance_group": [{"kind": "KIND_CPU", "count": 2}]})
+        assert await triton.is_model_ready("add_sub")
 
-The actuator, the healer, the local tools and the benchmarks all talk to Triton through
-this class. Every call has a timeout, and every failure is a `TritonError`: one line that
-names the pod and the reason, with `TritonUnreachable` when Triton did not answer at all
-(refused, reset, or no answer within the timeout). The repository key
-(tritonscale.REPOSITORY_KEY_HEADER) goes with the repository calls only (index, load) and
-never appears in a message: Triton's own answers are scrubbed of it too.
+The control loop (actuator, healer, metrics) talks to Triton through `AsyncTritonClient`, on
+the event loop of its driver: a pod that does not answer costs the task that asked it, and no
+thread. The local tools and the benchmarks use `TritonClient`, the same calls blocking. Every
+call has a timeout, and every failure is a `TritonError`: one line that names the pod and the
+reason, with `TritonUnreachable` when Triton did not answer at all (refused, reset, or no
+answer within the timeout). The repository key (tritonscale.REPOSITORY_KEY_HEADER) goes with
+the repository calls only (index, load) and never appears in a message: Triton's own answers
+are scrubbed of it too.
 
-A client holds one keep-alive connection: close it (the `with` block does). Triton waits for
-open connections when it stops, up to its exit timeout. tritonclient.http runs on gevent,
-so a client belongs to the thread that made it; a thread of ours that used one calls
-`free_thread_hub()` before it ends (see there why).
+A client holds its connections open: close it (the `with` block does). Triton waits for open
+connections when it stops, up to its exit timeout.
 
 The metrics text (`/metrics` on the metrics port) is not part of tritonclient: one plain
 HTTP GET.
@@ -23,22 +24,25 @@ HTTP GET.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from http.client import HTTPException
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import gevent
+import aiohttp
 import requests
 import tritonclient.http as httpclient
+import tritonclient.http.aio as aiohttpclient
 from tritonclient.utils import InferenceServerException
 
 from tritonscale import REPOSITORY_KEY_HEADER
 from tritonscale.triton.endpoints import Endpoint
 
 DEFAULT_TIMEOUT_S = 5.0
+T = TypeVar("T")
 
 
 class TritonError(Exception):
@@ -68,12 +72,8 @@ def one_line(text: str, limit: int = 300) -> str:
     return first[:limit].rstrip(".") if first else "no reason given"
 
 
-class TritonClient:
-    """The calls Tritonscale makes to one Triton pod; use it as a context manager.
-
-    `timeout_s` bounds every call (connecting, and waiting for the answer); `load` and
-    `infer` take their own. `repository_key` unlocks the model-repository API.
-    """
+class _PodClient:
+    """What both clients share: the pod, the key, and the wording of every failure."""
 
     def __init__(
         self,
@@ -86,10 +86,54 @@ class TritonClient:
         self.timeout_s = timeout_s
         self._key = repository_key or ""
         self._address = urlsplit(endpoint.base_url).netloc  # tritonclient wants host:port
-        self._http: httpclient.InferenceServerClient | None = None
+        self._http: Any = None  # tritonclient's connection, opened by the first call
 
     def __repr__(self) -> str:  # the key stays out of reprs, hence out of tracebacks
-        return f"TritonClient({self.endpoint.name!r}, repository_key={'set' if self._key else 'unset'})"
+        key = "set" if self._key else "unset"
+        return f"{type(self).__name__}({self.endpoint.name!r}, repository_key={key})"
+
+    def _headers(self) -> dict[str, str]:
+        return {REPOSITORY_KEY_HEADER: self._key} if self._key else {}
+
+    def _refusal(
+        self, error: InferenceServerException, what: str, refused: str | None
+    ) -> TritonError:
+        """Triton's answer as one line: "{what}: HTTP {status}: {Triton's answer}", or
+        "{refused}: {Triton's answer}" when given."""
+        # Python backend errors carry a traceback after their first line.
+        answer = self._scrub(one_line(error.message() or str(error)))
+        status = error.status()
+        if refused:
+            reason = f"{refused}: {answer}"
+        else:
+            reason = f"{what}: HTTP {status}: {answer}" if status else f"{what}: {answer}"
+        return TritonError(self.endpoint.name, reason, status, answer)
+
+    def _no_answer(self, what: str, wait_s: float) -> TritonUnreachable:
+        base = self.endpoint.base_url
+        return TritonUnreachable(
+            self.endpoint.name,
+            f"{what}: no answer from Triton at {base} within {wait_s:g} s",
+            timed_out=True,
+        )
+
+    def _unreachable(self, what: str, error: BaseException) -> TritonUnreachable:
+        base = self.endpoint.base_url
+        return TritonUnreachable(
+            self.endpoint.name, f"cannot reach Triton at {base} ({what}): {type(error).__name__}"
+        )
+
+    def _scrub(self, text: str) -> str:
+        """Whatever a server says, the key never leaves in a message."""
+        return text.replace(self._key, "***") if self._key else text
+
+
+class TritonClient(_PodClient):
+    """The calls Tritonscale makes to one Triton pod; use it as a context manager.
+
+    `timeout_s` bounds every call (connecting, and waiting for the answer); `load` and
+    `infer` take their own. `repository_key` unlocks the model-repository API.
+    """
 
     def __enter__(self) -> TritonClient:
         return self
@@ -107,22 +151,6 @@ class TritonClient:
         """The model's live config (`GET v2/models/{model}/config`)."""
         with self._call(f"reading {model}'s config") as http:
             return http.get_model_config(model)
-
-    def is_live(self) -> bool:
-        """Whether the server answers at all (`GET v2/health/live`).
-
-        Plain HTTP, not tritonclient: silent pods are asked from short threads of their own,
-        where gevent's per-thread hub is one more thing that can wedge (seen: a restarted
-        server left out for 44 s although it answered).
-        """
-        url = f"{self.endpoint.base_url}/v2/health/live"
-        try:
-            with requests.get(url, timeout=self.timeout_s) as response:
-                return response.status_code == 200
-        except requests.RequestException as error:
-            raise TritonUnreachable(
-                self.endpoint.name, f"asking whether the server is live: {one_line(str(error))}"
-            ) from None
 
     def is_model_ready(self, model: str, version: str = "") -> bool:
         """Whether the model (or one version of it) is READY (`GET v2/models/{model}/ready`)."""
@@ -197,9 +225,6 @@ class TritonClient:
             return http.infer(model, list(inputs))
 
     # ---- the connection ----------------------------------------------------------------
-    def _headers(self) -> dict[str, str]:
-        return {REPOSITORY_KEY_HEADER: self._key} if self._key else {}
-
     def _connection(self) -> httpclient.InferenceServerClient:
         if self._http is None:
             self._http = httpclient.InferenceServerClient(
@@ -216,7 +241,6 @@ class TritonClient:
         or "{refused}: {Triton's answer}" when given."""
         own_timeout = timeout_s is not None and timeout_s != self.timeout_s
         wait_s = timeout_s if timeout_s is not None else self.timeout_s
-        pod, base = self.endpoint.name, self.endpoint.base_url
         try:
             if own_timeout:
                 with httpclient.InferenceServerClient(
@@ -228,36 +252,139 @@ class TritonClient:
             else:
                 yield self._connection()
         except InferenceServerException as error:
-            # Python backend errors carry a traceback after their first line.
-            answer = self._scrub(one_line(error.message() or str(error)))
-            status = error.status()
-            if refused:
-                reason = f"{refused}: {answer}"
-            else:
-                reason = f"{what}: HTTP {status}: {answer}" if status else f"{what}: {answer}"
-            raise TritonError(pod, reason, status, answer) from None
+            raise self._refusal(error, what, refused) from None
         except TimeoutError:
             self.close()  # an answer may still come on that connection: drop it
-            raise TritonUnreachable(
-                pod, f"{what}: no answer from Triton at {base} within {wait_s:g} s", timed_out=True
-            ) from None
+            raise self._no_answer(what, wait_s) from None
         except (OSError, HTTPException) as error:
             self.close()
-            raise TritonUnreachable(
-                pod, f"cannot reach Triton at {base} ({what}): {type(error).__name__}"
-            ) from None
-
-    def _scrub(self, text: str) -> str:
-        """Whatever a server says, the key never leaves in a message."""
-        return text.replace(self._key, "***") if self._key else text
+            raise self._unreachable(what, error) from None
 
 
-def free_thread_hub() -> None:
-    """Free the gevent hub of the calling thread; call it at the end of a thread of ours.
+class AsyncTritonClient(_PodClient):
+    """`TritonClient`'s calls as coroutines, over `tritonclient.http.aio`; use it as an async
+    context manager. Each call's timeout is an `asyncio.wait_for` around it."""
 
-    tritonclient.http runs on gevent, which gives each thread that uses it a hub: an event
-    loop holding two file descriptors, kept after the thread has ended unless destroyed
-    (measured: 200 short threads with one call each left 400 descriptors open). Only for
-    threads that run nothing else on gevent.
-    """
-    gevent.get_hub().destroy(destroy_loop=True)
+    async def __aenter__(self) -> AsyncTritonClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        http, self._http = self._http, None
+        if http is not None:
+            await http.close()
+
+    # ---- reading -----------------------------------------------------------------------
+    async def model_config(self, model: str) -> dict[str, Any]:
+        """The model's live config (`GET v2/models/{model}/config`)."""
+        return await self._call(
+            f"reading {model}'s config", self._connection().get_model_config(model)
+        )
+
+    async def is_live(self) -> bool:
+        """Whether the server answers at all (`GET v2/health/live`)."""
+        return await self._call(
+            "asking whether the server is live", self._connection().is_server_live()
+        )
+
+    async def is_model_ready(self, model: str, version: str = "") -> bool:
+        """Whether the model (or one version of it) is READY (`GET v2/models/{model}/ready`)."""
+        return await self._call(
+            f"reading {model}'s readiness", self._connection().is_model_ready(model, version)
+        )
+
+    async def repository_index(self) -> list[dict[str, Any]]:
+        """Every model of the repository with its state (`POST v2/repository/index`)."""
+        index = self._connection().get_model_repository_index(headers=self._headers())
+        return list(await self._call("reading the repository index", index))
+
+    async def model_state(self, model: str) -> str | None:
+        """`TritonClient.model_state`: the model's state in the repository index."""
+        for row in await self.repository_index():
+            if row.get("name") == model:
+                return row.get("state")
+        return None
+
+    async def metrics_text(self) -> str:
+        """Triton's Prometheus metrics (`GET /metrics` on the metrics port)."""
+        url = self.endpoint.metrics_url
+        if not url:
+            raise TritonError(self.endpoint.name, "no metrics URL is known for this pod")
+        async with aiohttp.ClientSession() as session:
+            return await fetch_metrics_text(session, self.endpoint.name, url, self.timeout_s)
+
+    # ---- acting ------------------------------------------------------------------------
+    async def load(
+        self, model: str, config: Mapping[str, Any] | None = None, *, timeout_s: float = 120.0
+    ) -> None:
+        """`TritonClient.load`: Triton answers once the model is READY with the new config, or
+        failed; it goes on loading when the caller stops waiting."""
+        override = None if config is None else json.dumps(config)
+        load = self._connection().load_model(model, headers=self._headers(), config=override)
+        await self._call(f"loading {model}", load, timeout_s, f"Triton refused to load {model}")
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Sequence[httpclient.InferInput],
+        *,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """One inference request (`POST v2/models/{model}/infer`)."""
+        infer = self._connection().infer(model, list(inputs))
+        return await self._call(f"an inference of {model}", infer, timeout_s)
+
+    # ---- the connection ----------------------------------------------------------------
+    def _connection(self) -> aiohttpclient.InferenceServerClient:
+        if self._http is None:
+            # The session's own total timeout stays out of the way: each call has its own.
+            self._http = aiohttpclient.InferenceServerClient(self._address, conn_timeout=None)
+        return self._http
+
+    async def _call(
+        self,
+        what: str,
+        call: Awaitable[T],
+        timeout_s: float | None = None,
+        refused: str | None = None,
+    ) -> T:
+        """`call` within its timeout, every failure turned into one TritonError line (as
+        `TritonClient._call` words them)."""
+        wait_s = timeout_s if timeout_s is not None else self.timeout_s
+        try:
+            return await asyncio.wait_for(call, wait_s)
+        except InferenceServerException as error:
+            raise self._refusal(error, what, refused) from None
+        except asyncio.TimeoutError:
+            await self.close()  # an answer may still come on that connection: drop it
+            raise self._no_answer(what, wait_s) from None
+        except (OSError, aiohttp.ClientError) as error:
+            await self.close()
+            raise self._unreachable(what, error) from None
+
+
+async def fetch_metrics_text(
+    session: aiohttp.ClientSession, pod: str, url: str, timeout_s: float
+) -> str:
+    """Triton's metrics text at `url` (one GET within `timeout_s`); failures as TritonError."""
+
+    async def get() -> str:
+        async with session.get(url) as response:
+            if response.status != 200:
+                raise TritonError(
+                    pod, f"reading metrics at {url}: HTTP {response.status}", str(response.status)
+                )
+            return await response.text()
+
+    try:
+        return await asyncio.wait_for(get(), timeout_s)
+    except asyncio.TimeoutError:
+        raise TritonUnreachable(
+            pod, f"no answer from Triton's metrics at {url} within {timeout_s:g} s", timed_out=True
+        ) from None
+    except (OSError, aiohttp.ClientError) as error:
+        raise TritonUnreachable(
+            pod, f"cannot reach Triton's metrics at {url}: {type(error).__name__}"
+        ) from None

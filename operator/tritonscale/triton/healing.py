@@ -49,7 +49,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +59,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import triton_to_np_dtype
 
 from tritonscale import REPOSITORY_KEY_ENV
-from tritonscale.triton.client import TritonClient, TritonError, TritonUnreachable
+from tritonscale.triton.client import AsyncTritonClient, TritonError, TritonUnreachable
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.loads import DEFAULT_LOAD_TIMEOUT_S, LoadsInFlight
 
@@ -170,6 +170,10 @@ class _History:
     exhausted: bool = False  # HealingExhausted has been logged
 
 
+# (pod, model) -> (BACKEND failures, successes): the totals of the model's request counters.
+RequestCounters = Callable[[Endpoint, str], Awaitable[tuple[float, float]]]
+
+
 class Healer:
     """Checks (pod, model) pairs and reloads a model whose stub died or hangs.
 
@@ -193,6 +197,7 @@ class Healer:
         timeout_s: float = 10.0,
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
         loads: LoadsInFlight | None = None,
+        request_counters: RequestCounters | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if probe not in (PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS):
@@ -210,6 +215,9 @@ class Healer:
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
         self.loads = loads or LoadsInFlight()
+        # The metrics source's read of a pod's /metrics, where it reads them itself (scrape
+        # mode): the tick then reads each pod's /metrics once for both.
+        self.request_counters = request_counters
         self.clock = clock
         self._history: dict[tuple[str, str], _History] = {}
 
@@ -217,7 +225,7 @@ class Healer:
         return f"Healer(probe={self.probe!r}, max_attempts={self.max_attempts})"
 
     # ---- the one public move -----------------------------------------------------------
-    def check(self, endpoint: Endpoint, model: str) -> HealingResult:
+    async def check(self, endpoint: Endpoint, model: str) -> HealingResult:
         """Check one model on one pod; reload it there if its stub is dead or hung.
 
         Without `endpoint.metrics_url` only readiness and probes (`probe="always"`) are seen.
@@ -229,8 +237,8 @@ class Healer:
             why = f"a load of {model} on {pod} ({in_flight.what}) is in flight; not touched"
             return HealingResult(pod, model, NONE, MODEL_LOADING, why)
         try:
-            with self._client(endpoint) as triton:
-                problem = self._diagnose(triton, endpoint, model, history)
+            async with self._client(endpoint) as triton:
+                problem = await self._diagnose(triton, endpoint, model, history)
         except TritonError as error:
             return HealingResult(
                 pod,
@@ -251,27 +259,31 @@ class Healer:
         reason, why = problem
         if reason == MODEL_LOADING:
             return HealingResult(pod, model, NONE, MODEL_LOADING, why)
-        return self._heal(endpoint, model, reason, why, history)
+        return await self._heal(endpoint, model, reason, why, history)
 
     # ---- diagnosis ---------------------------------------------------------------------
-    def _diagnose(
-        self, triton: TritonClient, endpoint: Endpoint, model: str, history: _History
+    async def _diagnose(
+        self, triton: AsyncTritonClient, endpoint: Endpoint, model: str, history: _History
     ) -> tuple[str, str] | None:
         pod = endpoint.name
-        if not triton.is_model_ready(model):
-            state = self._repository_state(triton, model)
+        if not await triton.is_model_ready(model):
+            state = await self._repository_state(triton, model)
             if state in ("LOADING", "UNLOADING"):
                 return MODEL_LOADING, f"{model} on {pod} is {state.lower()}; not touched"
             return MODEL_NOT_READY, f"{model} on {pod} is not ready ({state or 'absent'})"
 
         failed = succeeded = 0.0
         if endpoint.metrics_url:
-            failed, succeeded = self._counter_increase(triton.metrics_text(), model, history)
+            if self.request_counters is not None:
+                totals = await self.request_counters(endpoint, model)
+            else:
+                totals = _request_counters(await triton.metrics_text(), model)
+            failed, succeeded = self._counter_increase(totals, history)
         history.rising = history.rising + 1 if failed else 0
         suspicion = f"{failed:.0f} backend failures since the last check" if failed else None
         probed = blamed = False
         if self.probe == PROBE_ALWAYS or (suspicion and self.probe == PROBE_ON_SUSPICION):
-            probed, verdict, blamed = self._probe(triton, pod, model)
+            probed, verdict, blamed = await self._probe(triton, pod, model)
             if blamed:
                 history.rising = 0  # a model it calls is broken: that one is healed instead
             if verdict is not None and verdict[0] == PROBE_TIMEOUT and succeeded:
@@ -295,28 +307,20 @@ class Healer:
             return STUB_UNHEALTHY, f"{model} on {pod}: {suspicion} and no success"
         return None
 
-    def _repository_state(self, triton: TritonClient, model: str) -> str | None:
+    async def _repository_state(self, triton: AsyncTritonClient, model: str) -> str | None:
         try:
-            return triton.model_state(model)
+            return await triton.model_state(model)
         except TritonUnreachable:
             raise
         except TritonError:
             return None  # the index refused us (a wrong key): the state is unknown
 
-    def _counter_increase(self, text: str, model: str, history: _History) -> tuple[float, float]:
-        """(BACKEND failures, successes) of `model` since the last check; (0, 0) the first time."""
-        failures = successes = 0.0
-        for family in text_string_to_metric_families(text):
-            # The parser names a counter's family without, and its samples with, "_total".
-            for sample in family.samples:
-                if sample.labels.get("model") != model:
-                    continue
-                if family.name == "nv_inference_request_failure" and (
-                    sample.labels.get("reason") == "BACKEND"
-                ):
-                    failures += sample.value
-                elif family.name == "nv_inference_request_success":
-                    successes += sample.value
+    def _counter_increase(
+        self, totals: tuple[float, float], history: _History
+    ) -> tuple[float, float]:
+        """(BACKEND failures, successes) since the last check, from their totals now; (0, 0)
+        the first time."""
+        failures, successes = totals
         before_failures, before_successes = history.failures, history.successes
         history.failures, history.successes = failures, successes
         if before_failures is None or before_successes is None:
@@ -327,8 +331,8 @@ class Healer:
             return 0.0, 0.0  # counters reset: the model was reloaded since
         return failed, succeeded
 
-    def _probe(
-        self, triton: TritonClient, pod: str, model: str
+    async def _probe(
+        self, triton: AsyncTritonClient, pod: str, model: str
     ) -> tuple[bool, tuple[str, str] | None, bool]:
         """Inferences of zeros: (whether any was sent, a verdict if one of our stubs is broken,
         whether an answer blamed the broken stub of another model, one this one calls).
@@ -337,7 +341,7 @@ class Healer:
         instances and one dead stub: fail, ok, fail, ok...), so instances + 1 probes in a row
         reach every instance, dead ones included.
         """
-        config = triton.model_config(model)
+        config = await triton.model_config(model)
         inputs = _probe_inputs(config)
         if inputs is None:
             return False, None, False  # decoupled models cannot be asked over plain HTTP
@@ -345,7 +349,7 @@ class Healer:
         blamed = False
         for _ in range(max(1, instances) + 1):
             try:
-                triton.infer(model, inputs, timeout_s=self.probe_timeout_s)
+                await triton.infer(model, inputs, timeout_s=self.probe_timeout_s)
                 continue
             except TritonUnreachable as unanswered:
                 if not unanswered.timed_out:
@@ -366,7 +370,7 @@ class Healer:
         return True, None, blamed
 
     # ---- the cure ------------------------------------------------------------------------
-    def _heal(
+    async def _heal(
         self, endpoint: Endpoint, model: str, reason: str, why: str, history: _History
     ) -> HealingResult:
         pod = endpoint.name
@@ -400,7 +404,7 @@ class Healer:
         history.failures = history.successes = None  # a reload resets the counters
         history.rising = 0
         started = time.monotonic()
-        failure = self._reload(endpoint, model, history.generation)
+        failure = await self._reload(endpoint, model, history.generation)
         reload_s = time.monotonic() - started
         attempts += 1
         if failure is None:
@@ -418,23 +422,23 @@ class Healer:
             pod, model, RELOAD_FAILED, HEALING_FAILED, message, attempts, reload_s, cause=reason
         )
 
-    def _reload(self, endpoint: Endpoint, model: str, generation: int) -> str | None:
+    async def _reload(self, endpoint: Endpoint, model: str, generation: int) -> str | None:
         """Load the live config with the heal parameter bumped; None on success, else why."""
         config: dict[str, Any] | None
         try:
-            with self._client(endpoint) as triton:
-                config = _bumped(triton.model_config(model), generation)
+            async with self._client(endpoint) as triton:
+                config = _bumped(await triton.model_config(model), generation)
         except TritonUnreachable as error:
             return self._scrub(error.reason)
         except TritonError:
             config = None  # not loaded: load the repository's config (the actuator resizes it)
 
-        def send() -> None:
-            with self._client(endpoint) as triton:
-                triton.load(model, config, timeout_s=self.load_timeout_s)
+        async def send() -> None:
+            async with self._client(endpoint) as triton:
+                await triton.load(model, config, timeout_s=self.load_timeout_s)
 
         try:
-            late = self.loads.run(endpoint.name, model, "a fresh set of instances", send)
+            late = await self.loads.run(endpoint.name, model, "a fresh set of instances", send)
         except TritonError as error:
             return self._scrub(error.reason)
         if late is not None:
@@ -442,9 +446,9 @@ class Healer:
                 f"the reload did not finish within its deadline of {late.deadline_s:g} s "
                 "(the old instances keep serving meanwhile)"
             )
-        with self._client(endpoint) as triton:
+        async with self._client(endpoint) as triton:
             try:
-                ready = triton.is_model_ready(model)
+                ready = await triton.is_model_ready(model)
             except TritonError:
                 ready = False
         if not ready:
@@ -460,8 +464,8 @@ class Healer:
         now = self.clock()
         return sum(1 for t in history.attempts if now - t < self.window_s)
 
-    def _client(self, endpoint: Endpoint) -> TritonClient:
-        return TritonClient(endpoint, self._key, timeout_s=self.timeout_s)
+    def _client(self, endpoint: Endpoint) -> AsyncTritonClient:
+        return AsyncTritonClient(endpoint, self._key, timeout_s=self.timeout_s)
 
     def _scrub(self, text: str) -> str:
         """Whatever a server or library says, the key never leaves in a message."""
@@ -503,3 +507,20 @@ def _probe_inputs(config: Mapping[str, Any]) -> list[httpclient.InferInput] | No
         tensor.set_data_from_numpy(zeros)
         inputs.append(tensor)
     return inputs
+
+
+def _request_counters(text: str, model: str) -> tuple[float, float]:
+    """(BACKEND failures, successes) of `model` in Triton's /metrics text: their totals."""
+    failures = successes = 0.0
+    for family in text_string_to_metric_families(text):
+        # The parser names a counter's family without, and its samples with, "_total".
+        for sample in family.samples:
+            if sample.labels.get("model") != model:
+                continue
+            if family.name == "nv_inference_request_failure" and (
+                sample.labels.get("reason") == "BACKEND"
+            ):
+                failures += sample.value
+            elif family.name == "nv_inference_request_success":
+                successes += sample.value
+    return failures, successes

@@ -7,8 +7,8 @@ not return; the old instances keep serving; the model reads READY with the old c
 the repository index says READY too, so nothing in Triton's API tells that a reload is in
 flight; a second load of the model waits behind the first.
 
-So a load runs in a thread of its own and its caller waits at most `deadline_s`. Past the
-deadline the caller gets the `LoadInFlight` and goes on; the thread keeps the request open
+So a load runs as an asyncio task of its own and its caller waits at most `deadline_s`. Past
+the deadline the caller gets the `LoadInFlight` and goes on; the task keeps the request open
 (up to the load's own timeout), and while it does, `in_flight(pod, model)` says so, and no
 other load of that model goes to that pod. When Triton answers at last, the outcome is
 logged and the entry goes. A restarted operator does not know its predecessor's loads: its
@@ -17,13 +17,11 @@ first load waits behind them in Triton, past its deadline, and from then on it k
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-from tritonscale.triton.client import free_thread_hub
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +44,18 @@ class LoadInFlight:
 
 
 @dataclass
-class _Outcome:
-    done: threading.Event = field(default_factory=threading.Event)
-    finished: bool = False  # set under the registry's lock
-    abandoned: bool = False  # the caller stopped waiting (under the lock)
-    error: Exception | None = None  # a TritonError, or a bug raised in the thread
+class _Running:
+    load: LoadInFlight
+    task: asyncio.Task[None]
+    abandoned: bool = False  # the caller stopped waiting at the deadline
 
 
 class LoadsInFlight:
     """Runs loads with a deadline and remembers those that outlived it, per (pod, model).
 
     One instance is shared by everything that loads models on the same pods (the actuator
-    and the healer), so that neither piles a load on one the other left in flight.
+    and the healer), so that neither piles a load on one the other left in flight. It belongs
+    to one event loop (its loads are that loop's tasks).
     """
 
     def __init__(
@@ -70,69 +68,59 @@ class LoadsInFlight:
             raise ValueError(f"the load deadline must be > 0 s, not {deadline_s:g}")
         self.deadline_s = deadline_s
         self._clock = clock
-        self._lock = threading.Lock()
-        self._loads: dict[tuple[str, str], LoadInFlight] = {}
-        self._outcomes: dict[tuple[str, str], _Outcome] = {}
+        self._running: dict[tuple[str, str], _Running] = {}
 
     def in_flight(self, pod: str, model: str) -> LoadInFlight | None:
         """The load of `model` on `pod` that is still waiting for Triton, if any."""
-        with self._lock:
-            outcome = self._outcomes.get((pod, model))
-            return self._loads[pod, model] if outcome is not None and outcome.abandoned else None
+        running = self._running.get((pod, model))
+        return running.load if running is not None and running.abandoned else None
 
-    def run(self, pod: str, model: str, what: str, send: Callable[[], None]) -> LoadInFlight | None:
-        """Run `send` (one blocking load) in a thread of its own; wait for it up to the deadline.
+    async def run(
+        self, pod: str, model: str, what: str, send: Callable[[], Awaitable[None]]
+    ) -> LoadInFlight | None:
+        """Run `send()` (one load) as a task of its own; wait for it up to the deadline.
 
         None: the load finished in time. A TritonError: it failed in time (raised here).
         A LoadInFlight: the deadline passed first, or a load of `model` to `pod` was already
         under way (then `send` is not run at all).
         """
         key = (pod, model)
-        with self._lock:
-            if key in self._loads:
-                return self._loads[key]
-            load = LoadInFlight(pod, model, what, self._clock(), self.deadline_s)
-            outcome = _Outcome()
-            self._loads[key], self._outcomes[key] = load, outcome
-        thread = threading.Thread(
-            target=self._send,
-            args=(load, outcome, send),
-            name=f"load {model} on {pod}",
-            daemon=True,  # a load Triton never answers must not hold the process at exit
-        )
-        thread.start()
-        outcome.done.wait(self.deadline_s)
-        with self._lock:
-            if not outcome.finished:
-                outcome.abandoned = True
-                return load
-        if outcome.error is not None:
-            raise outcome.error
+        if key in self._running:
+            return self._running[key].load
+        load = LoadInFlight(pod, model, what, self._clock(), self.deadline_s)
+        task = asyncio.ensure_future(send())
+        running = self._running[key] = _Running(load, task)
+        task.add_done_callback(lambda _: self._ended(key, running))
+        # `wait`, not `wait_for`: past the deadline the load goes on, and a cancelled caller
+        # (a stopped daemon) leaves it to Triton as well.
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
+        except asyncio.CancelledError:
+            running.abandoned = not task.done()
+            raise
+        if not done:
+            running.abandoned = True
+            return load
+        error = task.exception()
+        if error is not None:
+            raise error
         return None
 
-    def _send(self, load: LoadInFlight, outcome: _Outcome, send: Callable[[], None]) -> None:
-        try:
-            send()
-        except Exception as error:  # handed to the caller, who raises it
-            outcome.error = error
-        finally:
-            with self._lock:
-                outcome.finished = True
-                late = outcome.abandoned
-                del self._loads[load.pod, load.model]
-                del self._outcomes[load.pod, load.model]
-            outcome.done.set()
-            free_thread_hub()
-        if late:
-            took = self._clock() - load.started
-            error = outcome.error
-            ended = f"failed: {getattr(error, 'reason', error)}" if error else "finished"
-            log.warning(
-                "%s: the load of %s (%s) %s %.1f s after it was sent, past its deadline of %g s",
-                load.pod,
-                load.model,
-                load.what,
-                ended,
-                took,
-                load.deadline_s,
-            )
+    def _ended(self, key: tuple[str, str], running: _Running) -> None:
+        if self._running.get(key) is running:
+            del self._running[key]
+        if not running.abandoned:
+            return
+        load = running.load
+        took = self._clock() - load.started
+        error = None if running.task.cancelled() else running.task.exception()
+        ended = f"failed: {getattr(error, 'reason', error)}" if error else "finished"
+        log.warning(
+            "%s: the load of %s (%s) %s %.1f s after it was sent, past its deadline of %g s",
+            load.pod,
+            load.model,
+            load.what,
+            ended,
+            took,
+            load.deadline_s,
+        )
