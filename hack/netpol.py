@@ -19,7 +19,6 @@ with the node's.
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,14 +85,6 @@ def command(tools_dir: Path, kubeconfig: Path, health_port: int) -> list[str]:
     ]
 
 
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
-
-
 def start(
     state_dir: Path,
     tools_dir: Path,
@@ -119,7 +110,7 @@ def start(
     port = free_port()
     process = node.spawn(state_dir, NAME, command(tools_dir, kubeconfig, port))
     deadline = started + timeout_s
-    while not _healthy(port):
+    while not node.http_ok(f"http://127.0.0.1:{port}/healthz"):
         if process.poll() is not None or time.monotonic() > deadline:
             log = state_dir / "node" / "logs" / f"{NAME}.log"
             raise node.NodeError(

@@ -506,7 +506,7 @@ def start_node(
         wait(f"node {NODE_NAME} Ready", lambda: _node_ready(plane))
         wait(
             "kube-proxy's first sync (healthz)",
-            lambda: _http_ok(f"http://127.0.0.1:{ports['kube-proxy-healthz']}/healthz"),
+            lambda: http_ok(f"http://127.0.0.1:{ports['kube-proxy-healthz']}/healthz"),
         )
     except BaseException:
         stop_node(state_dir, progress=lambda _line: None)
@@ -597,7 +597,8 @@ def _node_ready(plane: cluster.ControlPlane) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
+    """Whether a GET of `url` answers 200 within 2 s."""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200

@@ -262,25 +262,34 @@ def reconciled(cluster: Cluster) -> list[dict[str, Any]] | None:
     return items or None
 
 
+def wait_tuned(cluster: Cluster, pods: int, mode: str) -> None:
+    """Wait for `pods` Triton pods Ready (each gate opened by the operator) and every
+    autoscaler reconciled with ScalingActive True; then no pod may have been unreachable."""
+    cluster.wait(
+        f"{pods} Triton pod(s) Ready, their gates opened by the operator in {mode} mode",
+        lambda: (
+            len(found := cluster.pods(NAMESPACE, TRITON)) == pods
+            and all(is_ready(p) for p in found)
+        ),
+        timeout_s=420,
+        namespace=NAMESPACE,
+    )
+    cluster.wait(
+        f"every autoscaler reconciled with ScalingActive True in {mode} mode",
+        lambda: reconciled(cluster),
+        timeout_s=180,
+        namespace=NAMESPACE,
+    )
+    assert unreachable_events(cluster) == []
+
+
 def unreachable_events(cluster: Cluster) -> list[str]:
     events = cluster.items("events", "-n", NAMESPACE)
     return [e["message"] for e in events if "PodUnreachable" in (e.get("reason") or "")]
 
 
 def test_the_operator_reaches_triton_through_the_policy_in_scrape_mode(guarded: Cluster) -> None:
-    guarded.wait(
-        "the guarded release's Triton pod Ready (its gate opened by the operator)",
-        lambda: (pods := guarded.pods(NAMESPACE, TRITON)) and all(is_ready(p) for p in pods),
-        timeout_s=420,
-        namespace=NAMESPACE,
-    )
-    guarded.wait(
-        "every autoscaler reconciled with ScalingActive True",
-        lambda: reconciled(guarded),
-        timeout_s=180,
-        namespace=NAMESPACE,
-    )
-    assert unreachable_events(guarded) == []
+    wait_tuned(guarded, 1, "scrape")
 
 
 def test_only_the_allowed_namespaces_reach_tritons_ports(guarded: Cluster) -> None:
@@ -345,21 +354,7 @@ def test_in_prometheus_mode_the_operator_still_reaches_every_pod(guarded: Cluste
         "rollout", "status", f"deployment/{RELEASE}-tritonscale-operator", "-n", NAMESPACE,
         "--timeout=180s", timeout=200,
     )  # fmt: skip
-    operator = guarded.pods(NAMESPACE, OPERATOR)[0]
+    operator = guarded.ready_pods(NAMESPACE, OPERATOR)[0]  # not one still terminating
     env = {e["name"]: e.get("value") for e in operator["spec"]["containers"][0].get("env", [])}
     assert PROMETHEUS_URL in env.values(), env
-    guarded.wait(
-        "both Triton pods Ready: the new one's gate opened by the operator in Prometheus mode",
-        lambda: (
-            len(pods := guarded.pods(NAMESPACE, TRITON)) == 2 and all(is_ready(p) for p in pods)
-        ),
-        timeout_s=420,
-        namespace=NAMESPACE,
-    )
-    guarded.wait(
-        "every autoscaler reconciled with ScalingActive True in Prometheus mode",
-        lambda: reconciled(guarded),
-        timeout_s=180,
-        namespace=NAMESPACE,
-    )
-    assert unreachable_events(guarded) == []
+    wait_tuned(guarded, 2, "Prometheus")
