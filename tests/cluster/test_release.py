@@ -488,24 +488,45 @@ def test_kubectl_logs_exec_and_port_forward_reach_triton(release: Cluster) -> No
             forward.terminate()
 
 
+def allocator_pid(marker: str, timeout_s: float = 20) -> int:
+    """The host's pid of the python3 whose command line ends with `marker`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                command = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:  # gone meanwhile, or not a process
+                continue
+            if b"python3" in command[0] and marker.encode() in command:
+                return int(entry.name)
+        time.sleep(0.1)
+    raise AssertionError(f"no process `python3 ... {marker}` appeared in {timeout_s:.0f} s")
+
+
 def test_an_oom_killed_triton_restarts_and_gets_its_peers_counts_back(release: Cluster) -> None:
     """Past its memory limit the container is OOM-killed by the kernel (its cgroup's limit
-    is the chart's), restarts, and the operator brings it back to its peer's counts. The
-    kernel kills the process it finds worst: tritonserver is made that one, from the host
-    (raising oom_score_adj needs no privilege), and an allocation inside the container
-    crosses the limit."""
+    is the chart's), restarts, and the operator brings it back to its peer's counts.
+
+    Inside a memory cgroup the kernel kills the process with the most memory plus
+    oom_score_adj (in thousandths of the limit). A python3 exec'd into the container
+    allocates as much as the whole limit; from the host, tritonserver's adj is raised to
+    the most (1000) and the allocator's lowered to 0 (with both at Burstable's 979, as the
+    kubelet set them, the allocator would be the one killed): tritonserver is the victim,
+    and the container ends with it, the allocation too."""
     pods = release.ready_pods(NAMESPACE, TRITON)
     name = pods[0]["metadata"]["name"]
     restarts = pods[0]["status"]["containerStatuses"][0]["restartCount"]
-    peer_counts = counts_on_every_pod(release, 2)
-    assert peer_counts is not None
+    assert counts_on_every_pod(release, 2) is not None
     pid = release.container_pid(NAMESPACE, name, "tritonserver")
     Path(f"/proc/{pid}/oom_score_adj").write_text("1000\n")
-    # As much as the whole limit, written (a bytearray's zero pages would stay untouched),
-    # beside the server: the cgroup runs out on the way, and the kernel picks tritonserver;
-    # the container ends with it, the allocation too.
-    release.run("kubectl", "exec", name, "-n", NAMESPACE, "-c", "tritonserver", "--",
-                "python3", "-c", "b'x' * (4 << 30)", timeout=120)  # fmt: skip
+    marker = "oom-drill"
+    allocate = "import time; time.sleep(3); b = b'x' * (4 << 30)"  # written, so resident
+    command = [release.tools["kubectl"], "--kubeconfig", str(release.kubeconfig), "exec",
+               name, "-n", NAMESPACE, "-c", "tritonserver", "--",
+               "python3", "-c", allocate, marker]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as drill:
+        Path(f"/proc/{allocator_pid(marker)}/oom_score_adj").write_text("0\n")
+        drill.wait(timeout=120)
     restarted = release.wait(
         "the OOM-killed tritonserver to be restarted and Ready",
         lambda: (
