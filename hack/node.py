@@ -442,9 +442,9 @@ def start_node(
     }
     processes: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(name: str, command: list[str]) -> None:
-        processes[name] = globals()["spawn"](state_dir, name, command)
-        state.update(read_state(state_dir) or {})
+    def start(name: str, command: list[str]) -> None:
+        processes[name] = spawn(state_dir, name, command)
+        state.update(read_state(state_dir) or {})  # spawn recorded its pid there
 
     def wait(what: str, ready: Callable[[], bool]) -> None:
         deadline = started + timeout_s
@@ -467,13 +467,13 @@ def start_node(
         # Service cluster IPs are forwarded to pods on the bridge: routing must be on.
         ip_forward.write_text("1\n")
         _guard_service_range()
-        spawn("registry", [str(registry.binary(tools_dir)), "serve", str(registry_config)])
+        start("registry", [str(registry.binary(tools_dir)), "serve", str(registry_config)])
         wait("the registry", lambda: registry.answers(state["registry"]))
         containerd = shutil.which("containerd") or "containerd"
-        spawn("containerd", [containerd, f"--config={config / 'containerd.toml'}"])
+        start("containerd", [containerd, f"--config={config / 'containerd.toml'}"])
         wait("containerd's socket", lambda: _ctr_answers(paths["socket"]))
         import_image(state_dir, pause)
-        spawn(
+        start(
             "kube-scheduler",
             [
                 str(binaries["kube-scheduler"]),
@@ -486,11 +486,11 @@ def start_node(
                 "--profiling=false",
             ],
         )
-        spawn(
+        start(
             "kube-proxy",
             [str(binaries["kube-proxy"]), f"--config={config / 'kube-proxy.yaml'}"],
         )
-        spawn(
+        start(
             "kubelet",
             [
                 str(binaries["kubelet"]),

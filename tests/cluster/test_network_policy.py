@@ -28,8 +28,8 @@ import yaml
 from hack import node as hack_node
 from tests.chart.helm import CHART
 from tests.cluster.harness import Cluster, is_ready, restricted_namespace, wait_namespace_gone
-from tests.cluster.test_real_node import BUSYBOX
 from tests.cluster.test_real_node import IMAGE as BUSYBOX_IMAGE
+from tests.cluster.test_real_node import import_busybox
 from tests.tooling import missing
 
 NAMESPACE = "e2e-netpol"
@@ -213,22 +213,21 @@ def answers(cluster: Cluster, namespace: str, address: str, port: int, path: str
 
 @pytest.fixture(scope="module")
 def guarded(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    if not PROMETHEUS_BINARY.is_file() or not BUSYBOX.is_file():
-        missing(
-            f"{PROMETHEUS_BINARY} and {BUSYBOX} are needed (Debian's prometheus, busybox-static)"
-        )
+    if not PROMETHEUS_BINARY.is_file():
+        missing(f"{PROMETHEUS_BINARY} not found (Debian's prometheus)")
     folder = tmp_path_factory.mktemp("netpol")
     libraries = {
         "/lib/x86_64-linux-gnu/libc.so.6": Path("/lib/x86_64-linux-gnu/libc.so.6"),
         "/lib64/ld-linux-x86-64.so.2": Path("/lib64/ld-linux-x86-64.so.2"),
     }
-    for image, files, entrypoint in (
-        (PROMETHEUS_IMAGE, {"/bin/prometheus": PROMETHEUS_BINARY, **libraries}, "/bin/prometheus"),
-        (BUSYBOX_IMAGE, {"/bin/busybox": BUSYBOX}, "/bin/busybox"),
-    ):
-        archive = folder / f"{image.rsplit('/', 1)[1].replace(':', '-')}.tar"
-        hack_node.build_scratch_image(archive, image, files, [entrypoint])
-        hack_node.import_image(cluster.state_dir, archive)
+    archive = hack_node.build_scratch_image(
+        folder / "prometheus.tar",
+        PROMETHEUS_IMAGE,
+        {"/bin/prometheus": PROMETHEUS_BINARY, **libraries},
+        ["/bin/prometheus"],
+    )
+    hack_node.import_image(cluster.state_dir, archive)
+    import_busybox(cluster.state_dir)
     for namespace in (NAMESPACE, MONITORING, OUTSIDER):
         restricted_namespace(cluster, namespace)
     values = folder / "policy.yaml"

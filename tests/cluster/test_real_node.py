@@ -140,15 +140,21 @@ SERVICE = {
 }
 
 
-@pytest.fixture(scope="module")
-def real(cluster: Cluster) -> Iterator[RealCluster]:
+def import_busybox(state_dir: Path) -> None:
+    """IMAGE in the node's containerd: built once per cluster folder (a `FROM scratch` image
+    of Debian's static busybox), imported again after each `up`."""
     if not BUSYBOX.is_file():
         missing(f"{BUSYBOX} not found (Debian's busybox-static)")
+    archive = state_dir / "busybox.tar"
+    if not archive.is_file():
+        hack_node.build_scratch_image(archive, IMAGE, {"/bin/busybox": BUSYBOX}, ["/bin/busybox"])
+    hack_node.import_image(state_dir, archive)
+
+
+@pytest.fixture(scope="module")
+def real(cluster: Cluster) -> Iterator[RealCluster]:
     real = RealCluster(cluster.state_dir, cluster.tools["kubectl"])
-    archive = hack_node.build_scratch_image(
-        cluster.state_dir / "busybox.tar", IMAGE, {"/bin/busybox": BUSYBOX}, ["/bin/busybox"]
-    )
-    hack_node.import_image(cluster.state_dir, archive)
+    import_busybox(cluster.state_dir)
     real.kubectl("create", "namespace", NAMESPACE)
     real.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
     for name in PODS:

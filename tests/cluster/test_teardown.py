@@ -17,15 +17,12 @@ from hack import cluster as hack_cluster
 from hack import node as hack_node
 from tests.cluster.conftest import TIMINGS, TOOLS_DIR
 from tests.cluster.harness import Cluster
-from tests.cluster.test_real_node import BUSYBOX, IMAGE, PODS, pod_manifest
+from tests.cluster.test_real_node import PODS, import_busybox, pod_manifest
 
 
 def busybox_pod(cluster: Cluster, namespace: str) -> None:
     """A pod of busybox in `namespace`, with its address (so with its network namespace)."""
-    archive = cluster.state_dir / "busybox.tar"
-    if not archive.is_file():
-        hack_node.build_scratch_image(archive, IMAGE, {"/bin/busybox": BUSYBOX}, ["/bin/busybox"])
-    hack_node.import_image(cluster.state_dir, archive)
+    import_busybox(cluster.state_dir)
     cluster.kubectl("create", "namespace", namespace)
     cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(pod_manifest(PODS[0])))
     cluster.wait(
