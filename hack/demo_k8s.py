@@ -65,6 +65,7 @@ VALUES: dict[str, Any] = {
         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "4Gi"}},
         "exitTimeoutSeconds": 5,
         "preStopSleepSeconds": 1,
+        "grpcMaxConnectionAgeSeconds": 0,
         "terminationGracePeriodSeconds": 15,
         "probes": {
             "startup": {"periodSeconds": 2, "failureThreshold": 150},

@@ -28,6 +28,7 @@ from grpc.experimental import gevent as grpc_gevent
 grpc_gevent.init_gevent()
 # isort: on
 
+import json
 import logging
 import queue
 import random
@@ -207,6 +208,13 @@ def _add_options(parser: Any) -> None:
     )
     parser.add_argument(
         "--request-timeout-s", type=float, default=30.0, help="Client timeout of one request"
+    )
+    parser.add_argument(
+        "--request-log",
+        default="",
+        include_in_web_ui=False,
+        help="Append one JSON line per request here (start time, ms, name, error): "
+        "every request of a run, to line up with what happened meanwhile",
     )
 
 
@@ -641,6 +649,8 @@ def _on_init(environment: Environment, **_: Any) -> None:
     if options.shape == "steady":
         # Locust picks up every shape class of a locustfile; steady means none.
         environment.shape_class = None
+    if options.request_log:
+        _log_requests(environment, options.request_log)
     if getattr(options, "worker", False):
         return  # the master chose the users, checked the server and judges the gates
     # Only the chosen workloads run: the master hands these classes to its workers.
@@ -658,6 +668,27 @@ def _on_init(environment: Environment, **_: Any) -> None:
         problem = check_ready(protocol, address, models)
         if problem:
             _stop(problem)
+
+
+def _log_requests(environment: Environment, path: str) -> None:
+    """Write every request the users of this process make to `path`, one JSON line each."""
+    log = open(path, "a", buffering=1)  # noqa: SIM115 - open for the whole run
+
+    def write(
+        request_type: str,
+        name: str,
+        response_time: float,
+        exception: BaseException | None = None,
+        start_time: float | None = None,
+        **_: Any,
+    ) -> None:
+        started = start_time if start_time is not None else time.time() - response_time / 1000
+        error = None if exception is None else f"{type(exception).__name__}: {exception}"[:300]
+        line = {"start": round(started, 4), "ms": round(response_time, 2), "name": name}
+        log.write(json.dumps({**line, "type": request_type, "error": error}) + "\n")
+
+    environment.events.request.add_listener(write)
+    environment.events.quitting.add_listener(lambda **_: log.close())
 
 
 # ---- service-level gates ----------------------------------------------------------------

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,6 +106,27 @@ def test_the_gateway_user_checks_each_streamed_answer(triton: LocalTriton, tmp_p
     assert done.returncode == 0, done.stderr[-2000:]
     row = stats_rows(prefix)["pipeline_gateway"]
     assert int(row["Request Count"]) > 10 and int(row["Failure Count"]) == 0, row
+
+
+def test_the_request_log_holds_every_request_with_its_outcome(
+    triton: LocalTriton, tmp_path: Path
+) -> None:
+    log = tmp_path / "requests.jsonl"
+    prefix = tmp_path / "run"
+    done = run_locust(
+        triton,
+        "--workload", "bls_async", "--request-log", str(log), "--csv", str(prefix),
+        seconds=3,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    row = stats_rows(prefix)["bls_async"]
+    # The summary is written as the run stops; a user's last request may end just after.
+    assert 0 < int(row["Request Count"]) <= len(lines) <= int(row["Request Count"]) + 2
+    assert {line["name"] for line in lines} == {"bls_async"}
+    assert all(line["error"] is None and line["ms"] > 0 for line in lines)
+    starts = [line["start"] for line in lines]
+    assert max(starts) - min(starts) < 10 and abs(max(starts) - time.time()) < 60
 
 
 def _shape_users(stderr: str) -> list[int]:

@@ -206,6 +206,15 @@ def serve(
     help="Peering priority (the highest live one acts); default: random, so replicas differ.",
 )
 @click.option(
+    "--peering-lifetime",
+    show_envvar=True,
+    type=click.IntRange(min=15),
+    default=60,
+    show_default=True,
+    help="Seconds a replica's peering record counts as alive: a standby takes over from a "
+    "killed replica within about this long (records are renewed 5 to 10 s before expiry).",
+)
+@click.option(
     "--prometheus-url",
     show_envvar=True,
     metavar="URL",
@@ -246,6 +255,7 @@ def operator(
     metrics_port: int,
     peering: str | None,
     priority: int | None,
+    peering_lifetime: int,
     prometheus_url: str | None,
     triton_http_port: int,
     triton_metrics_port: int,
@@ -283,6 +293,7 @@ def operator(
             clusterwide=all_namespaces,
             peering=peering or None,
             priority=priority,
+            peering_lifetime_s=peering_lifetime,
             liveness=liveness or None,
             metrics_port=metrics_port or None,
         )

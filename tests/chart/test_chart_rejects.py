@@ -85,6 +85,11 @@ COMBINATION_CASES = [
         "tritonscale: triton.terminationGracePeriodSeconds (45) must exceed triton.preStopSleepSeconds + triton.exitTimeoutSeconds (15 + 30)",
     ),
     (
+        "preStop sleep shorter than a gRPC connection's life",
+        ("triton.preStopSleepSeconds=10", "triton.terminationGracePeriodSeconds=60"),
+        "tritonscale: triton.preStopSleepSeconds (10) must be at least 14 with triton.grpcMaxConnectionAgeSeconds 8 and triton.grpcMaxConnectionAgeGraceSeconds 4",
+    ),
+    (
         "pvc without a claim",
         ("triton.modelRepository.source=pvc",),
         'tritonscale: triton.modelRepository.source is "pvc" but triton.modelRepository.pvc.claimName is empty.',

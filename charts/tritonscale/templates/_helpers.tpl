@@ -145,6 +145,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $messages = append $messages (include "tritonscale.validateValues.modelRepository" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.readyModels" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.termination" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.grpcDrain" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.pdb" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.autoscalers" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.hpa" .) -}}
@@ -196,6 +197,18 @@ tritonscale: triton.readyModels names {{ join ", " $unknown }}, not in the chart
 {{- $needed := add $t.preStopSleepSeconds $t.exitTimeoutSeconds -}}
 {{- if le (int $t.terminationGracePeriodSeconds) (int $needed) -}}
 tritonscale: triton.terminationGracePeriodSeconds ({{ $t.terminationGracePeriodSeconds }}) must exceed triton.preStopSleepSeconds + triton.exitTimeoutSeconds ({{ $t.preStopSleepSeconds }} + {{ $t.exitTimeoutSeconds }}), or the kubelet kills Triton before in-flight requests drain.
+{{- end -}}
+{{- end -}}
+
+{{- define "tritonscale.validateValues.grpcDrain" -}}
+{{- $t := .Values.triton -}}
+{{- $age := int $t.grpcMaxConnectionAgeSeconds -}}
+{{- if gt $age 0 -}}
+{{- /* gRPC jitters the age by up to 10 %; one second more for the endpoint removal to spread. */ -}}
+{{- $drained := add $age (div (add $age 9) 10) (int $t.grpcMaxConnectionAgeGraceSeconds) 1 -}}
+{{- if lt (int $t.preStopSleepSeconds) (int $drained) -}}
+tritonscale: triton.preStopSleepSeconds ({{ $t.preStopSleepSeconds }}) must be at least {{ $drained }} with triton.grpcMaxConnectionAgeSeconds {{ $age }} and triton.grpcMaxConnectionAgeGraceSeconds {{ $t.grpcMaxConnectionAgeGraceSeconds }}, or gRPC clients still hold connections to a stopping pod when Triton exits and lose the requests in flight on them.
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

@@ -527,9 +527,12 @@ def liveness_problem(url: str) -> str | None:
     return None
 
 
-def settings() -> kopf.OperatorSettings:
+def settings(peering_lifetime_s: int = 60) -> kopf.OperatorSettings:
     """kopf's settings for this operator."""
     operator_settings = kopf.OperatorSettings()
+    # A replica killed without a word (SIGKILL, a lost node) keeps its peering record until
+    # this expires: the standby's takeover time. kopf's default is 60 s.
+    operator_settings.peering.lifetime = peering_lifetime_s
     # No cluster-wide scans of namespaces and CRDs: they would need a ClusterRole (list and
     # watch namespaces and customresourcedefinitions) for nothing this operator uses. It
     # serves the namespaces it is given and the resources present at start (the chart
@@ -546,6 +549,7 @@ def run(
     clusterwide: bool = False,
     peering: str | None = None,
     priority: int | None = None,
+    peering_lifetime_s: int = 60,
     liveness: str | None = None,
     metrics_port: int | None = 9102,
     metrics: OperatorMetrics | None = None,
@@ -559,7 +563,8 @@ def run(
 
     `peering` names the KopfPeering objects; None runs standalone. Replicas sharing a
     peering must not share a priority (kopf pauses all of them then): by default each picks
-    a random one, so exactly one is active and another takes over when it goes.
+    a random one, so exactly one is active and another takes over when it goes: at once when
+    it stops cleanly, within `peering_lifetime_s` when it is killed.
     `vault`, `loop` and `pod_status` are for tests (credentials for a mock API server, a
     thread's loop, the client that patches the pods' readinessGate condition).
     """
@@ -580,7 +585,7 @@ def run(
     try:
         kopf.run(
             loop=loop,
-            settings=settings(),
+            settings=settings(peering_lifetime_s),
             standalone=peering is None,
             peering_name=peering,
             priority=priority or 0,
