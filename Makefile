@@ -17,7 +17,7 @@ DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 \
 	busybox-static debootstrap ipset
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
-.PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s
+.PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s drills
 .PHONY: base-image images push images-size flake-hunt vegeta
 
 all: test
@@ -125,6 +125,13 @@ cluster-down: venv
 # the requests each pod served, helm uninstall, cluster down.
 demo-k8s: deps tools
 	$(PY) -m hack.demo_k8s
+
+# Day-2 drills on that cluster (root) under a steady Locust load through the Triton Service:
+# a rollout, scale-in, pod deletes, operator failover, API server / containerd / kubelet
+# restarts, an OOM kill, install/uninstall cycles. reports/drills/NAME.json each, and a
+# table. QUICK=1: short windows and 3 cycles (about 15 minutes instead of about an hour).
+drills: deps tools
+	$(PY) -m hack.drills $(if $(QUICK),--quick)
 
 # The images: the operator (operator/Dockerfile, the base install), Locust (loadtests/Dockerfile)
 # and a CPU Triton (triton/Dockerfile), each tagged localhost/NAME:<the chart's appVersion> and

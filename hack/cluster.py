@@ -851,6 +851,50 @@ def _node_running(state_dir: Path) -> bool:
     return all(_is_running(pid, state["binaries"][n]) for n, pid in state["pids"].items())
 
 
+def restart(
+    state_dir: Path, name: str, down_s: float = 0.0, grace_s: float = 30.0
+) -> tuple[int, int]:
+    """Stop one component of the running cluster of STATE (SIGTERM to its process alone: a
+    container runtime's shims and containers stay; SIGKILL after `grace_s`), keep it down
+    `down_s` seconds, and start it again as it ran (same command line, folder and log);
+    (old pid, new pid). For the day-2 drills: an API server, a kubelet or containerd that
+    restarts under load."""
+    state_dir = Path(state_dir).resolve()
+    for state_file in (state_dir / STATE_FILE, state_dir / node.STATE_FILE):
+        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        if name in state.get("pids", {}):
+            break
+    else:
+        raise ClusterError(f"the cluster of {state_dir} has no component {name}")
+    pid, binary = state["pids"][name], state["binaries"][name]
+    if not _is_running(pid, binary):
+        raise ClusterError(f"{name} (pid {pid}) is not running")
+    command = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+    folder = os.readlink(f"/proc/{pid}/cwd")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _is_running(pid, binary):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    time.sleep(down_s)
+    with open(state_dir / "logs" / f"{name}.log", "ab") as log:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=folder,
+            start_new_session=True,
+        )
+    state["pids"][name] = process.pid
+    partial = state_file.with_name(f".{state_file.name}.partial")
+    partial.write_text(json.dumps(state, indent=2) + "\n")
+    os.replace(partial, state_file)
+    return pid, process.pid
+
+
 def up(
     state_dir: Path = Path(".cluster"),
     tools_dir: Path = Path(".tools"),

@@ -471,7 +471,7 @@ def start_node(
         wait("the registry", lambda: registry.answers(state["registry"]))
         containerd = shutil.which("containerd") or "containerd"
         start("containerd", [containerd, f"--config={config / 'containerd.toml'}"])
-        wait("containerd's socket", lambda: _ctr_answers(paths["socket"]))
+        wait("containerd's socket", lambda: ctr_answers(paths["socket"]))
         import_image(state_dir, pause)
         start(
             "kube-scheduler",
@@ -575,7 +575,20 @@ def read_state(state_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def _ctr_answers(socket: Path) -> bool:
+def task_pid(state_dir: Path, container_id: str) -> int:
+    """The host's pid of a running container's first process, as containerd knows it."""
+    socket = (read_state(state_dir) or {}).get("containerd_address")
+    if not socket:
+        raise NodeError(f"no node runs in {state_dir}")
+    tasks = _run("ctr", "--address", socket, "--namespace", "k8s.io", "tasks", "list")
+    for line in tasks.splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == container_id:
+            return int(pid)
+    raise NodeError(f"containerd runs no task {container_id}")
+
+
+def ctr_answers(socket: Path) -> bool:
     if not socket.exists():
         return False
     done = subprocess.run(

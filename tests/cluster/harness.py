@@ -70,16 +70,7 @@ class Cluster:
         statuses = self.get("pod", pod, "-n", namespace)["status"]["containerStatuses"]
         (status,) = [s for s in statuses if s["name"] == container]
         container_id = status["containerID"].split("://", 1)[1]
-        socket = (hack_node.read_state(self.state_dir) or {})["containerd_address"]
-        tasks = subprocess.run(
-            ["ctr", "--address", socket, "--namespace", "k8s.io", "tasks", "list"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout  # fmt: skip
-        for line in tasks.splitlines()[1:]:
-            task, pid, *_ = line.split()
-            if task == container_id:
-                return int(pid)
-        raise AssertionError(f"containerd runs no task {container_id} ({pod}/{container})")
+        return hack_node.task_pid(self.state_dir, container_id)
 
     def run(
         self, tool: str, *args: str, timeout: float = COMMAND_TIMEOUT_S, stdin: str | None = None
