@@ -21,12 +21,11 @@ from hack.demo_k8s import Kubectl
 from tests.cluster.harness import Cluster, Stopwatch, restricted_namespace, wait_namespace_gone
 
 NAMESPACE = "e2e-drills"
+Subject = tuple[hack_drills.Drills, hack_drills.Load, dict]
 
 
 @pytest.fixture(scope="module")
-def drills(
-    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[hack_drills.Drills, hack_drills.Load, dict]]:
+def drills(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Subject]:
     kubectl = Kubectl(cluster.kubeconfig)
     values = hack_drills.release_values(cluster.registry)
     restricted_namespace(cluster, NAMESPACE)
@@ -56,7 +55,7 @@ def _install(cluster: Cluster, values: dict) -> None:
     )  # fmt: skip
 
 
-def run(drills: tuple[hack_drills.Drills, hack_drills.Load, dict], name: str) -> hack_drills.Record:
+def run(drills: Subject, name: str) -> hack_drills.Record:
     subject, load, values = drills
     record = hack_drills.run_drill(subject, name, load, values)
     print("\n".join(hack_drills.table([record])))
@@ -64,14 +63,16 @@ def run(drills: tuple[hack_drills.Drills, hack_drills.Load, dict], name: str) ->
 
 
 @pytest.mark.parametrize("name", ["rollout", "scale-in"])
-def test_a_drill_under_load_loses_no_request(drills, name: str) -> None:
+def test_a_drill_under_load_loses_no_request(drills: Subject, name: str) -> None:
     record = run(drills, name)
     assert record.requests_sent > 0
     assert record.requests_failed == 0, record
     assert record.passed, record
 
 
-def test_operators_resume_ticking_after_the_active_one_is_killed_with_no_stale_count(drills) -> None:
+def test_operators_resume_ticking_after_the_active_one_is_killed_with_no_stale_count(
+    drills: Subject,
+) -> None:
     record = run(drills, "failover")
     assert record.passed, record
     detail = record.detail
@@ -82,14 +83,14 @@ def test_operators_resume_ticking_after_the_active_one_is_killed_with_no_stale_c
     assert detail["rescale_events_during"] == 0, detail
 
 
-def test_an_oom_kill_loses_only_the_requests_of_the_moment_the_pod_died(drills) -> None:
+def test_an_oom_kill_loses_only_the_requests_of_the_moment_the_pod_died(drills: Subject) -> None:
     record = run(drills, "oom")
     assert record.detail["reason"] == "OOMKilled" and record.detail["exit_code"] == 137
     assert record.detail["failed_outside_window"] == 0, record
     assert record.passed, record
 
 
-def test_install_uninstall_cycles_leave_no_finalizer_to_the_hook(drills) -> None:
+def test_install_uninstall_cycles_leave_no_finalizer_to_the_hook(drills: Subject) -> None:
     record = run(drills, "finalizer")
     assert record.passed and record.detail["cycles"] == 3, record
     assert record.detail["release_s_max"] < record.detail["hook_timeout_s"], record
