@@ -526,6 +526,10 @@ class Drills:
             ),
             timeout_s=300,
         )
+        # The readiness gate closed when the container restarted: back in the Service, the
+        # pod already runs every autoscaler's count.
+        back_counts = pod_counts(restarted["status"]["podIP"])
+        desired = self.desired()
         self.wait_tuned(len(self.pods(TRITON)), timeout_s=240)
         end = time.time()
         last = restarted["status"]["containerStatuses"][0]["lastState"].get("terminated") or {}
@@ -536,6 +540,10 @@ class Drills:
             "exit_code": last.get("exitCode"),
             "endpoint_not_ready_after_s": round(not_ready[0] - start, 1) if not_ready else None,
             "allocator_ended_after_s": round(killed - start, 1),
+            "back_in_service_at_peers_counts": all(
+                back_counts.get(m) == n for m, n in desired.items() if m in back_counts
+            ),
+            "counts_when_back": back_counts,
         }
         record.allowed_failures = (
             "the requests in flight on the killed pod and those kube-proxy sent it before "
@@ -685,7 +693,11 @@ def run_drill(drills: Drills, name: str, load: Load | None, values: dict[str, An
         first, last = record.detail.pop("failure_window")
         outside = [r for r in failed if not first - 1 <= r["start"] <= last]
         record.detail["failed_outside_window"] = len(outside)
-        record.passed = not outside and record.detail["reason"] == "OOMKilled"
+        record.passed = (
+            not outside
+            and record.detail["reason"] == "OOMKilled"
+            and record.detail["back_in_service_at_peers_counts"]
+        )
     else:
         record.passed = record.requests_failed == 0
     record.passed = record.passed and record.requests_sent > 0

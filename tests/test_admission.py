@@ -12,14 +12,21 @@ import pytest
 from tests.test_operator_pods import pod_body
 from tritonscale.core.spec import LabelSelector
 from tritonscale.drivers.admission import (
+    CONTAINER_RESTARTED,
     INSTANCES_MATCH,
     INSTANCES_PENDING,
     NO_AUTOSCALER,
     Autoscaler,
     gate_patch,
     judge,
+    restarted,
 )
-from tritonscale.drivers.pods import INSTANCES_READY, TritonPod, ready_endpoints
+from tritonscale.drivers.pods import (
+    INSTANCES_READY,
+    TritonPod,
+    ready_endpoints,
+    restarted_behind_open_gate,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -179,3 +186,74 @@ class TestGatePatch:
         body["metadata"]["resourceVersion"] = "42"  # the kubelet wrote in between
         with pytest.raises(jsonpatch.JsonPatchTestFailed):
             jsonpatch.apply_patch(body, gate_patch(pod, judge(pod, [], {}), NOW))
+
+
+def restarted_body(gate_set_at: str, container_started_at: str) -> dict[str, Any]:
+    """An admitted pod (gate True since `gate_set_at`) whose container started at
+    `container_started_at`."""
+    body = gated_body(gate="True")
+    for condition in body["status"]["conditions"]:
+        if condition["type"] == INSTANCES_READY:
+            condition["lastTransitionTime"] = gate_set_at
+    body["status"]["containerStatuses"] = [
+        {"name": "tritonserver", "state": {"running": {"startedAt": container_started_at}}}
+    ]
+    return body
+
+
+class TestARestartedContainer:
+    """A container that restarted after the gate opened runs the repository's counts again:
+    the gate no longer holds, and the operator closes it until the pod is admitted again."""
+
+    def test_a_container_started_before_the_gate_opened_keeps_it_open(self) -> None:
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:00:00Z")
+        pod = TritonPod.from_body(body)
+        assert pod.gate_open and not pod.gate_stale and not pod.waiting_for_instances
+        assert not restarted_behind_open_gate(body)
+
+    def test_a_container_started_after_it_makes_the_gate_stale_and_the_pod_wait(self) -> None:
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:05:00Z")
+        pod = TritonPod.from_body(body)
+        assert pod.gate_stale and not pod.gate_open
+        assert pod.started_at == "2027-01-15T07:05:00Z"
+        assert restarted_behind_open_gate(body)
+        assert pod.waiting_for_instances  # the admit daemons bring it back
+
+    def test_the_latest_container_start_counts(self) -> None:
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:00:00Z")
+        body["status"]["containerStatuses"].append(
+            {"name": "sidecar", "state": {"running": {"startedAt": "2027-01-15T07:30:00Z"}}}
+        )
+        assert restarted_behind_open_gate(body)
+
+    def test_a_container_not_running_yet_closes_nothing(self) -> None:
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:05:00Z")
+        body["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "CrashLoop"}}
+        assert not restarted_behind_open_gate(body)
+        assert TritonPod.from_body(body).gate_open
+
+    def test_a_pod_being_deleted_is_left_alone(self) -> None:
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:05:00Z")
+        body["metadata"]["deletionTimestamp"] = "2027-01-15T07:06:00Z"
+        assert not restarted_behind_open_gate(body)
+
+    def test_the_patch_sets_the_condition_false_in_place_and_says_why(self) -> None:
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:05:00Z")
+        pod = TritonPod.from_body(body)
+        after = jsonpatch.apply_patch(copy.deepcopy(body), gate_patch(pod, restarted(pod), NOW))
+        (gate,) = [c for c in after["status"]["conditions"] if c["type"] == INSTANCES_READY]
+        assert gate["status"] == "False" and gate["reason"] == CONTAINER_RESTARTED
+        assert "restarted at 2027-01-15T07:05:00Z" in gate["message"]
+        assert len(after["status"]["conditions"]) == len(body["status"]["conditions"])
+
+    def test_once_closed_and_admitted_again_the_gate_holds(self) -> None:
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:05:00Z")
+        pod = TritonPod.from_body(body)
+        closed = jsonpatch.apply_patch(copy.deepcopy(body), gate_patch(pod, restarted(pod), NOW))
+        assert TritonPod.from_body(closed).waiting_for_instances
+        # Admitted again after the restart (NOW, 08:00, is later than the container's start).
+        reopened_pod = TritonPod.from_body(closed)
+        verdict = judge(reopened_pod, [], {})
+        reopened = jsonpatch.apply_patch(closed, gate_patch(reopened_pod, verdict, NOW))
+        assert TritonPod.from_body(reopened).gate_open
+        assert not restarted_behind_open_gate(reopened)

@@ -99,3 +99,62 @@ async def test_a_selected_pod_is_brought_to_its_peers_count_then_joins(
     assert (opened["status"], opened["reason"]) == ("True", "InstancesMatch"), opened
     assert "add_sub=2" in opened["message"]
     assert await asyncio.to_thread(live_instances, triton, "add_sub") == 2
+
+
+async def test_a_pod_whose_triton_restarted_is_taken_out_and_brought_back(
+    api: Emulator,
+    add_sub_triton: LocalTriton,  # noqa: F811 - the fixture
+) -> None:
+    """Its gate opened before its container last started (an OOM kill, say): the counts it
+    vouched for are gone. The operator closes the gate and admits the pod again once it runs
+    its peers' count."""
+    triton = add_sub_triton
+    assert await asyncio.to_thread(live_instances, triton, "add_sub") == 1
+    body = waiting_pod("triton-2", triton.http_port, triton.metrics_port, dict(TRITON_LABELS))
+    body["status"]["conditions"] = [
+        {"type": "ContainersReady", "status": "True"},
+        {"type": "Ready", "status": "True"},
+        {
+            "type": INSTANCES_READY,
+            "status": "True",
+            "reason": "InstancesMatch",
+            "message": "before the restart",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        },
+    ]
+    body["status"]["containerStatuses"] = [
+        {
+            "name": "tritonserver",
+            "image": "tritonserver",
+            "imageID": "",
+            "ready": True,
+            "restartCount": 1,
+            "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}},
+        }
+    ]
+    api.objects[PODS, NAMESPACE, "triton-2"] = body
+    spec = {
+        "selector": {"matchLabels": TRITON_LABELS},
+        "model": "add_sub",
+        "minInstances": 1,
+        "maxInstances": 3,
+        "intervalSeconds": 1,
+    }
+    scaler = autoscaler("add-sub", spec)
+    scaler["status"] = {"desiredInstances": 2, "currentInstances": 2}
+    api.objects[IGA, NAMESPACE, "add-sub"] = scaler
+    config = kopf_driver.DriverConfig(repository_key=triton.repository_key)
+
+    async with running_operator(api, config):
+        reopened = await eventually(
+            lambda: (
+                (g := gate(api, "triton-2"))
+                and g["status"] == "True"
+                and g["message"] != "before the restart"
+                and g
+            ),
+            "the gate's condition set again",
+        )
+    assert (reopened["status"], reopened["reason"]) == ("True", "InstancesMatch"), reopened
+    assert reopened["lastTransitionTime"] > "2026-01-01T00:05:00Z"
+    assert await asyncio.to_thread(live_instances, triton, "add_sub") == 2

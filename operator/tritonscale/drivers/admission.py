@@ -12,8 +12,11 @@ A pod waits while Triton answers in it but the gate is closed (`TritonPod.waitin
   it): nothing is there to match, and it must not wait forever. So is a pod whose autoscalers
   act on nothing (paused, dryRun) or have decided nothing yet (the first pod of a new release:
   its autoscalers size it once it serves).
-- The condition is set True once and never set back: an admitted pod stays in the Service while
-  its counts change (Triton changes them in place, serving meanwhile).
+- The condition stays True while the pod's counts change (Triton changes them in place,
+  serving meanwhile). It is set back to False only when a container of the pod restarts (an
+  OOM kill, a failed liveness probe): the restarted Triton runs its repository's counts, so
+  the operator's watch of the pods closes the gate (`restarted`) as soon as the container
+  starts, before Triton is ready, and the pod waits to be admitted again like a new one.
 
 `judge` and `gate_patch` are pure; `PodStatusWriter` sends the patch (the RBAC: `patch` on
 `pods/status`, nothing else of a pod).
@@ -34,6 +37,7 @@ from tritonscale.drivers.pods import INSTANCES_READY, TritonPod
 NO_AUTOSCALER = "NoAutoscaler"
 INSTANCES_MATCH = "InstancesMatch"
 INSTANCES_PENDING = "InstancesPending"
+CONTAINER_RESTARTED = "ContainerRestarted"
 USER_AGENT = "tritonscale-operator"
 
 
@@ -67,7 +71,7 @@ class Autoscaler:
 @dataclass(frozen=True)
 class Verdict:
     admit: bool
-    reason: str  # NoAutoscaler, InstancesMatch, InstancesPending
+    reason: str  # NoAutoscaler, InstancesMatch, InstancesPending, ContainerRestarted
     message: str
 
 
@@ -107,8 +111,19 @@ def judge(
     )
 
 
+def restarted(pod: TritonPod) -> Verdict:
+    """The verdict that closes the gate of a pod whose container restarted behind it."""
+    return Verdict(
+        False,
+        CONTAINER_RESTARTED,
+        f"a container of {pod.name} restarted at {pod.started_at}: it runs its repository's "
+        "counts until the operator brings it to its peers'",
+    )
+
+
 def gate_patch(pod: TritonPod, verdict: Verdict, now: float) -> list[dict[str, Any]]:
-    """The JSON patch of pods/status that sets the gate's condition True.
+    """The JSON patch of pods/status that sets the gate's condition: True when the verdict
+    admits the pod, False when it closes the gate (`restarted`).
 
     A JSON patch, not a merge patch: a merge patch would replace the whole conditions list,
     and with it the kubelet's own conditions. A `test` of the pod's resourceVersion makes it
@@ -118,7 +133,7 @@ def gate_patch(pod: TritonPod, verdict: Verdict, now: float) -> list[dict[str, A
     """
     condition = {
         "type": INSTANCES_READY,
-        "status": "True",
+        "status": "True" if verdict.admit else "False",
         "reason": verdict.reason,
         "message": verdict.message,
         "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
@@ -146,9 +161,7 @@ class PodStatusWriter:
 
     def __init__(self, api_client: Any = None) -> None:
         self._api_client = api_client
-        # The pods (by uid) whose gate this process opened: a second look at a pod before its
-        # new status arrives (a watch event, a tick) sends nothing again.
-        self._opened: set[str] = set()
+        self._sent: dict[str, tuple[str | None, bool]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -171,13 +184,18 @@ class PodStatusWriter:
 
         return client.CoreV1Api(self.api_client)
 
-    def open_gate(self, pod: TritonPod, verdict: Verdict, now: float) -> str | None:
-        """Set the pod's condition True; the reason it failed, in one line, or None."""
+    def set_gate(self, pod: TritonPod, verdict: Verdict, now: float) -> str | None:
+        """Set the pod's condition as the verdict says; the reason it failed, in one line, or
+        None."""
         from kubernetes.client.exceptions import ApiException
 
+        # A second look at the pod before its new status arrives (a watch event, a tick)
+        # sends the same condition again for nothing: skip what was last sent for this pod
+        # and container start.
         key = pod.uid or f"{pod.namespace}/{pod.name}"
+        sent = (pod.started_at, verdict.admit)
         with self._lock:
-            if key in self._opened:
+            if self._sent.get(key) == sent:
                 return None
         try:
             self._core().patch_namespaced_pod_status(
@@ -189,5 +207,5 @@ class PodStatusWriter:
         except Exception as error:  # noqa: BLE001 - the connection's trouble, reported by the caller
             return f"patching {pod.namespace}/{pod.name}'s status failed: {error}"
         with self._lock:
-            self._opened.add(key)
+            self._sent[key] = sent
         return None

@@ -229,7 +229,18 @@ async def admit_unselected_pods(
     pod = pods.TritonPod.from_body(body)
     if admission.selecting(pod, [m.autoscaler for m in autoscalers.get(namespace, [])]):
         return
-    await _open_gate(memo.runtime, pod, admission.judge(pod, [], {}), logger)
+    await _set_gate(memo.runtime, pod, admission.judge(pod, [], {}), logger)
+
+
+@kopf.on.event("pods", when=lambda body, **_: pods.restarted_behind_open_gate(body))
+async def close_gate_of_restarted_pods(
+    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """A container of the pod restarted after its gate opened (an OOM kill, a failed liveness
+    probe): Triton runs its repository's counts again. Close the gate while it starts, so the
+    pod stays out of the Service until the `admit` daemons have brought it back."""
+    pod = pods.TritonPod.from_body(body)
+    await _set_gate(memo.runtime, pod, admission.restarted(pod), logger)
 
 
 # A tick waits for at most a load's deadline; past CANCELLATION_S after a stop (the object
@@ -392,19 +403,20 @@ async def _admit(
         live[selecting.model] = counts.get(pod.name)
     verdict = admission.judge(pod, [autoscaler, *others], live)
     if verdict.admit:
-        await _open_gate(runtime, pod, verdict, logger)
+        await _set_gate(runtime, pod, verdict, logger)
     else:
         logger.debug(verdict.message)
 
 
-async def _open_gate(
+async def _set_gate(
     runtime: Runtime, pod: pods.TritonPod, verdict: admission.Verdict, logger: Any
 ) -> None:
-    problem = await asyncio.to_thread(runtime.pod_status.open_gate, pod, verdict, time.time())
+    problem = await asyncio.to_thread(runtime.pod_status.set_gate, pod, verdict, time.time())
     if problem is not None:
         logger.warning(problem)
     else:
-        logger.info(f"{pods.INSTANCES_READY} of {pod.name}: True ({verdict.message})")
+        state = "True" if verdict.admit else "False"
+        logger.info(f"{pods.INSTANCES_READY} of {pod.name}: {state} ({verdict.message})")
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

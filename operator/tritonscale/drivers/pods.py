@@ -40,7 +40,11 @@ class TritonPod:
     # The readinessGate INSTANCES_READY: whether the pod has it, and where its condition is.
     gated: bool = False
     gate_condition: int | None = None  # its index in status.conditions; None: not there yet
-    gate_open: bool = False  # the condition is True
+    # The condition is True and still holds: no container restarted since it was set (a
+    # restarted Triton runs its repository's counts again, not the ones the gate vouched for).
+    gate_open: bool = False
+    gate_stale: bool = False  # the condition is True, but a container restarted since
+    started_at: str | None = None  # when the latest of its running containers started
     resource_version: str | None = None  # of the body read: a patch is based on it
     uid: str | None = None
     serving: bool = False  # Triton answers (its containers are ready), whatever the gate says
@@ -51,7 +55,7 @@ class TritonPod:
         metadata = body.get("metadata") or {}
         status = body.get("status") or {}
         ports = _named_ports(body.get("spec") or {})
-        gated, gate, gate_open = _gate(body)
+        gated, gate, gate_open, gate_stale = _gate(body)
         return cls(
             name=metadata.get("name", ""),
             namespace=metadata.get("namespace", ""),
@@ -65,6 +69,8 @@ class TritonPod:
             resource_version=metadata.get("resourceVersion"),
             uid=metadata.get("uid"),
             gate_open=gate_open,
+            gate_stale=gate_stale,
+            started_at=_started_at(status),
             serving=_is_serving(metadata, status),
         )
 
@@ -87,21 +93,44 @@ class TritonPod:
 def waits_for_instances(body: Mapping[str, Any]) -> bool:
     """`TritonPod.waiting_for_instances` of a Pod object, read without building the TritonPod
     (kopf asks it of every pod event)."""
-    gated, _, gate_open = _gate(body)
+    gated, _, gate_open, _ = _gate(body)
     if not gated or gate_open:
         return False
     return _is_serving(body.get("metadata") or {}, body.get("status") or {})
 
 
-def _gate(body: Mapping[str, Any]) -> tuple[bool, int | None, bool]:
-    """Whether the pod has the gate INSTANCES_READY, its condition's index, whether it is True."""
+def restarted_behind_open_gate(body: Mapping[str, Any]) -> bool:
+    """The gate is True, but a container of the pod started after it was set: the gate must
+    close until the pod runs its peers' counts again (kopf asks it of every pod event)."""
+    return _gate(body)[3] and not (body.get("metadata") or {}).get("deletionTimestamp")
+
+
+def _gate(body: Mapping[str, Any]) -> tuple[bool, int | None, bool, bool]:
+    """Whether the pod has the gate INSTANCES_READY, its condition's index, whether it is
+    True and holds, whether it is True but a container restarted since it was set."""
     gated = any(
         readiness_gate.get("conditionType") == INSTANCES_READY
         for readiness_gate in (body.get("spec") or {}).get("readinessGates") or []
     )
-    conditions = (body.get("status") or {}).get("conditions") or []
+    status = body.get("status") or {}
+    conditions = status.get("conditions") or []
     gate = next((i for i, c in enumerate(conditions) if c.get("type") == INSTANCES_READY), None)
-    return gated, gate, gate is not None and conditions[gate].get("status") == "True"
+    if gate is None or conditions[gate].get("status") != "True":
+        return gated, gate, False, False
+    # RFC 3339 times in UTC to the second, as the API server writes them: they sort as text.
+    set_at = str(conditions[gate].get("lastTransitionTime") or "")
+    started = _started_at(status)
+    stale = gated and started is not None and started > set_at
+    return gated, gate, not stale, stale
+
+
+def _started_at(status: Mapping[str, Any]) -> str | None:
+    """When the latest of the pod's running containers started (RFC 3339), if any runs."""
+    times = [
+        str(((container.get("state") or {}).get("running") or {}).get("startedAt") or "")
+        for container in status.get("containerStatuses") or []
+    ]
+    return max((t for t in times if t), default=None)
 
 
 def _is_serving(metadata: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
