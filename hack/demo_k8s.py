@@ -121,6 +121,16 @@ class DemoError(RuntimeError):
     """The demo cannot go on; one line for a person."""
 
 
+# What bringing up and driving the local cluster raises for a person to read: one line each.
+CLUSTER_ERRORS = (
+    DemoError,
+    cluster.ClusterError,
+    node.NodeError,
+    registry.RegistryError,
+    images.ImageError,
+)
+
+
 @dataclass
 class PhaseRow:
     name: str
@@ -420,13 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted: the cluster is down")
         return 130
-    except (
-        DemoError,
-        cluster.ClusterError,
-        node.NodeError,
-        registry.RegistryError,
-        images.ImageError,
-    ) as error:
+    except CLUSTER_ERRORS as error:
         print(f"demo-k8s: {error}", file=sys.stderr)
         return 1
     return 0

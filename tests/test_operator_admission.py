@@ -52,6 +52,20 @@ def waiting_pod(name: str, port: int, metrics_port: int, labels: dict[str, str])
     return body
 
 
+def add_sub_autoscaler(desired: int) -> dict[str, Any]:
+    """An autoscaler of add_sub on the Triton pods that last decided `desired` instances."""
+    spec = {
+        "selector": {"matchLabels": TRITON_LABELS},
+        "model": "add_sub",
+        "minInstances": 1,
+        "maxInstances": 3,
+        "intervalSeconds": 1,
+    }
+    body = autoscaler("add-sub", spec)
+    body["status"] = {"desiredInstances": desired, "currentInstances": desired}
+    return body
+
+
 def gate(api: Emulator, name: str) -> dict[str, Any] | None:
     conditions = api.objects[PODS, NAMESPACE, name].get("status", {}).get("conditions", [])
     found = [c for c in conditions if c["type"] == INSTANCES_READY]
@@ -82,16 +96,7 @@ async def test_a_selected_pod_is_brought_to_its_peers_count_then_joins(
     )
     # Its peers run 2 (the count the autoscaler last decided); they are gone or elsewhere, so
     # the tick itself finds no ready pod and decides nothing new.
-    spec = {
-        "selector": {"matchLabels": TRITON_LABELS},
-        "model": "add_sub",
-        "minInstances": 1,
-        "maxInstances": 3,
-        "intervalSeconds": 1,
-    }
-    body = autoscaler("add-sub", spec)
-    body["status"] = {"desiredInstances": 2, "currentInstances": 2}
-    api.objects[IGA, NAMESPACE, "add-sub"] = body
+    api.objects[IGA, NAMESPACE, "add-sub"] = add_sub_autoscaler(desired=2)
     config = kopf_driver.DriverConfig(repository_key=triton.repository_key)
 
     async with running_operator(api, config):
@@ -133,16 +138,7 @@ async def test_a_pod_whose_triton_restarted_is_taken_out_and_brought_back(
         }
     ]
     api.objects[PODS, NAMESPACE, "triton-2"] = body
-    spec = {
-        "selector": {"matchLabels": TRITON_LABELS},
-        "model": "add_sub",
-        "minInstances": 1,
-        "maxInstances": 3,
-        "intervalSeconds": 1,
-    }
-    scaler = autoscaler("add-sub", spec)
-    scaler["status"] = {"desiredInstances": 2, "currentInstances": 2}
-    api.objects[IGA, NAMESPACE, "add-sub"] = scaler
+    api.objects[IGA, NAMESPACE, "add-sub"] = add_sub_autoscaler(desired=2)
     config = kopf_driver.DriverConfig(repository_key=triton.repository_key)
 
     async with running_operator(api, config):

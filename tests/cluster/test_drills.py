@@ -80,6 +80,9 @@ def test_operators_resume_ticking_after_the_active_one_is_killed_with_no_stale_c
     # killed pod's container restarts sooner still.
     assert record.recovery_s is not None and record.recovery_s < 15 + 15, record
     assert detail["desired_after"] == detail["desired_before"], detail
+    # The new operator's ledger, rebuilt from status, grants what the old one had granted.
+    assert detail["budget_after"] == detail["budget_before"], detail
+    assert all(b is not None and b[0] == 4 for b in detail["budget_after"].values()), detail
     assert detail["rescale_events_during"] == 0, detail
 
 

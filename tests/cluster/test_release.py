@@ -488,69 +488,6 @@ def test_kubectl_logs_exec_and_port_forward_reach_triton(release: Cluster) -> No
             forward.terminate()
 
 
-def allocator_pid(marker: str, timeout_s: float = 20) -> int:
-    """The host's pid of the python3 whose command line ends with `marker`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for entry in Path("/proc").iterdir():
-            try:
-                command = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:  # gone meanwhile, or not a process
-                continue
-            if b"python3" in command[0] and marker.encode() in command:
-                return int(entry.name)
-        time.sleep(0.1)
-    raise AssertionError(f"no process `python3 ... {marker}` appeared in {timeout_s:.0f} s")
-
-
-def test_an_oom_killed_triton_restarts_and_gets_its_peers_counts_back(release: Cluster) -> None:
-    """Past its memory limit the container is OOM-killed by the kernel (its cgroup's limit
-    is the chart's), restarts, and the operator brings it back to its peer's counts.
-
-    Inside a memory cgroup the kernel kills the process with the most memory plus
-    oom_score_adj (in thousandths of the limit). A python3 exec'd into the container
-    allocates as much as the whole limit; from the host, tritonserver's adj is raised to
-    the most (1000) and the allocator's lowered to 0 (with both at Burstable's 979, as the
-    kubelet set them, the allocator would be the one killed): tritonserver is the victim,
-    and the container ends with it, the allocation too."""
-    pods = release.ready_pods(NAMESPACE, TRITON)
-    name = pods[0]["metadata"]["name"]
-    restarts = pods[0]["status"]["containerStatuses"][0]["restartCount"]
-    assert counts_on_every_pod(release, 2) is not None
-    pid = release.container_pid(NAMESPACE, name, "tritonserver")
-    Path(f"/proc/{pid}/oom_score_adj").write_text("1000\n")
-    marker = "oom-drill"
-    allocate = "import time; time.sleep(3); b = b'x' * (4 << 30)"  # written, so resident
-    command = [release.tools["kubectl"], "--kubeconfig", str(release.kubeconfig), "exec",
-               name, "-n", NAMESPACE, "-c", "tritonserver", "--",
-               "python3", "-c", allocate, marker]  # fmt: skip
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as drill:
-        Path(f"/proc/{allocator_pid(marker)}/oom_score_adj").write_text("0\n")
-        drill.wait(timeout=120)
-    restarted = release.wait(
-        "the OOM-killed tritonserver to be restarted and Ready",
-        lambda: (
-            (p := release.get("pod", name, "-n", NAMESPACE))
-            and p["status"]["containerStatuses"][0]["restartCount"] > restarts
-            and is_ready(p)
-            and p
-        ),
-        timeout_s=240,
-        namespace=NAMESPACE,
-    )
-    last = restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]
-    assert last["reason"] == "OOMKilled" and last["exitCode"] == 128 + signal.SIGKILL, last
-    release.wait(
-        "the restarted pod back at its peer's count of every model",
-        lambda: (
-            (c := counts_on_every_pod(release, 2))
-            and all(len(set(c[m].values())) == 1 and None not in c[m].values() for m in c)
-        ),
-        timeout_s=180,
-        namespace=NAMESPACE,
-    )
-
-
 def test_an_upgrade_rolls_out_and_the_new_pods_are_tuned(release: Cluster) -> None:
     old = {p["metadata"]["name"] for p in release.pods(NAMESPACE, TRITON)}
     with Stopwatch(release.timings, "helm upgrade: rollout of 2 pods done and tuned"):
