@@ -171,7 +171,7 @@ class Kubectl:
         return json.loads(self("kubectl", "get", *args, "-o", "json"))["items"]
 
 
-def _ready(pod: dict[str, Any]) -> bool:
+def is_ready(pod: dict[str, Any]) -> bool:
     if pod["metadata"].get("deletionTimestamp"):
         return False
     conditions = (pod.get("status") or {}).get("conditions") or []
@@ -238,7 +238,7 @@ class Demo:
         self.last_counter: dict[str, float] = {}  # pod -> Triton's counter at the last sample
 
     def triton_pods(self) -> list[dict[str, Any]]:
-        return [p for p in self.k.items("pods", "-n", NAMESPACE, "-l", TRITON) if _ready(p)]
+        return [p for p in self.k.items("pods", "-n", NAMESPACE, "-l", TRITON) if is_ready(p)]
 
     def install(self, values_file: Path) -> None:
         self.k("kubectl", "create", "namespace", NAMESPACE)
@@ -251,7 +251,7 @@ class Demo:
             "the release's three pods to be Ready",
             lambda: (
                 len(pods := self.k.items("pods", "-n", NAMESPACE)) == 3
-                and all(_ready(p) for p in pods)
+                and all(is_ready(p) for p in pods)
             ),
             420,
         )

@@ -61,11 +61,13 @@ from hack.demo_k8s import (
     DemoError,
     Kubectl,
     image_values,
+    is_ready,
     merged,
     pod_counts,
     say,
     wait_for,
 )
+from tritonscale.drivers.pods import INSTANCES_READY
 
 STATE = Path(".cluster-drills")
 REPORTS = Path("reports/drills")
@@ -77,7 +79,6 @@ TRITON = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=trit
 OPERATOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
 TRITON_DEPLOYMENT = f"{RELEASE}-tritonscale-triton"
 FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
-INSTANCES_READY = "tritonscale.io/instances-ready"
 # Offered load: USERS x USER_RATE requests/s, far below what two pods answer on two cores
 # (about 90/s each): a failure is the drill's, not the load's.
 USERS = 6
@@ -228,13 +229,6 @@ def tally(
 # ---- the cluster, as the drills see it ----------------------------------------------------
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    if pod["metadata"].get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
 def _get_json(url: str) -> Any:
     try:
         with urllib.request.urlopen(url, timeout=3) as response:
@@ -263,7 +257,7 @@ class Drills:
         return self.k.items("pods", "-n", self.namespace, "-l", selector)
 
     def ready(self, selector: str) -> list[dict[str, Any]]:
-        return [p for p in self.pods(selector) if _ready(p)]
+        return [p for p in self.pods(selector) if is_ready(p)]
 
     def autoscalers(self) -> list[dict[str, Any]]:
         return self.k.items("instancegroupautoscalers", "-n", self.namespace)
@@ -287,7 +281,7 @@ class Drills:
     def tuned(self, replicas: int) -> bool:
         """`replicas` Triton pods, all Ready, none going, each at every autoscaler's count."""
         pods = self.pods(TRITON)
-        if len(pods) != replicas or not all(_ready(p) for p in pods):
+        if len(pods) != replicas or not all(is_ready(p) for p in pods):
             return False
         desired = self.desired()
         for pod in pods:
@@ -311,10 +305,13 @@ class Drills:
         (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
         return node.task_pid(self.state_dir, status["containerID"].split("://", 1)[1])
 
-    def ticks(self, pod: dict[str, Any]) -> int | None:
-        """The operator pod's tick count, from its liveness endpoint (kopf's probes)."""
+    def tick_probe(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """The operator pod's `ticks` probe (count, lastTickAt) from its liveness endpoint."""
         answer = _get_json(f"http://{pod['status'].get('podIP')}:8080/healthz")
-        return (answer or {}).get("ticks", {}).get("count")
+        return (answer or {}).get("ticks") or {}
+
+    def ticks(self, pod: dict[str, Any]) -> int | None:
+        return self.tick_probe(pod).get("count")
 
     def settle(self) -> None:
         """Let a baseline window of plain load pass before a drill."""
@@ -421,8 +418,7 @@ class Drills:
 
     def _ticking_since(self, moment: float) -> dict[str, Any] | None:
         for pod in self.ready(OPERATOR):
-            answer = _get_json(f"http://{pod['status'].get('podIP')}:8080/healthz") or {}
-            last = (answer.get("ticks") or {}).get("lastTickAt")
+            last = self.tick_probe(pod).get("lastTickAt")
             if last is not None and last > moment:
                 return pod
         return None
@@ -559,7 +555,7 @@ class Drills:
                 c["status"] for c in pod["status"]["conditions"] if c["type"] == INSTANCES_READY
             )
             status = pod["status"]["containerStatuses"][0]
-            return pod if status["restartCount"] > restarts and _ready(pod) else None
+            return pod if status["restartCount"] > restarts and is_ready(pod) else None
 
         restarted = wait_for("the OOM-killed tritonserver restarted and Ready", back, 300)
         # The readiness gate closed when the container restarted: back in the Service, the
@@ -711,6 +707,13 @@ def pid_of(marker: str, timeout_s: float = 20) -> int:
 # ---- running them ---------------------------------------------------------------------
 
 
+def _note_failure_span(record: Record, failed: list[dict[str, Any]], start: float) -> None:
+    """When, in seconds from the drill's start, its first and last failed requests began."""
+    if failed:
+        record.detail["failures_from_s"] = round(min(r["start"] for r in failed) - start, 1)
+        record.detail["failures_to_s"] = round(max(r["start"] for r in failed) - start, 1)
+
+
 def run_drill(drills: Drills, name: str, load: Load | None, values: dict[str, Any]) -> Record:
     """One drill, its request figures from the load's log, and its verdict."""
     if name == "finalizer":
@@ -725,9 +728,7 @@ def run_drill(drills: Drills, name: str, load: Load | None, values: dict[str, An
     record, start, end = method()
     time.sleep(2)  # the requests in flight at the end finish
     failed = tally(record, load.requests(), start, end, drills.settings.before_s)
-    if failed:
-        record.detail["failures_from_s"] = round(min(r["start"] for r in failed) - start, 1)
-        record.detail["failures_to_s"] = round(max(r["start"] for r in failed) - start, 1)
+    _note_failure_span(record, failed, start)
     if name == "oom":
         first, last = record.detail.pop("failure_window")
         outside = [r for r in failed if not first - 1 <= r["start"] <= last]
@@ -766,9 +767,7 @@ def _rollout_over_http(drills: Drills, grpc_load: Load) -> Record:
         "Triton exits (Triton's HTTP server does not tell clients to leave)"
     )
     record.detail["grpc_failed_meanwhile"] = grpc_failed
-    if failed:
-        record.detail["failures_from_s"] = round(min(r["start"] for r in failed) - start, 1)
-        record.detail["failures_to_s"] = round(max(r["start"] for r in failed) - start, 1)
+    _note_failure_span(record, failed, start)
     record.passed = record.requests_sent > 0 and len(failed) <= bound and grpc_failed == 0
     return record
 
