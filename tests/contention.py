@@ -3,7 +3,7 @@ and closed-loop load on them. Used by the NoGain and budget tests.
 
 `contention_repository(path, {"locked": True, "free": False})` writes a model repository
 whose models hold each request 20 ms, one request per instance at a time (no batching);
-`locked` ones take one OS file lock around the hold, so their instances run one at a time.
+`locked` ones take one fair lock (first come, first served) around the hold, so their instances run one at a time.
 `contention_triton(path, models)` serves such a repository (a context manager).
 `ClosedLoop(server, {"free": 6})` keeps that many requests in flight per model until it exits.
 """

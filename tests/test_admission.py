@@ -17,6 +17,7 @@ from tritonscale.drivers.admission import (
     INSTANCES_PENDING,
     NO_AUTOSCALER,
     Autoscaler,
+    PodStatusWriter,
     gate_patch,
     judge,
     restarted,
@@ -257,3 +258,50 @@ class TestARestartedContainer:
         reopened = jsonpatch.apply_patch(closed, gate_patch(reopened_pod, verdict, NOW))
         assert TritonPod.from_body(reopened).gate_open
         assert not restarted_behind_open_gate(reopened)
+
+
+class RecordingCoreApi:
+    """The one call PodStatusWriter makes, recorded."""
+
+    def __init__(self) -> None:
+        self.patched: list[str] = []
+
+    def patch_namespaced_pod_status(self, name: str, namespace: str, body: Any) -> None:
+        self.patched.append(name)
+
+
+class TestPodStatusWriter:
+    """The writer skips a condition it already sent for the pod's container start, and holds
+    memory for live pods only."""
+
+    def writer(self) -> tuple[PodStatusWriter, RecordingCoreApi]:
+        core = RecordingCoreApi()
+        writer = PodStatusWriter(api_client=object())
+        writer._core = lambda: core  # type: ignore[method-assign]
+        return writer, core
+
+    def test_a_repeat_is_skipped_and_a_new_container_start_is_sent(self) -> None:
+        writer, core = self.writer()
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:05:00Z")
+        body["metadata"]["uid"] = "uid-1"
+        pod = TritonPod.from_body(body)
+        assert writer.set_gate(pod, restarted(pod), NOW) is None
+        assert writer.set_gate(pod, restarted(pod), NOW) is None
+        assert len(core.patched) == 1
+        body["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] = (
+            "2027-01-15T07:09:00Z"
+        )
+        again = TritonPod.from_body(body)
+        writer.set_gate(again, restarted(again), NOW)
+        assert len(core.patched) == 2
+
+    def test_a_forgotten_pod_is_sent_again(self) -> None:
+        writer, core = self.writer()
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:05:00Z")
+        body["metadata"]["uid"] = "uid-2"
+        pod = TritonPod.from_body(body)
+        writer.set_gate(pod, restarted(pod), NOW)
+        writer.forget("uid-2")
+        writer.forget("never-seen")  # a pod it never wrote to: nothing to drop
+        writer.set_gate(pod, restarted(pod), NOW)
+        assert len(core.patched) == 2

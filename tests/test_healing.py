@@ -92,9 +92,8 @@ class TestAKilledStubIsHealed:
         self, server: LocalTriton
     ) -> None:
         doctor = healer(server)
-        assert (
-            await doctor.check(endpoint(server), "add_sub")
-        ).reason == healing.HEALTHY  # baseline
+        baseline = await doctor.check(endpoint(server), "add_sub")
+        assert baseline.reason == healing.HEALTHY, baseline.message
         config_before = requests.get(f"http://{server.http_url}/v2/models/add_sub/config").json()
         killed = kill_stub(server, "add_sub")
 

@@ -4,7 +4,7 @@ Two copies of a test-only model (tests/contention_models/shared_lock) on a serve
 module's own, each under the same closed-loop load (6 requests in flight, 20 ms each):
 
 - `free`: each instance serves its requests on its own: more instances, more throughput;
-- `locked`: every instance takes one OS file lock around its 20 ms, so the instances run one
+- `locked`: every instance takes one fair lock around its 20 ms, so the instances run one
   at a time: more instances add nothing, and each waits inside `execute`, busy in Triton's eyes.
 
 Both look the same to the busy and queue signals at one instance (busy 1.0, 5 queued), so the

@@ -209,3 +209,8 @@ class PodStatusWriter:
         with self._lock:
             self._sent[key] = sent
         return None
+
+    def forget(self, uid: str) -> None:
+        """Drop what was last sent to a pod that is gone (the memory holds live pods only)."""
+        with self._lock:
+            self._sent.pop(uid, None)

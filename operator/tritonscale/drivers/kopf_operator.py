@@ -243,6 +243,12 @@ async def close_gate_of_restarted_pods(
     await _set_gate(memo.runtime, pod, admission.restarted(pod), logger)
 
 
+@kopf.on.event("pods", when=lambda type, **_: type == "DELETED")
+async def forget_deleted_pods(uid: str, memo: kopf.Memo, **_: Any) -> None:
+    """A deleted pod's last gate condition is forgotten (the writer skips repeats per pod)."""
+    memo.runtime.pod_status.forget(uid)
+
+
 # A tick waits for at most a load's deadline; past CANCELLATION_S after a stop (the object
 # deleted, the operator leaving) kopf cancels it, and a load in flight stays in flight.
 CANCELLATION_S = 10.0
