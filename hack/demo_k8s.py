@@ -178,6 +178,18 @@ def is_ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+def ready_addresses(slices: list[dict[str, Any]]) -> list[str]:
+    """The addresses a Service's EndpointSlices list as ready: where kube-proxy sends its
+    traffic."""
+    return sorted(
+        address
+        for item in slices
+        for endpoint in item.get("endpoints") or []
+        if (endpoint.get("conditions") or {}).get("ready")
+        for address in endpoint["addresses"]
+    )
+
+
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
     """`check()` until it is truthy; a DemoError naming `what` at the deadline."""
     deadline = time.monotonic() + timeout_s

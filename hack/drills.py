@@ -14,7 +14,7 @@ to its end, the failed ones, and the p95 during it against the window before it.
     apiserver      kube-apiserver stopped and started again
     node-restart   containerd, then the kubelet, restarted
     oom            tritonserver OOM-killed by the kernel at its memory limit
-    finalizer      install / uninstall cycles with autoscalers (no load)
+    finalizer      install / uninstall cycles with autoscalers (one in five with a Triton pod)
 
 A drill passes with 0 failed requests, except two that state their bound. `oom`: a killed
 process answers nothing, so the requests in flight on that pod, and those kube-proxy sends
@@ -64,6 +64,7 @@ from hack.demo_k8s import (
     is_ready,
     merged,
     pod_counts,
+    ready_addresses,
     say,
     wait_for,
 )
@@ -142,10 +143,13 @@ class Settings:
     before_s: float = 60.0  # the window before a drill, its p95 baseline
     down_s: float = 10.0  # how long a restarted component stays down
     cycles: int = 50  # finalizer drill
+    # Every this many cycles, one with a Triton pod the operator acts on (its loads and gate
+    # in flight when the uninstall comes, where the stranded finalizer was once seen).
+    pod_every: int = 5
 
     @classmethod
     def quick(cls) -> Settings:
-        return cls(before_s=15.0, down_s=3.0, cycles=3)
+        return cls(before_s=15.0, down_s=3.0, cycles=3, pod_every=3)
 
 
 # ---- the load -------------------------------------------------------------------------
@@ -607,14 +611,7 @@ class Drills:
                 )  # fmt: skip
             except DemoError:
                 slices = []
-            ready = {
-                a
-                for item in slices
-                for endpoint in item.get("endpoints") or []
-                if (endpoint.get("conditions") or {}).get("ready")
-                for a in endpoint["addresses"]
-            }
-            if slices and address not in ready:
+            if slices and address not in ready_addresses(slices):
                 into.append(time.time())
                 return
             time.sleep(0.2)
@@ -625,39 +622,53 @@ class Drills:
         hook's timeout, after which the hook would strip them) and the namespace must go."""
         record = Record("finalizer")
         namespace = f"{self.namespace}-cycles"
-        cycle_values = merged(
-            values,
-            {
-                # No Triton pod: fifty cycles in minutes, not an hour; the daemons tick all
-                # the same (with no pod to act on).
-                "triton": {"replicaCount": 0},
-                "operator": {"replicaCount": 1, "peering": {"enabled": False}},
-                "locust": {"enabled": False},
-            },
-        )
         hook_timeout = 60
         released: list[float] = []
+        with_pod: list[float] = []
         start = time.time()
         with tempfile.TemporaryDirectory(prefix="tritonscale-drills-") as folder:
-            values_file = Path(folder) / "values.yaml"
-            values_file.write_text(yaml.safe_dump(cycle_values))
+            files = {}
+            # Most cycles have no Triton pod: fifty cycles in minutes, not an hour; the
+            # daemons tick all the same. Every `pod_every`-th has one to act on.
+            for pods in (0, 1):
+                files[pods] = Path(folder) / f"values-{pods}.yaml"
+                files[pods].write_text(yaml.safe_dump(self._cycle_values(values, pods)))
             for cycle in range(1, self.settings.cycles + 1):
-                released.append(self._cycle(namespace, values_file, hook_timeout))
+                pods = 1 if cycle % self.settings.pod_every == 0 else 0
+                released.append(self._cycle(namespace, files[pods], hook_timeout, pods))
+                if pods:
+                    with_pod.append(released[-1])
                 self.progress(
-                    f"  finalizer cycle {cycle}/{self.settings.cycles}: the operator released "
-                    f"every autoscaler {released[-1]:.1f} s after the uninstall began"
+                    f"  finalizer cycle {cycle}/{self.settings.cycles} ({pods} Triton pod): "
+                    f"the operator released every autoscaler {released[-1]:.1f} s after the "
+                    "uninstall began"
                 )
         end = time.time()
         record.recovery_s = round(max(released), 1)
         record.detail = {
             "cycles": len(released),
+            "cycles_with_triton_pod": len(with_pod),
             "release_s_max": round(max(released), 1),
             "release_s_median": round(statistics.median(released), 1),
+            "release_s_max_with_pod": round(max(with_pod), 1) if with_pod else None,
             "hook_timeout_s": hook_timeout,
         }
         return record, start, end
 
-    def _cycle(self, namespace: str, values_file: Path, hook_timeout: float) -> float:
+    @staticmethod
+    def _cycle_values(values: dict[str, Any], triton_pods: int) -> dict[str, Any]:
+        return merged(
+            values,
+            {
+                "triton": {"replicaCount": triton_pods},
+                "operator": {"replicaCount": 1, "peering": {"enabled": False}},
+                "locust": {"enabled": False},
+            },
+        )
+
+    def _cycle(
+        self, namespace: str, values_file: Path, hook_timeout: float, triton_pods: int
+    ) -> float:
         k = self.k
         k("kubectl", "create", "namespace", namespace)
         k("kubectl", "label", "namespace", namespace,
@@ -674,6 +685,12 @@ class Drills:
             )
 
         wait_for("the operator to hold and reconcile every autoscaler", held, timeout_s=180)
+        if triton_pods:
+            # helm --wait saw the pod Ready, so the operator admitted it; its ticks act on
+            # it now, and the uninstall comes in the middle of them.
+            pods = k.items("pods", "-n", namespace, "-l", "app.kubernetes.io/component=triton")
+            if len([p for p in pods if is_ready(p)]) < triton_pods:
+                raise DemoError(f"{namespace}: no Ready Triton pod after helm install --wait")
         began = time.monotonic()
         k("helm", "uninstall", "cycle", "-n", namespace, "--wait", "--timeout", "5m", timeout=330)
         took = time.monotonic() - began

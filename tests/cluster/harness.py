@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import requests
 
 from hack import node as hack_node
+from hack.demo_k8s import ready_addresses
 from tritonscale.metrics import queries
 from tritonscale.metrics.scrape import parse_metrics
 from tritonscale.triton.actuator import instance_count
@@ -260,18 +261,6 @@ def served_requests(address: str, model: str) -> float | None:
         for (name, labels), value in parse_metrics(text).items()
         if name in (queries.REQUEST_SUCCESS, queries.REQUEST_FAILURE)
         and dict(labels).get("model") == model
-    )
-
-
-def ready_addresses(slices: list[dict[str, Any]]) -> list[str]:
-    """The addresses a Service's EndpointSlices list as ready: where kube-proxy sends its
-    traffic."""
-    return sorted(
-        address
-        for item in slices
-        for endpoint in item.get("endpoints") or []
-        if (endpoint.get("conditions") or {}).get("ready")
-        for address in endpoint["addresses"]
     )
 
 

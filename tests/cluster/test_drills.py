@@ -101,4 +101,7 @@ def test_an_oom_kill_loses_only_the_requests_of_the_moment_the_pod_died(drills: 
 def test_install_uninstall_cycles_leave_no_finalizer_to_the_hook(drills: Subject) -> None:
     record = run(drills, "finalizer")
     assert record.passed and record.detail["cycles"] == 3, record
+    # The third cycle ran one Triton pod, the operator's loads and gate in flight.
+    assert record.detail["cycles_with_triton_pod"] == 1, record
+    assert record.detail["release_s_max_with_pod"] is not None, record
     assert record.detail["release_s_max"] < record.detail["hook_timeout_s"], record
