@@ -149,12 +149,15 @@ def _unix(stamp: str) -> float:
 def lateness(
     ticks: dict[str, list[float]], start: float, end: float, interval_s: float
 ) -> list[float]:
-    """Each tick's end beyond one interval after its autoscaler's previous one, for the
-    ticks that ended within [start, end) after a tick that did too."""
+    """For each tick that ended within [start, end): how much longer than one interval after
+    its autoscaler's previous tick it ended (0 when on time)."""
     late = []
     for times in ticks.values():
-        inside = [t for t in times if start <= t < end]
-        late += [max(0.0, b - a - interval_s) for a, b in zip(inside, inside[1:], strict=False)]
+        late += [
+            max(0.0, b - a - interval_s)
+            for a, b in zip(times, times[1:], strict=False)
+            if start <= b < end
+        ]
     return late
 
 
