@@ -12,12 +12,14 @@ instance's target for each model. Then:
 
 1. warm-up: until every autoscaler has ticked twice and its metrics window is full;
 2. steady (`--steady-intervals` intervals): nothing to change. Each autoscaler's ticks, from
-   the operator's `tritonscale_last_reconcile_timestamp_seconds` (read every 2 s): a tick's
-   lateness is the time between two of its ticks' ends beyond intervalSeconds (a tick that
-   ends late by its own length counts too). The operator's CPU (from /proc) and its largest
-   resident memory; the API server's requests by the operator's user (its audit log) and by
-   everyone (apiserver_request_total), and the Triton requests the operator sent (the fleet
-   process counts them, Prometheus's scrapes apart), each per interval;
+   the operator's `tritonscale_last_reconcile_timestamp_seconds` (read every 5 s, or every
+   half interval when shorter): a tick's lateness is the time between its end and the end
+   of its autoscaler's previous tick beyond intervalSeconds (a tick that ends late by its
+   own length counts too), and the mean tick from `tritonscale_reconcile_duration_seconds`.
+   The operator's CPU (from /proc) and its largest resident memory; the API server's
+   requests by the operator's user (its audit log) and by everyone (apiserver_request_total),
+   and the Triton requests the operator sent (the fleet process counts them, Prometheus's
+   scrapes apart), each per interval;
 3. step: a tenth of the sets (at least one) get STEP_FACTOR times the load; the seconds until
    every pod of those sets runs its new count of every model (the last change of any of
    them, once all have risen and one more interval has passed without a change).
@@ -46,10 +48,14 @@ from loadtests.bench import common
 
 NAME = "fleet"
 STEP_FACTOR = 6.0  # 0.4 busy instances per pod and model become 2.4
-POLL_S = 2.0
+# How often the operator's metrics are read: under half an interval, so that no tick is
+# missed (an autoscaler's ticks end at least an interval apart), and seldom enough that
+# rendering them (15,000 lines at 500 autoscalers) costs the operator little.
+POLL_S = 5.0
 QUICK = {"sizes": [100], "sources": ["scrape", "prometheus"]}
 FULL = {"sizes": [10, 100, 1000], "sources": ["scrape", "prometheus"]}
 LAST_TICK = "tritonscale_last_reconcile_timestamp_seconds"
+TICK_SECONDS = "tritonscale_reconcile_duration_seconds"
 
 
 class Probe:
@@ -58,7 +64,9 @@ class Probe:
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
+        self.poll_s = min(POLL_S, fleet.config.interval_s / 2)
         self.ticks: dict[str, list[float]] = {}
+        self.tick_seconds = (0.0, 0.0)  # every autoscaler's ticks: seconds, count
         self.rss_mib: list[float] = []
         self._audit_offset = 0
         self._ticks_per_s = os.sysconf("SC_CLK_TCK")
@@ -70,7 +78,12 @@ class Probe:
         except OSError:  # not serving yet
             self.fleet.check_alive()
             return
+        seconds = count = 0.0
         for line in text.splitlines():
+            if line.startswith(TICK_SECONDS + "_sum{"):
+                seconds += float(line.rsplit(" ", 1)[1])
+            elif line.startswith(TICK_SECONDS + "_count{"):
+                count += float(line.rsplit(" ", 1)[1])
             if not line.startswith(LAST_TICK + "{"):
                 continue
             labels, value = line[len(LAST_TICK) :].rsplit(" ", 1)
@@ -78,6 +91,7 @@ class Probe:
             seen = self.ticks.setdefault(name, [])
             if not seen or seen[-1] != float(value):
                 seen.append(float(value))
+        self.tick_seconds = (seconds, count)
         self.rss_mib.append(self._rss_mib())
 
     def _proc(self, name: str) -> str:
@@ -132,14 +146,14 @@ class Probe:
                     f"bench: only {len(done)} of {expected} autoscalers ticked {at_least} times "
                     f"within {timeout_s:.0f} s"
                 )
-            time.sleep(POLL_S)
+            time.sleep(self.poll_s)
 
     def sleep(self, seconds: float) -> None:
         """Poll for `seconds`."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             self.poll()
-            time.sleep(min(POLL_S, max(0.0, end - time.monotonic())))
+            time.sleep(min(self.poll_s, max(0.0, end - time.monotonic())))
 
 
 def _unix(stamp: str) -> float:
@@ -194,7 +208,7 @@ def step(fleet: Fleet, probe: Probe, interval_s: float) -> dict[str, Any]:
     risen_at = None
     last_change = started
     while time.monotonic() < deadline:
-        probe.sleep(POLL_S)
+        probe.sleep(probe.poll_s)
         state = fleet.state()
         now = counts_of(state, affected)
         if risen_at is None and all(now[key] > old[key] for key in old):
@@ -206,7 +220,7 @@ def step(fleet: Fleet, probe: Probe, interval_s: float) -> dict[str, Any]:
             for m in config.models
         )
         # Settled: all rose, and nothing changed for an interval since.
-        if risen_at is not None and time.time() - last_change > interval_s + POLL_S:
+        if risen_at is not None and time.time() - last_change > interval_s + probe.poll_s:
             break
     after = fleet.state()
     now = counts_of(after, affected)
@@ -252,7 +266,9 @@ def run_row(
             t0, cpu0 = time.time(), probe.cpu_s()
             api0, triton0 = probe.apiserver_requests(), fleet.state()["requests"]
             probe.rss_mib.clear()
+            ticks0 = probe.tick_seconds
             probe.sleep(steady_intervals * interval_s)
+            ticks1 = probe.tick_seconds
             t1, cpu1 = time.time(), probe.cpu_s()
             api1, triton1 = probe.apiserver_requests(), fleet.state()["requests"]
             intervals = (t1 - t0) / interval_s
@@ -275,6 +291,11 @@ def run_row(
                 "metrics_window_s": window_s,
                 "steady_s": round(t1 - t0, 1),
                 "ticks_observed": len(late),
+                "mean_tick_s": _round(
+                    (ticks1[0] - ticks0[0]) / (ticks1[1] - ticks0[1])
+                    if ticks1[1] > ticks0[1]
+                    else None
+                ),
                 "p50_tick_lateness_s": _round(percentile(late, 0.5)),
                 "p99_tick_lateness_s": _round(percentile(late, 0.99)),
                 "max_tick_lateness_s": _round(max(late, default=None)),
