@@ -14,12 +14,13 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from hack import cluster
-from hack.fleet import build, triton
+from hack.fleet import build, fleet, triton
 from loadtests.bench.fleet import lateness, percentile
 from tests.tooling import missing
 from tritonscale.metrics.scrape import parse_metrics
@@ -155,3 +156,37 @@ def test_the_operator_tunes_the_pods_of_a_fleet_after_a_load_step(
     # Its network namespace is gone (the processes in it died with the run).
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"tritonscale-fleet-{bench.pid}" not in left
+
+
+@pytest.mark.unit
+def test_prometheus_reads_the_pods_from_a_file_labelled_as_kubernetes_labels_them(
+    tmp_path: Path,
+) -> None:
+    prometheus = fleet.FileSdPrometheus(tmp_path / "targets.json", scrape_interval_s=5)
+    try:
+        (job,) = prometheus.config()["scrape_configs"]
+        assert job["file_sd_configs"][0]["files"] == [str(tmp_path / "targets.json")]
+        assert job["scrape_interval"] == "5000ms"
+        prometheus.write_targets({"127.64.0.2": {"name": "triton-a", "set": "set-000"}})
+        (target,) = json.loads((tmp_path / "targets.json").read_text())
+        assert target == {
+            "targets": ["127.64.0.2:8002"],
+            "labels": {"namespace": fleet.NAMESPACE, "pod": "triton-a"},
+        }
+    finally:
+        prometheus.close()  # removes its temporary folder; it never started
+
+
+@pytest.mark.unit
+def test_each_deployment_is_a_set_of_ten_pods_pinned_to_a_fake_node(tmp_path: Path) -> None:
+    config = fleet.FleetConfig(pods=300)
+    made = fleet.Fleet(config, tmp_path)
+    nodes = 3  # 100 pods a node
+    deployments = [made._deployment(index, nodes) for index in range(config.sets)]
+    assert {d["spec"]["replicas"] for d in deployments} == {fleet.PODS_PER_SET}
+    pinned = Counter(d["spec"]["template"]["spec"]["nodeName"] for d in deployments)
+    assert pinned == {f"fleet-node-{n:03d}": 10 for n in range(nodes)}
+    selector = deployments[7]["spec"]["selector"]["matchLabels"]
+    assert selector[fleet.SET_LABEL] == "set-007"
+    ports = deployments[0]["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert {p["name"]: p["containerPort"] for p in ports} == {"http": 8000, "metrics": 8002}

@@ -34,6 +34,7 @@ import os
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
@@ -94,12 +95,30 @@ class Probe:
         self.tick_seconds = (seconds, count)
         self.rss_mib.append(self._rss_mib())
 
-    def _proc(self, name: str) -> str:
-        return Path(f"/proc/{self.fleet.operator_pid}/{name}").read_text()
+    def _proc(self, name: str, pid: int | None = None) -> str:
+        return Path(f"/proc/{pid or self.fleet.operator_pid}/{name}").read_text()
 
-    def cpu_s(self) -> float:
-        fields = self._proc("stat").rsplit(")", 1)[1].split()
+    def cpu_s(self, pid: int | None = None) -> float:
+        """CPU seconds so far of the operator (or of the process `pid`)."""
+        fields = self._proc("stat", pid).rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / self._ticks_per_s
+
+    def prometheus(self) -> tuple[float, float] | None:
+        """Prometheus's CPU seconds and the instant queries it answered so far (None
+        without Prometheus)."""
+        prometheus = self.fleet.prometheus
+        if prometheus is None or prometheus.process is None:
+            return None
+        queries = 0.0
+        with urllib.request.urlopen(f"{prometheus.url}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "prometheus_http_requests_total" and sample.labels.get(
+                    "handler"
+                ) in ("/api/v1/query", "/api/v1/query_range"):
+                    queries += sample.value
+        return self.cpu_s(prometheus.process.pid), queries
 
     def _rss_mib(self) -> float:
         for line in self._proc("status").splitlines():
@@ -265,12 +284,14 @@ def run_row(
             # Steady: nothing to change.
             t0, cpu0 = time.time(), probe.cpu_s()
             api0, triton0 = probe.apiserver_requests(), fleet.state()["requests"]
+            prometheus0 = probe.prometheus()
             probe.rss_mib.clear()
             ticks0 = probe.tick_seconds
             probe.sleep(steady_intervals * interval_s)
             ticks1 = probe.tick_seconds
             t1, cpu1 = time.time(), probe.cpu_s()
             api1, triton1 = probe.apiserver_requests(), fleet.state()["requests"]
+            prometheus1 = probe.prometheus()
             intervals = (t1 - t0) / interval_s
             late = lateness(probe.ticks, t0, t1, interval_s)
             operator_requests = probe.operator_requests(t0, t1)
@@ -315,6 +336,16 @@ def run_row(
                 "triton_http_requests_per_interval": per_interval("http"),
                 "triton_metrics_requests_per_interval": per_interval("metrics"),
                 "prometheus_scrapes_per_interval": per_interval("prometheus"),
+                "prometheus_queries_per_interval": (
+                    round((prometheus1[1] - prometheus0[1]) / intervals, 1)
+                    if prometheus0 and prometheus1
+                    else None
+                ),
+                "prometheus_cpu_cores": (
+                    round((prometheus1[0] - prometheus0[0]) / (t1 - t0), 3)
+                    if prometheus0 and prometheus1
+                    else None
+                ),
                 **stepped,
                 "bring_up_s": round(bring_up_s, 1),
             }
