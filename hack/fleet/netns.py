@@ -7,11 +7,12 @@ Triton stand-in listens on 0.0.0.0:8000 and :8002: in a namespace of their own t
 meet the host's ports. `reexec` creates the namespace (`ip netns add`, the loopback up), runs
 `python -m MODULE ARGS` inside it (`ip netns exec`), and deletes it afterwards, also when the
 run fails or is stopped. Root only. The inner run dies with the outer one (SIGTERM, so that
-its own clean-up runs), and every process it starts dies with it.
+its own clean-up runs); whatever still runs in the namespace when it has ended is killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -73,7 +74,17 @@ def reexec(module: str, args: list[str], name: str | None = None) -> int:
         signal.signal(signal.SIGINT, forward)
         return child.wait()
     finally:
+        _kill_left_over(name)
         _ip("netns", "delete", name)
+
+
+def _kill_left_over(name: str) -> None:
+    """Whatever still runs in the namespace (a process started in a session of its own that
+    outlived a killed run) ends with it."""
+    listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+    for pid in listed.stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def current() -> str:
