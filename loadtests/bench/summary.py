@@ -200,8 +200,8 @@ def fleet(doc: dict) -> list[str]:
         "Requests are per interval; the API server's are the operator's own (audit log), then "
         "every client's.",
         "",
-        "| pods | autoscalers | source | interval s | tick lateness p99 / max, s | operator cores | operator RSS MiB | API requests (all clients) | Triton requests | step applied, s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| pods | autoscalers | source | interval s | tick lateness p99 / max, s | mean tick s | operator cores | operator RSS MiB | API requests (all clients) | Triton requests | step applied, s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
         step = r["step"]
@@ -211,7 +211,7 @@ def fleet(doc: dict) -> list[str]:
         lines.append(
             f"| {r['pods']} | {r['autoscalers']} | {r['source']} | {r['interval_s']} "
             f"| {_f(r['p99_tick_lateness_s'], 2)} / {_f(r['max_tick_lateness_s'], 2)} "
-            f"| {_f(r['operator_cpu_cores'], 2)} | {_f(r['operator_rss_mib'], 0)} "
+            f"| {_f(r.get('mean_tick_s'), 2)} | {_f(r['operator_cpu_cores'], 2)} | {_f(r['operator_rss_mib'], 0)} "
             f"| {_f(r['apiserver_requests_per_interval'])} "
             f"({_f(r['apiserver_requests_per_interval_all_clients'])}) "
             f"| {_f(r['triton_requests_per_interval'])} | {applied} |"
