@@ -381,7 +381,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for source in sorted({r["source"] for r in rows}):
         mine = [r for r in rows if r["source"] == source]
         pods = [r["pods"] for r in mine]
-        left.plot(pods, [r["p99_tick_lateness_s"] or 0 for r in mine], "o-", label=source)
+        # A row without a lateness (no tick pair in its window) is a gap, not a zero.
+        late = [r["p99_tick_lateness_s"] for r in mine]
+        left.plot(pods, [float("nan") if x is None else x for x in late], "o-", label=source)
         right.plot(pods, [r["operator_cpu_cores"] for r in mine], "o-", label=source)
     for axis, label in ((left, "p99 tick lateness (s)"), (right, "operator CPU (cores)")):
         axis.set_xscale("log")
