@@ -18,7 +18,7 @@ DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 \
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s drills
-.PHONY: base-image images push images-size flake-hunt vegeta
+.PHONY: base-image images push images-size flake-hunt vegeta kwok bench-fleet
 
 all: test
 
@@ -78,6 +78,17 @@ bench: deps vegeta
 # cold on 2 busy cores; a second run finds the binary and does nothing).
 vegeta: venv
 	$(PY) -m hack.vegeta.build
+
+# kwok (sigs.k8s.io/kwok, the release hack/fleet/build.py names), built with Go like vegeta into
+# .tools/kwok-vX.Y.Z/ (4 minutes cold on 2 busy cores): it fakes the fleet's nodes and pods.
+kwok: venv
+	$(PY) -m hack.fleet.build
+
+# The operator on a fleet of fake Triton pods (KWOK) on a real API server, each run in a network
+# namespace of its own (root; the control plane from cluster-build, no node): 10, 100 and 1,000
+# pods, scrape and Prometheus sources; reports/bench/fleet.json and .png. QUICK=1: 100 pods.
+bench-fleet: deps cluster-build kwok
+	$(PY) -m loadtests.bench.fleet $(if $(QUICK),--quick)
 
 # On a machine with an NVIDIA GPU: the repository on KIND_GPU instances, Triton's GPU metrics
 # moving under load, the operator's source reading them. Without a GPU: one line, exit code 2.

@@ -193,6 +193,32 @@ def control_loop_scale(doc: dict) -> list[str]:
     return lines
 
 
+def fleet(doc: dict) -> list[str]:
+    lines = [
+        f"{doc['pods_per_set']} pods per Deployment, one autoscaler per (Deployment, model), five "
+        f"models; the step gives a tenth of the sets {_f(doc['step_factor'], 0)} times the load. "
+        "Requests are per interval; the API server's are the operator's own (audit log), then "
+        "every client's.",
+        "",
+        "| pods | autoscalers | source | interval s | tick lateness p99 / max, s | mean tick s | operator cores | operator RSS MiB | API requests (all clients) | Triton requests | step applied, s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        step = r["step"]
+        applied = _f(r["seconds_to_apply_step"])
+        if r["seconds_to_apply_step"] is None:
+            applied = f"not within {_f(step['timeout_s'], 0)} ({step['risen']} of {step['pod_models']} rose)"
+        lines.append(
+            f"| {r['pods']} | {r['autoscalers']} | {r['source']} | {r['interval_s']} "
+            f"| {_f(r['p99_tick_lateness_s'], 2)} / {_f(r['max_tick_lateness_s'], 2)} "
+            f"| {_f(r.get('mean_tick_s'), 2)} | {_f(r['operator_cpu_cores'], 2)} | {_f(r['operator_rss_mib'], 0)} "
+            f"| {_f(r['apiserver_requests_per_interval'])} "
+            f"({_f(r['apiserver_requests_per_interval_all_clients'])}) "
+            f"| {_f(r['triton_requests_per_interval'])} | {applied} |"
+        )
+    return lines
+
+
 def bls_hop(doc: dict) -> list[str]:
     lines = [
         "| in flight | add_sub p50 / p95 ms | bls_sync p50 / p95 ms | bls_async p50 / p95 ms | hop p50 sync / async ms |",
@@ -342,6 +368,7 @@ RENDERERS = {
     "scale_down": scale_down,
     "steady": steady,
     "control_loop_scale": control_loop_scale,
+    "fleet": fleet,
     "bls_hop": bls_hop,
     "loadgen_headroom": loadgen_headroom,
     "vegeta": vegeta,

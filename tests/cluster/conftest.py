@@ -92,8 +92,9 @@ class BackgroundBuild:
 
 BUILD: BackgroundBuild | None = None
 # Tests that need the Go build cache the control plane's build fills (crdcheck builds
-# Kubernetes' apiextensions packages): after the cluster tests, not beside the cold build.
-AFTER_THE_BUILD = ("test_crd_apiserver.py",)
+# Kubernetes' apiextensions packages) or its binaries (the KWOK fleet): after the cluster
+# tests, not beside the cold build.
+AFTER_THE_BUILD = ("test_crd_apiserver.py", "test_fleet.py")
 
 
 # trylast: after `-m`/`-k` have deselected, so that `make check` never starts a build.

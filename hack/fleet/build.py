@@ -1,0 +1,58 @@
+"""kwok, Kubernetes nodes and pods without kubelets, built from source into .tools/.
+
+    python -m hack.fleet.build      # prints the binary's path; a second run only finds it
+
+kwok (sigs.k8s.io/kwok) is a Go command. hack.cluster.go_install builds it the way it builds
+vegeta and the registry: `go install PACKAGE@VERSION`, with kwok's own go.mod and go.sum
+checked against the checksum database, into .tools/kwok-vX.Y.Z/kwok, ignored by git.
+Development tooling: neither the wheel nor the operator's image carries it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hack import cluster
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TOOLS_DIR = REPO_ROOT / ".tools"
+PACKAGE = "sigs.k8s.io/kwok/cmd/kwok"
+VERSION = "v0.8.0"
+
+
+class KwokBuildError(RuntimeError):
+    """kwok could not be built; one line for a person."""
+
+
+def binary(tools_dir: Path = TOOLS_DIR) -> Path:
+    return Path(tools_dir).resolve() / f"kwok-{VERSION}" / "kwok"
+
+
+def build(tools_dir: Path = TOOLS_DIR, progress: Callable[[str], Any] = print) -> Path:
+    """The kwok binary: built into TOOLS/kwok-vX.Y.Z/ unless it is there already."""
+    try:
+        return cluster.go_install(
+            f"{PACKAGE}@{VERSION}",
+            binary(tools_dir),
+            progress,
+            # Stamp the release so that `kwok --version` names it.
+            ldflags=f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={VERSION}",
+        )
+    except cluster.ClusterError as error:
+        raise KwokBuildError(str(error)) from None
+
+
+def main() -> int:
+    try:
+        print(build(progress=lambda line: print(line, file=sys.stderr)))
+    except KwokBuildError as error:
+        print(f"hack/fleet: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
