@@ -43,6 +43,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -265,6 +266,43 @@ def go_install(
             partial.replace(target)
     progress(f"built {name} in {seconds:.0f} s")
     return target
+
+
+@dataclass(frozen=True)
+class GoTool:
+    """A pinned Go command the development tooling builds with `go_install` into
+    TOOLS/NAME-VERSION/NAME (one folder per release, so an upgrade never finds an older
+    binary), failing with `error`: one line for a person."""
+
+    name: str
+    package: str  # the command's package path, without @VERSION
+    version: str
+    ldflags: str
+    error: type[Exception]
+
+    def binary(self, tools_dir: Path) -> Path:
+        return Path(tools_dir).resolve() / f"{self.name}-{self.version}" / self.name
+
+    def build(self, tools_dir: Path, progress: Callable[[str], Any] = print) -> Path:
+        """The binary: built unless it is there already."""
+        try:
+            return go_install(
+                f"{self.package}@{self.version}",
+                self.binary(tools_dir),
+                progress,
+                ldflags=self.ldflags,
+            )
+        except ClusterError as error:
+            raise self.error(str(error)) from None
+
+    def main(self, tools_dir: Path, prefix: str) -> int:
+        """`python -m ...build`: print the binary's path, or `prefix: why` and exit 1."""
+        try:
+            print(self.build(tools_dir, progress=lambda line: print(line, file=sys.stderr)))
+        except self.error as error:
+            print(f"{prefix}: {error}", file=sys.stderr)
+            return 1
+        return 0
 
 
 def build(tools_dir: Path, progress: Callable[[str], Any] = print) -> dict[str, Path]:

@@ -27,32 +27,24 @@ class KwokBuildError(RuntimeError):
     """kwok could not be built; one line for a person."""
 
 
+# Stamped with the release, so that the binary's version command names it.
+TOOL = cluster.GoTool(
+    "kwok",
+    PACKAGE,
+    VERSION,
+    f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={VERSION}",
+    KwokBuildError,
+)
+
+
 def binary(tools_dir: Path = TOOLS_DIR) -> Path:
-    return Path(tools_dir).resolve() / f"kwok-{VERSION}" / "kwok"
+    return TOOL.binary(tools_dir)
 
 
 def build(tools_dir: Path = TOOLS_DIR, progress: Callable[[str], Any] = print) -> Path:
     """The kwok binary: built into TOOLS/kwok-vX.Y.Z/ unless it is there already."""
-    try:
-        return cluster.go_install(
-            f"{PACKAGE}@{VERSION}",
-            binary(tools_dir),
-            progress,
-            # Stamp the release so that `kwok --version` names it.
-            ldflags=f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={VERSION}",
-        )
-    except cluster.ClusterError as error:
-        raise KwokBuildError(str(error)) from None
-
-
-def main() -> int:
-    try:
-        print(build(progress=lambda line: print(line, file=sys.stderr)))
-    except KwokBuildError as error:
-        print(f"hack/fleet: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return TOOL.build(tools_dir, progress)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(TOOL.main(TOOLS_DIR, "hack/fleet"))

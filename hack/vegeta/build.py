@@ -30,32 +30,20 @@ class VegetaBuildError(RuntimeError):
     """vegeta could not be built; one line for a person."""
 
 
+# Stamped with the release, so that the binary's version command names it.
+TOOL = cluster.GoTool(
+    "vegeta", PACKAGE, VERSION, f"-s -w -X main.Version={VERSION}", VegetaBuildError
+)
+
+
 def binary(tools_dir: Path = TOOLS_DIR) -> Path:
-    return Path(tools_dir).resolve() / f"vegeta-{VERSION}" / "vegeta"
+    return TOOL.binary(tools_dir)
 
 
 def build(tools_dir: Path = TOOLS_DIR, progress: Callable[[str], Any] = print) -> Path:
     """The vegeta binary: built into TOOLS/vegeta-vX.Y.Z/ unless it is there already."""
-    try:
-        return cluster.go_install(
-            f"{PACKAGE}@{VERSION}",
-            binary(tools_dir),
-            progress,
-            # Stamp the release so that `vegeta -version` names it.
-            ldflags=f"-s -w -X main.Version={VERSION}",
-        )
-    except cluster.ClusterError as error:
-        raise VegetaBuildError(str(error)) from None
-
-
-def main() -> int:
-    try:
-        print(build(progress=lambda line: print(line, file=sys.stderr)))
-    except VegetaBuildError as error:
-        print(f"hack/vegeta: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return TOOL.build(tools_dir, progress)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(TOOL.main(TOOLS_DIR, "hack/vegeta"))
