@@ -485,12 +485,6 @@ class Drills:
             "outage, the requests kube-proxy refused while the Service had no ready endpoint "
             "(plus kube-proxy's 1 s sync)"
         )
-        if node_not_ready and emptied:
-            # From the last sample that still listed endpoints to the first that listed
-            # them again, and kube-proxy's next sync after it.
-            before = max((t for t, _, n in samples if n and t < emptied[0]), default=start)
-            after = min((t for t, _, n in samples if n and t > emptied[-1]), default=end)
-            record.detail["failure_window"] = [before, after + 2.0]
         record.recovery_s = round(ticking - start, 1)
         record.detail = {
             "down_s": self.settings.down_s,
@@ -507,9 +501,22 @@ class Drills:
             "service_without_endpoints_s": (
                 [round(emptied[0] - start, 1), round(emptied[-1] - start, 1)] if emptied else None
             ),
-            **record.detail,
         }
+        if node_not_ready and emptied:
+            # From the last sample that still listed endpoints to the first that listed
+            # them again, and kube-proxy's next sync after it.
+            before = max((t for t, _, n in samples if n and t < emptied[0]), default=start)
+            after = min((t for t, _, n in samples if n and t > emptied[-1]), default=end)
+            record.detail["failure_window"] = [before, after + 2.0]
         return record, start, end
+
+    def _triton_endpoints(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The Triton Service's EndpointSlices and the addresses they list as ready."""
+        slices = self.k.items(
+            "endpointslices", "-n", self.namespace, "-l",
+            f"kubernetes.io/service-name={TRITON_DEPLOYMENT}",
+        )  # fmt: skip
+        return slices, ready_addresses(slices)
 
     def _sample_node_and_service(
         self, samples: list[tuple[float, bool, int]], stop: threading.Event
@@ -518,14 +525,11 @@ class Drills:
         while not stop.is_set():
             try:
                 ready = all(_is_node_ready(n) for n in self.k.items("nodes"))
-                slices = self.k.items(
-                    "endpointslices", "-n", self.namespace, "-l",
-                    f"kubernetes.io/service-name={TRITON_DEPLOYMENT}",
-                )  # fmt: skip
+                _, addresses = self._triton_endpoints()
             except DemoError:
-                ready, slices = True, None  # the API is down: nothing to see
-            if slices is not None:
-                samples.append((time.time(), ready, len(ready_addresses(slices))))
+                pass  # the API is down: nothing to see
+            else:
+                samples.append((time.time(), ready, len(addresses)))
             stop.wait(0.5)
 
     def _answers(self) -> bool:
@@ -655,13 +659,10 @@ class Drills:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                slices = self.k.items(
-                    "endpointslices", "-n", self.namespace, "-l",
-                    f"kubernetes.io/service-name={TRITON_DEPLOYMENT}",
-                )  # fmt: skip
+                slices, ready = self._triton_endpoints()
             except DemoError:
-                slices = []
-            if slices and address not in ready_addresses(slices):
+                slices, ready = [], []
+            if slices and address not in ready:
                 into.append(time.time())
                 return
             time.sleep(0.2)
