@@ -115,7 +115,7 @@ def binaries(tools_dir: Path) -> dict[str, Path]:
     return {name: bin_dir(tools_dir) / name for name in PACKAGES}
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: the kernel sends SIGKILL when our process dies, so no
     component (or go build) outlives a crashed or killed run. (Linux ties this to the thread
     that started the child: start a ControlPlane from a thread that lives as long as it.)"""
@@ -206,7 +206,7 @@ def run_go(
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
     try:
         next_report = started + PROGRESS_EVERY_S
@@ -740,7 +740,7 @@ class ControlPlane:
                 # Its own session and process group: stop() signals the whole group, and a
                 # detached cluster takes no signal meant for our terminal.
                 start_new_session=True,
-                preexec_fn=None if self.detach else _die_with_parent,
+                preexec_fn=None if self.detach else die_with_parent,
             )
 
     def _check_alive(self) -> None:

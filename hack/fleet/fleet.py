@@ -94,10 +94,6 @@ def set_name(index: int) -> str:
     return f"set-{index:03d}"
 
 
-def _die_with_parent() -> None:
-    cluster._die_with_parent()  # noqa: SLF001 - the one way this project ties children to it
-
-
 class Fleet:
     """The fleet's processes and objects; `start` brings them up, `stop` takes them down."""
 
@@ -207,7 +203,7 @@ class Fleet:
                 stderr=subprocess.STDOUT,
                 cwd=REPO_ROOT,
                 env={**os.environ, **(env or {})},
-                preexec_fn=_die_with_parent,
+                preexec_fn=cluster.die_with_parent,
             )
 
     def check_alive(self) -> None:
