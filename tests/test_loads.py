@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tritonscale.triton.client import TritonError
-from tritonscale.triton.loads import LoadsInFlight
+from tritonscale.triton.loads import CHANGES_KEPT_S, LoadsInFlight
 
 DEADLINE_S = 0.2
 WAIT_S = 10.0
@@ -122,3 +122,28 @@ async def test_a_caller_cancelled_while_waiting_leaves_the_load_in_flight() -> N
 def test_a_deadline_must_be_positive(deadline_s: float) -> None:
     with pytest.raises(ValueError, match="the load deadline must be > 0 s"):
         LoadsInFlight(deadline_s=deadline_s)
+
+
+async def test_a_load_marks_when_the_count_may_have_moved_and_old_marks_go() -> None:
+    now = [0.0]
+    loads = LoadsInFlight(deadline_s=5, clock=lambda: now[0])
+    assert loads.changed_at("pod-a", "m") is None
+    release = asyncio.Event()
+
+    async def send() -> None:
+        await release.wait()
+
+    now[0] = 10.0
+    waiting = asyncio.ensure_future(loads.run("pod-a", "m", "2 instances", send))
+    await asyncio.sleep(0)
+    assert loads.changed_at("pod-a", "m") == 10.0  # sent
+    now[0] = 12.0
+    release.set()
+    assert await waiting is None
+    assert loads.changed_at("pod-a", "m") == 12.0  # ended
+    assert loads.changed_at("pod-a", "other") is None
+    # An hour on, a load elsewhere drops the marks of pods nobody loaded since.
+    now[0] = 12.0 + CHANGES_KEPT_S + 1
+    assert await loads.run("pod-b", "m", "1 instance", appends([], 1)) is None
+    assert loads.changed_at("pod-a", "m") is None
+    assert loads.changed_at("pod-b", "m") == now[0]

@@ -61,6 +61,8 @@ from tritonscale.drivers.tune import Tuner, parse_config
 from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.client import AsyncTritonClient
+from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
 
 TEST_MODELS = Path(__file__).resolve().parent / "models"
@@ -382,6 +384,37 @@ async def test_tune_a_hung_reload_ends_its_tick_at_the_deadline_and_delays_no_ot
         f"the other policy ticked {len(during)} times meanwhile, each in "
         f"{min(t.duration_s for t in during):.2f}-{max(t.duration_s for t in during):.2f} s"
     )
+
+
+async def test_a_hung_load_holds_up_no_call_on_the_kept_connections(
+    hanging: HangingTriton,
+) -> None:
+    """Triton's HTTP server runs a load on the thread of the load's connection, and keeps each
+    connection on one thread: while a load to a pod is in flight, the pod's other calls go
+    over new connections (tritonscale.triton.connections), never a kept one that may wait on
+    that thread."""
+    connections = Connections()
+    key = hanging.server.repository_key
+    triton = AsyncTritonClient(hanging.endpoint, key, timeout_s=3, connections=connections)
+    connections_kept = 32
+    try:
+        # Kept-open connections, more than Triton has threads: some share the load's thread.
+        await asyncio.gather(*(triton.is_model_ready("add_sub") for _ in range(connections_kept)))
+        config = await triton.model_config(HANGS)
+        config["instance_group"][0]["count"] = 2
+        load = asyncio.ensure_future(triton.load(HANGS, config, timeout_s=WAIT_S))
+        await asyncio.sleep(1)
+        assert not load.done(), "the reload did not hang"
+        for _ in range(3):  # each within its 3 s, or TritonUnreachable fails the test
+            ready = [triton.is_model_ready("add_sub") for _ in range(connections_kept)]
+            assert all(await asyncio.gather(*ready))
+        assert not load.done()
+        hanging.release()
+        await asyncio.wait_for(load, WAIT_S)
+        assert await triton.is_model_ready(HANGS)
+    finally:
+        hanging.release()
+        await connections.close()
 
 
 # ---- the Kubernetes driver -------------------------------------------------------------------

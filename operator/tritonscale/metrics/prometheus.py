@@ -22,6 +22,7 @@ from tritonscale.core.signals import GpuSignals, MetricSnapshot, MetricsUnavaila
 from tritonscale.metrics import queries
 from tritonscale.metrics.prometheus_api import PrometheusApiError, prometheus_get_async
 from tritonscale.metrics.source import RATE_FIELDS
+from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
 
 _SCOPE, _PODS = queries.SOURCE_SCOPE, queries.SOURCE_POD_SCOPE
@@ -84,6 +85,7 @@ class PrometheusSource:
         queries: Mapping[str, str] | None = None,
         matcher: str | None = None,
         timeout_s: float = 5.0,
+        connections: Connections | None = None,
     ) -> None:
         unknown = set(queries or {}) - set(DEFAULT_QUERIES)
         if unknown:
@@ -94,9 +96,13 @@ class PrometheusSource:
         self.queries = {**DEFAULT_QUERIES, **(queries or {})}
         self.matcher = matcher
         self.timeout_s = timeout_s
+        # The driver's kept-open HTTP session (a session per snapshot without it).
+        self.connections = connections
 
     async def query(self, promql: str, session: aiohttp.ClientSession | None = None) -> list[dict]:
         """One instant query; MetricsUnavailable with one line on any failure."""
+        if session is None and self.connections is not None:
+            session = self.connections.session()
         if session is None:
             async with aiohttp.ClientSession() as own:
                 return await self.query(promql, own)
@@ -117,6 +123,9 @@ class PrometheusSource:
         window_s: float,
         decoupled: Collection[str] = (),
     ) -> MetricSnapshot:
+        if self.connections is not None:
+            session = self.connections.session()
+            return await self._snapshot(session, models, endpoints, window_s, decoupled)
         async with aiohttp.ClientSession() as session:
             return await self._snapshot(session, models, endpoints, window_s, decoupled)
 

@@ -19,13 +19,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from tritonscale.core.signals import GpuSignals, MetricSnapshot, MetricsUnavailable, ModelSignals
 from tritonscale.metrics import queries
 from tritonscale.metrics.source import RATE_FIELDS
+from tritonscale.triton import metrics_text
 from tritonscale.triton.client import TritonError, TritonUnreachable, fetch_metrics_text
+from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.metrics_text import Series
 
 COUNTERS = {
     queries.REQUEST_SUCCESS: "request_rate",
@@ -38,9 +40,6 @@ _MICROSECONDS = {"compute_seconds_per_second", "queue_seconds_per_second"}
 GPU_GAUGES = (queries.GPU_UTILIZATION, queries.GPU_MEMORY_USED, queries.GPU_MEMORY_TOTAL)
 _KEPT = {*COUNTERS, queries.PENDING_REQUESTS, queries.STREAMS_IN_FLIGHT, *GPU_GAUGES}
 
-# A series: (metric name, its labels as a sorted tuple).
-Series = tuple[str, tuple[tuple[str, str], ...]]
-
 
 @dataclass(frozen=True)
 class Sample:
@@ -50,16 +49,7 @@ class Sample:
 
 def parse_metrics(text: str) -> dict[Series, float]:
     """The series of Triton's /metrics text the sources use."""
-    values: dict[Series, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name
-            # The parser names a counter's samples `<family>_total`; Triton's have no suffix.
-            if family.type == "counter" and name == f"{family.name}_total":
-                name = family.name
-            if name in _KEPT:
-                values[(name, tuple(sorted(sample.labels.items())))] = float(sample.value)
-    return values
+    return metrics_text.parse_metrics(text, _KEPT)
 
 
 def counter_increase(samples: Sequence[float]) -> float:
@@ -84,9 +74,12 @@ class ScrapeSource:
         max_window_s: float = 600.0,
         min_scrape_interval_s: float = 0.5,
         timeout_s: float = 5.0,
+        connections: Connections | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.metrics_urls = list(metrics_urls)
+        # The driver's kept-open HTTP session (a session per scrape without it).
+        self.connections = connections
         self.max_window_s = max_window_s
         self.min_scrape_interval_s = min_scrape_interval_s
         self.timeout_s = timeout_s
@@ -109,14 +102,22 @@ class ScrapeSource:
         if not targets:
             raise MetricsUnavailable("no Triton metrics URL to scrape")
         asked = self._clock()
-        async with aiohttp.ClientSession() as session:
-            failures = await asyncio.gather(
-                *(self._scrape_locked(session, url, asked) for url in targets),
-                return_exceptions=True,
-            )
+        if self.connections is not None:
+            failures = await self._scrape_all(self.connections.session(), targets, asked)
+        else:
+            async with aiohttp.ClientSession() as session:
+                failures = await self._scrape_all(session, targets, asked)
         for failure in failures:
             if isinstance(failure, BaseException):
                 raise failure
+
+    async def _scrape_all(
+        self, session: aiohttp.ClientSession, targets: Sequence[str], asked: float
+    ) -> list[BaseException | None]:
+        return await asyncio.gather(
+            *(self._scrape_locked(session, url, asked) for url in targets),
+            return_exceptions=True,
+        )
 
     async def _scrape_locked(self, session: aiohttp.ClientSession, url: str, asked: float) -> None:
         async with self._target_locks.setdefault(url, asyncio.Lock()):

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from tritonscale import REPOSITORY_KEY_ENV
 from tritonscale.triton.client import AsyncTritonClient, TritonError
+from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.loads import (
     DEFAULT_LOAD_DEADLINE_S,
@@ -53,7 +54,19 @@ ActuationError = TritonError
 
 # Pods loaded at the same time once the first pod has taken a change.
 PARALLEL_PODS = 4
+# How long the ticks trust a pod's config read before (pods whose containers' start is known):
+# the slow verification of counts changed behind the operator's back.
+CONFIG_MAX_AGE_S = 60.0
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _KeptConfig:
+    """A pod's live config as one read found it."""
+
+    started_at: str | None  # the pod's containers' start then (Endpoint.started_at)
+    read_at: float  # the actuator's clock when the read began
+    config: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -121,7 +134,11 @@ class Actuator:
 
     `repository_key` unlocks the model-repository API; None reads TRITONSCALE_REPOSITORY_KEY.
     `load_deadline_s` bounds the wait for one load (and READY after it); `load_timeout_s`
-    how long its request stays open past that. `loads` may be shared with a Healer.
+    how long its request stays open past that. `loads` may be shared with a Healer,
+    `connections` (kept-open clients of the pods) with every reader of the driver.
+    The ticks' reads of a pod's config (`live_configs`) are kept for pods whose containers'
+    start is known (`Endpoint.started_at`, Kubernetes) and read again after a restart, a load
+    of the model to the pod, or `config_max_age_s`; a change itself always reads afresh.
     `clock`/`sleep` are injectable for tests.
     """
 
@@ -134,6 +151,8 @@ class Actuator:
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
         parallel_pods: int = PARALLEL_PODS,
         loads: LoadsInFlight | None = None,
+        connections: Connections | None = None,
+        config_max_age_s: float = CONFIG_MAX_AGE_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -144,8 +163,13 @@ class Actuator:
         self.load_timeout_s = load_timeout_s
         self.parallel_pods = parallel_pods
         self.loads = loads or LoadsInFlight(deadline_s=load_deadline_s, clock=clock)
+        # The driver's kept-open connections to the pods (a client per call without them).
+        self.connections = connections
         self._clock = clock
         self._sleep = sleep
+        self.config_max_age_s = config_max_age_s
+        self._configs: dict[tuple[str, str, str], _KeptConfig] = {}
+        self._configs_pruned_at = clock()
         # Pods that did not answer; shared by the ticks of every autoscaler on this actuator.
         self.silent_pods = SilentPods(self._is_live, clock=clock)
 
@@ -163,7 +187,9 @@ class Actuator:
 
     def client(self, endpoint: Endpoint) -> AsyncTritonClient:
         """A client for one pod, with this actuator's key and timeout; close it after use."""
-        return AsyncTritonClient(endpoint, self._key, timeout_s=self.timeout_s)
+        return AsyncTritonClient(
+            endpoint, self._key, timeout_s=self.timeout_s, connections=self.connections
+        )
 
     # ---- reading -------------------------------------------------------------------
     async def live_config(self, endpoint: Endpoint, model: str) -> dict[str, Any]:
@@ -213,10 +239,45 @@ class Actuator:
         return list(await asyncio.gather(*(bounded(endpoint) for endpoint in endpoints)))
 
     async def _read(self, endpoint: Endpoint, model: str) -> tuple[dict[str, Any] | None, str]:
+        """A pod's live config for the ticks: the one read before, while it holds."""
+        kept = self._kept_config(endpoint, model)
+        if kept is not None:
+            return copy.deepcopy(kept), ""
+        started = self._clock()
         try:
-            return await self.live_config(endpoint, model), ""
+            config = await self.live_config(endpoint, model)
         except TritonError as error:
             return None, error.reason
+        if endpoint.started_at is not None:
+            self._keep_config(endpoint, model, config, started)
+        return config, ""
+
+    def _kept_config(self, endpoint: Endpoint, model: str) -> dict[str, Any] | None:
+        """The config read of this pod before, unless its containers restarted since, a load
+        of the model to it was sent or ended since the read began, or it is older than
+        `config_max_age_s` (a change made behind the operator's back shows then)."""
+        kept = self._configs.get((endpoint.name, endpoint.http_url, model))
+        if kept is None or kept.started_at != endpoint.started_at:
+            return None
+        if self._clock() - kept.read_at >= self.config_max_age_s:
+            return None
+        changed = self.loads.changed_at(endpoint.name, model)
+        if changed is not None and changed >= kept.read_at:
+            return None
+        return kept.config
+
+    def _keep_config(
+        self, endpoint: Endpoint, model: str, config: dict[str, Any], read_at: float
+    ) -> None:
+        now = self._clock()
+        if now - self._configs_pruned_at >= self.config_max_age_s:
+            self._configs_pruned_at = now  # the pods gone: their reads are past their age
+            for key in [
+                k for k, v in self._configs.items() if now - v.read_at > self.config_max_age_s
+            ]:
+                del self._configs[key]
+        key = (endpoint.name, endpoint.http_url, model)
+        self._configs[key] = _KeptConfig(endpoint.started_at, read_at, copy.deepcopy(config))
 
     async def _is_live(self, endpoint: Endpoint) -> bool:
         """SilentPods' background call."""

@@ -16,7 +16,9 @@ the repository calls only (index, load) and never appears in a message: Triton's
 are scrubbed of it too.
 
 A client holds its connections open: close it (the `with` block does). Triton waits for open
-connections when it stops, up to its exit timeout.
+connections when it stops, up to its exit timeout. The operator's async clients go over the
+driver's `Connections` instead (tritonscale.triton.connections): one kept-open client per pod,
+shared by every call, which closing an `AsyncTritonClient` leaves open.
 
 The metrics text (`/metrics` on the metrics port) is not part of tritonclient: one plain
 HTTP GET.
@@ -26,8 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from http.client import HTTPException
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -39,6 +41,7 @@ import tritonclient.http.aio as aiohttpclient
 from tritonclient.utils import InferenceServerException
 
 from tritonscale import REPOSITORY_KEY_HEADER
+from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -263,7 +266,23 @@ class TritonClient(_PodClient):
 
 class AsyncTritonClient(_PodClient):
     """`TritonClient`'s calls as coroutines, over `tritonclient.http.aio`; use it as an async
-    context manager. Each call's timeout is an `asyncio.wait_for` around it."""
+    context manager. Each call's timeout is an `asyncio.wait_for` around it.
+
+    With `connections` (tritonscale.triton.connections) the calls go over the driver's
+    kept-open client of this pod, which closing this one leaves open; without, over a client
+    of its own, opened by the first call and closed with this one.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        repository_key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        connections: Connections | None = None,
+    ) -> None:
+        super().__init__(endpoint, repository_key, timeout_s=timeout_s)
+        self._connections = connections
 
     async def __aenter__(self) -> AsyncTritonClient:
         return self
@@ -280,25 +299,28 @@ class AsyncTritonClient(_PodClient):
     async def model_config(self, model: str) -> dict[str, Any]:
         """The model's live config (`GET v2/models/{model}/config`)."""
         return await self._call(
-            f"reading {model}'s config", self._connection().get_model_config(model)
+            f"reading {model}'s config", lambda http: http.get_model_config(model)
         )
 
     async def is_live(self) -> bool:
         """Whether the server answers at all (`GET v2/health/live`)."""
         return await self._call(
-            "asking whether the server is live", self._connection().is_server_live()
+            "asking whether the server is live", lambda http: http.is_server_live()
         )
 
     async def is_model_ready(self, model: str, version: str = "") -> bool:
         """Whether the model (or one version of it) is READY (`GET v2/models/{model}/ready`)."""
         return await self._call(
-            f"reading {model}'s readiness", self._connection().is_model_ready(model, version)
+            f"reading {model}'s readiness", lambda http: http.is_model_ready(model, version)
         )
 
     async def repository_index(self) -> list[dict[str, Any]]:
         """Every model of the repository with its state (`POST v2/repository/index`)."""
-        index = self._connection().get_model_repository_index(headers=self._headers())
-        return list(await self._call("reading the repository index", index))
+        index = await self._call(
+            "reading the repository index",
+            lambda http: http.get_model_repository_index(headers=self._headers()),
+        )
+        return list(index)
 
     async def model_state(self, model: str) -> str | None:
         """`TritonClient.model_state`: the model's state in the repository index."""
@@ -312,6 +334,9 @@ class AsyncTritonClient(_PodClient):
         url = self.endpoint.metrics_url
         if not url:
             raise TritonError(self.endpoint.name, "no metrics URL is known for this pod")
+        if self._connections is not None:
+            session = self._connections.session()
+            return await fetch_metrics_text(session, self.endpoint.name, url, self.timeout_s)
         async with aiohttp.ClientSession() as session:
             return await fetch_metrics_text(session, self.endpoint.name, url, self.timeout_s)
 
@@ -322,8 +347,14 @@ class AsyncTritonClient(_PodClient):
         """`TritonClient.load`: Triton answers once the model is READY with the new config, or
         failed; it goes on loading when the caller stops waiting."""
         override = None if config is None else json.dumps(config)
-        load = self._connection().load_model(model, headers=self._headers(), config=override)
-        await self._call(f"loading {model}", load, timeout_s, f"Triton refused to load {model}")
+        loading = self._connections.loading(self._address) if self._connections else nullcontext()
+        with loading:  # the pod's other calls take new connections meanwhile (connections.py)
+            await self._call(
+                f"loading {model}",
+                lambda http: http.load_model(model, headers=self._headers(), config=override),
+                timeout_s,
+                f"Triton refused to load {model}",
+            )
 
     async def infer(
         self,
@@ -333,20 +364,26 @@ class AsyncTritonClient(_PodClient):
         timeout_s: float | None = None,
     ) -> Any:
         """One inference request (`POST v2/models/{model}/infer`)."""
-        infer = self._connection().infer(model, list(inputs))
-        return await self._call(f"an inference of {model}", infer, timeout_s)
+        return await self._call(
+            f"an inference of {model}", lambda http: http.infer(model, list(inputs)), timeout_s
+        )
 
     # ---- the connection ----------------------------------------------------------------
-    def _connection(self) -> aiohttpclient.InferenceServerClient:
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[aiohttpclient.InferenceServerClient]:
+        if self._connections is not None:
+            async with self._connections.triton(self._address) as shared:
+                yield shared
+            return
         if self._http is None:
             # The session's own total timeout stays out of the way: each call has its own.
             self._http = aiohttpclient.InferenceServerClient(self._address, conn_timeout=None)
-        return self._http
+        yield self._http
 
     async def _call(
         self,
         what: str,
-        call: Awaitable[T],
+        call: Callable[[aiohttpclient.InferenceServerClient], Awaitable[T]],
         timeout_s: float | None = None,
         refused: str | None = None,
     ) -> T:
@@ -354,11 +391,14 @@ class AsyncTritonClient(_PodClient):
         `TritonClient._call` words them)."""
         wait_s = timeout_s if timeout_s is not None else self.timeout_s
         try:
-            return await asyncio.wait_for(call, wait_s)
+            async with self._connection() as http:
+                return await asyncio.wait_for(call(http), wait_s)
         except InferenceServerException as error:
             raise self._refusal(error, what, refused) from None
         except asyncio.TimeoutError:
-            await self.close()  # an answer may still come on that connection: drop it
+            # An answer may still come on that connection: drop it. (A shared client loses
+            # only the cancelled request's connection; aiohttp closes it.)
+            await self.close()
             raise self._no_answer(what, wait_s) from None
         except (OSError, aiohttp.ClientError) as error:
             await self.close()

@@ -17,6 +17,9 @@ class Endpoint:
     http_url: str  # Triton's HTTP API: "host:port" or "http://host:port"
     metrics_url: str | None = None  # the full URL of Triton's /metrics
     namespace: str | None = None  # the pod's namespace; None outside Kubernetes
+    # When the pod's containers last started (Kubernetes): what the actuator read of this
+    # Triton holds until it restarts. None: not known (the actuator reads it every time).
+    started_at: str | None = None
 
     @property
     def base_url(self) -> str:

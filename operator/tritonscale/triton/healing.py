@@ -55,13 +55,14 @@ from typing import Any
 
 import numpy as np
 import tritonclient.http as httpclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import triton_to_np_dtype
 
 from tritonscale import REPOSITORY_KEY_ENV
 from tritonscale.triton.client import AsyncTritonClient, TritonError, TritonUnreachable
+from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.loads import DEFAULT_LOAD_TIMEOUT_S, LoadsInFlight
+from tritonscale.triton.metrics_text import label_matcher, parse_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ POD_UNREACHABLE = "PodUnreachable"
 MODEL_LOADING = "ModelLoading"
 
 HEAL_PARAMETER = "tritonscale_heal_generation"
+# The families of Triton's /metrics the healer reads.
+_REQUEST_COUNTERS = ("nv_inference_request_failure", "nv_inference_request_success")
 CONDITION_TYPE = "ModelHealthy"
 
 PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS = "off", "on-suspicion", "always"
@@ -198,6 +201,7 @@ class Healer:
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
         loads: LoadsInFlight | None = None,
         request_counters: RequestCounters | None = None,
+        connections: Connections | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if probe not in (PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS):
@@ -218,6 +222,7 @@ class Healer:
         # The metrics source's read of a pod's /metrics, where it reads them itself (scrape
         # mode): the tick then reads each pod's /metrics once for both.
         self.request_counters = request_counters
+        self.connections = connections  # the driver's kept-open clients of the pods
         self.clock = clock
         self._history: dict[tuple[str, str], _History] = {}
 
@@ -465,7 +470,9 @@ class Healer:
         return sum(1 for t in history.attempts if now - t < self.window_s)
 
     def _client(self, endpoint: Endpoint) -> AsyncTritonClient:
-        return AsyncTritonClient(endpoint, self._key, timeout_s=self.timeout_s)
+        return AsyncTritonClient(
+            endpoint, self._key, timeout_s=self.timeout_s, connections=self.connections
+        )
 
     def _scrub(self, text: str) -> str:
         """Whatever a server or library says, the key never leaves in a message."""
@@ -512,15 +519,13 @@ def _probe_inputs(config: Mapping[str, Any]) -> list[httpclient.InferInput] | No
 def _request_counters(text: str, model: str) -> tuple[float, float]:
     """(BACKEND failures, successes) of `model` in Triton's /metrics text: their totals."""
     failures = successes = 0.0
-    for family in text_string_to_metric_families(text):
-        # The parser names a counter's family without, and its samples with, "_total".
-        for sample in family.samples:
-            if sample.labels.get("model") != model:
-                continue
-            if family.name == "nv_inference_request_failure" and (
-                sample.labels.get("reason") == "BACKEND"
-            ):
-                failures += sample.value
-            elif family.name == "nv_inference_request_success":
-                successes += sample.value
+    samples = parse_metrics(text, _REQUEST_COUNTERS, label_matcher("model", model))
+    for (name, labels), value in samples.items():
+        by = dict(labels)
+        if by.get("model") != model:
+            continue
+        if name == "nv_inference_request_failure" and by.get("reason") == "BACKEND":
+            failures += value
+        elif name == "nv_inference_request_success":
+            successes += value
     return failures, successes

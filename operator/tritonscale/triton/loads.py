@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 DEFAULT_LOAD_DEADLINE_S = 30.0
 # How long a load's request stays open after its deadline; then Triton is left to it.
 DEFAULT_LOAD_TIMEOUT_S = 600.0
+# How long the time of a pod's last load is remembered: longer than any reader keeps a read.
+CHANGES_KEPT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,19 @@ class LoadsInFlight:
         self.deadline_s = deadline_s
         self._clock = clock
         self._running: dict[tuple[str, str], _Running] = {}
+        self._changed_at: dict[tuple[str, str], float] = {}
+
+    def changed_at(self, pod: str, model: str) -> float | None:
+        """When a load of `model` on `pod` was last sent or ended (the clock's time): a config
+        read that began before then may be out of date. None: not within CHANGES_KEPT_S."""
+        return self._changed_at.get((pod, model))
+
+    def _changed(self, key: tuple[str, str]) -> None:
+        now = self._clock()
+        self._changed_at[key] = now
+        # Loads are rare (a few a minute): the pods gone long ago are dropped as they come.
+        for old in [k for k, at in self._changed_at.items() if at < now - CHANGES_KEPT_S]:
+            del self._changed_at[old]
 
     def in_flight(self, pod: str, model: str) -> LoadInFlight | None:
         """The load of `model` on `pod` that is still waiting for Triton, if any."""
@@ -88,6 +103,7 @@ class LoadsInFlight:
         if key in self._running:
             return self._running[key].load
         load = LoadInFlight(pod, model, what, self._clock(), self.deadline_s)
+        self._changed(key)
         task = asyncio.ensure_future(send())
         running = self._running[key] = _Running(load, task)
         task.add_done_callback(lambda _: self._ended(key, running))
@@ -107,6 +123,7 @@ class LoadsInFlight:
         return None
 
     def _ended(self, key: tuple[str, str], running: _Running) -> None:
+        self._changed(key)
         if self._running.get(key) is running:
             del self._running[key]
         if not running.abandoned:
