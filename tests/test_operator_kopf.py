@@ -39,6 +39,7 @@ from tests.operator_harness import (
     triton_pod,
 )
 from tests.tooling import require_local_triton
+from tritonscale.core.spec import InvalidSpec
 from tritonscale.drivers import kopf_operator as kopf_driver
 from tritonscale.local.triton_server import LocalTriton
 
@@ -263,3 +264,15 @@ async def test_the_operator_changes_a_live_instance_count_on_a_real_triton(
         code, body = await http_get(operator.liveness_url)
         assert code == 200
         assert json.loads(body)["ticks"]["count"] >= 2
+
+
+@pytest.mark.unit
+def test_a_spec_is_checked_once_however_often_it_is_read() -> None:
+    spec = {"model": "add_sub", "selector": {"matchLabels": {"app": "triton"}}, "maxInstances": 3}
+    first = kopf_driver.parse_spec(spec)
+    # The same spec, its keys in another order (as another watch event may carry it).
+    assert kopf_driver.parse_spec(dict(reversed(list(spec.items())))) is first
+    assert kopf_driver.parse_spec({**spec, "maxInstances": 4}).max_instances == 4
+    for _ in range(2):  # an invalid spec raises every time, with its one line
+        with pytest.raises(InvalidSpec, match="maxInstance is not a known field"):
+            kopf_driver.parse_spec({**spec, "maxInstance": 3})

@@ -43,6 +43,8 @@ so a member that ticks first cannot take the room the others hold.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 import random
 import time
@@ -65,6 +67,7 @@ from tritonscale.metrics.prometheus import PrometheusSource
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.metrics.source import MetricsSource
 from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.connections import Connections
 from tritonscale.triton.healing import Healer
 from tritonscale.triton.loads import DEFAULT_LOAD_DEADLINE_S
 
@@ -134,6 +137,7 @@ class Runtime:
     actuator: Actuator
     metrics: OperatorMetrics
     healer: Healer
+    connections: Connections
     health: Health = field(default_factory=Health)
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
     pod_status: admission.PodStatusWriter = field(default_factory=admission.PodStatusWriter)
@@ -148,12 +152,16 @@ def make_runtime(
     metrics: OperatorMetrics | None = None,
     pod_status: admission.PodStatusWriter | None = None,
 ) -> Runtime:
+    # Every call to the pods and Prometheus goes over connections kept open between ticks.
+    connections = Connections()
     if config.prometheus_url:
-        source: MetricsSource = PrometheusSource(config.prometheus_url)
+        source: MetricsSource = PrometheusSource(config.prometheus_url, connections=connections)
     else:
-        source = ScrapeSource()
+        source = ScrapeSource(connections=connections)
     actuator = Actuator(
-        repository_key=config.repository_key, load_deadline_s=config.load_deadline_s
+        repository_key=config.repository_key,
+        load_deadline_s=config.load_deadline_s,
+        connections=connections,
     )
     return Runtime(
         config=config,
@@ -165,9 +173,33 @@ def make_runtime(
             repository_key=actuator.repository_key,
             loads=actuator.loads,
             request_counters=source.request_counters if isinstance(source, ScrapeSource) else None,
+            connections=connections,
         ),
+        connections=connections,
         pod_status=pod_status or admission.PodStatusWriter(),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(spec_json: str) -> AutoscalerSpec | str:
+    try:
+        return AutoscalerSpec.from_dict(json.loads(spec_json))
+    except InvalidSpec as error:
+        return str(error)
+
+
+def parse_spec(spec: Mapping[str, Any]) -> AutoscalerSpec:
+    """`AutoscalerSpec.from_dict`, worked out once per distinct spec (InvalidSpec as it raises).
+
+    Checking a spec and its CEL rules takes about 10 ms here; the index sees every status
+    write of every autoscaler and each daemon reads its spec every tick, so at 500 autoscalers
+    parsing alone would take most of a core. The spec is a frozen model: one object serves
+    every reader.
+    """
+    parsed = _parse(json.dumps(dict(spec), sort_keys=True))
+    if isinstance(parsed, str):
+        raise InvalidSpec(parsed)
+    return parsed
 
 
 @dataclass(frozen=True)
@@ -193,6 +225,13 @@ async def triton_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, po
     return {namespace: pods.TritonPod.from_body(body)}
 
 
+@kopf.index("pods", when=lambda body, **_: pods.waits_for_instances(body))
+async def waiting_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, pods.TritonPod]:
+    """The pods waiting at the gate, by namespace (kopf drops a pod once it stops waiting):
+    what the `admit` daemons look through every second, a few pods rather than all."""
+    return {namespace: pods.TritonPod.from_body(body)}
+
+
 @kopf.index(GROUP, VERSION, PLURAL)
 async def autoscalers(
     spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, **_: Any
@@ -200,7 +239,7 @@ async def autoscalers(
     """Every autoscaler whose spec reads, by namespace: which pods a new pod must match, and
     what each budget's members hold."""
     try:
-        parsed = AutoscalerSpec.from_dict(dict(spec))
+        parsed = parse_spec(spec)
     except InvalidSpec:
         return {}
     desired = status.get("desiredInstances")
@@ -278,7 +317,7 @@ async def reconcile_daemon(
             # The spec and its generation as they are now: the status says which one it ran.
             raw_spec, generation = dict(body.spec), body.metadata.get("generation")
             try:
-                parsed: AutoscalerSpec | None = AutoscalerSpec.from_dict(raw_spec)
+                parsed: AutoscalerSpec | None = parse_spec(raw_spec)
             except InvalidSpec:
                 parsed = None
             if parsed is not None:
@@ -364,7 +403,7 @@ async def admit_daemon(
     name: str,
     namespace: str,
     memo: kopf.Memo,
-    triton_pods: kopf.Index[str, pods.TritonPod],
+    waiting_pods: kopf.Index[str, pods.TritonPod],
     autoscalers: kopf.Index[str, Member],
     logger: kopf.Logger,
     **_: Any,
@@ -379,7 +418,7 @@ async def admit_daemon(
         if this is None:
             continue  # its spec does not read: it selects nothing
         others = [m.autoscaler for m in members if m.autoscaler.name != name]
-        for pod in triton_pods.get(namespace, []):
+        for pod in waiting_pods.get(namespace, []):
             if pod.waiting_for_instances and admission.selecting(pod, [this.autoscaler]):
                 await _admit(runtime, pod, this, others, logger)
 
@@ -439,6 +478,12 @@ def _forget(runtime: Runtime, namespace: str, name: str, model: str) -> None:
     runtime.metrics.forget(namespace, name, model)
     for _namespace, budget in runtime.ledger.forget(namespace, name):
         runtime.metrics.forget_budget(namespace, budget)
+
+
+@kopf.on.cleanup()
+async def close_connections(memo: kopf.Memo, **_: Any) -> None:
+    """The connections to the pods and Prometheus close with the operator."""
+    await memo.runtime.connections.close()
 
 
 @kopf.on.probe(id="ticks")

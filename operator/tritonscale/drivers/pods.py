@@ -87,6 +87,7 @@ class TritonPod:
             http_url=f"{host}:{self.http_port or http_port}",
             metrics_url=f"http://{host}:{self.metrics_port or metrics_port}/metrics",
             namespace=self.namespace,
+            started_at=self.started_at,
         )
 
 
