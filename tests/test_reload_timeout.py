@@ -321,6 +321,8 @@ async def test_tune_a_hung_reload_ends_its_tick_at_the_deadline_and_delays_no_ot
     loop.start()
     try:
         stuck: TickResult = await wait_for(lambda: next(iter(of("hangs")), None), "the first tick")
+        # The run's calls go over its kept-open connections (new ones while the load hangs).
+        assert tuner.actuator.connections is not None
         # The load cannot finish before the release: the tick ended without it.
         assert not hanging.released()
         assert stuck.reason == RELOAD_TIMEOUT, stuck.line()
@@ -378,6 +380,8 @@ async def test_tune_a_hung_reload_ends_its_tick_at_the_deadline_and_delays_no_ot
     finally:
         stop.set()
         loop.join(timeout=WAIT_S)
+    assert not loop.is_alive(), "the tune loop did not stop"
+    assert tuner.actuator.connections is None  # closed with the run
     assert not loop.is_alive(), "tune did not stop"
     print(
         f"stuck tick {stuck.duration_s:.2f} s (deadline {DEADLINE_S:g} s); "

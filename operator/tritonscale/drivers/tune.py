@@ -55,6 +55,7 @@ from tritonscale.metrics.prometheus import PrometheusSource
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.metrics.source import MetricsSource
 from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint, local_endpoints
 from tritonscale.triton.healing import Healer
 
@@ -312,9 +313,23 @@ class Tuner:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 previous[signum] = signal.getsignal(signum)
                 loop.add_signal_handler(signum, lambda: (interrupted.set(), stop.set()))
+        # The run's calls to the pods and Prometheus go over connections kept open between
+        # ticks (tritonscale.triton.connections), unless a caller gave its own.
+        connections = Connections()
+        users = [
+            user
+            for user in (self.actuator, self.healer, self.source)
+            if isinstance(user, Actuator | Healer | ScrapeSource | PrometheusSource)
+            and user.connections is None
+        ]
+        for user in users:
+            user.connections = connections
         try:
             await self._run(duration_s, stop, Stop())
         finally:
+            for user in users:
+                user.connections = None
+            await connections.close()
             for signum, handler in previous.items():
                 loop.remove_signal_handler(signum)
                 signal.signal(signum, handler)
