@@ -421,10 +421,11 @@ OPERATOR_PODS = {
 def test_named_scrapers_never_cut_the_operator_off_the_metrics_it_reads(
     helm: str, sets: tuple[str, ...]
 ) -> None:
-    # The operator reads every pod's :8002/metrics in both modes: to size in scrape mode, and
-    # in its health checks with Prometheus in between too (a pod whose metrics it cannot read
-    # is dropped as PodUnreachable). A policy that admits only the named scrapers there leaves
-    # it unable to size anything.
+    # The operator reads every pod's :8002/metrics to size in scrape mode, and with Prometheus
+    # in between its health checks read a pod's own /metrics whenever Prometheus cannot answer
+    # (down, or not scraping the pod yet; a pod whose metrics it cannot read then is dropped
+    # as PodUnreachable). A policy that admits only the named scrapers there leaves it unable
+    # to size anything, or to heal while Prometheus is away.
     peers = metrics_peers(rendered(helm, "networkpolicy-values.yaml", sets))
     assert OPERATOR_PODS in peers
     assert {

@@ -23,7 +23,9 @@ from tritonscale.local.triton_server import LocalTriton
 from tritonscale.metrics import queries
 from tritonscale.metrics.prometheus import DEFAULT_QUERIES, PrometheusSource, pod_matcher
 from tritonscale.metrics.scrape import ScrapeSource, counter_increase
+from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.healing import HEALTHY, Healer, _request_counters
 
 PIPELINE = ["pipeline_async", "branch_embed", "branch_classify", "branch_rank"]
 WINDOW_S = 8
@@ -135,6 +137,78 @@ async def test_prometheus_stopped_is_metrics_unavailable(pipeline: LocalTriton, 
         prometheus.start()
     prometheus.wait_for("up", timeout_s=30)
     assert (await source.snapshot(PIPELINE, [_endpoint(pipeline)], 5)).models
+
+
+async def test_prometheus_answers_the_healers_counters_with_one_read_per_model(
+    pipeline: LocalTriton, prometheus
+) -> None:
+    # With Prometheus in place the healer's per-pod counters come from it, not from each
+    # pod's /metrics: the checks of one model share one pair of queries.
+    with ClosedLoopLoad(pipeline.grpc_url, "pipeline_async") as load:
+        load.set_users(1)
+        await asyncio.sleep(1)
+    await asyncio.sleep(0.5)  # Triton counts a request after its answer has gone out
+    on_the_pod = _request_counters(
+        requests.get(pipeline.metrics_url, timeout=5).text, "pipeline_async"
+    )
+    assert on_the_pod[1] > 0, "the load must have reached the pipeline"
+    prometheus.wait_for(
+        f'sum(nv_inference_request_success{{model="pipeline_async"}}) == {on_the_pod[1]}',
+        timeout_s=10,
+    )
+    connections = Connections()  # the session the operator's sources share
+    source = PrometheusSource(prometheus.url, connections=connections)
+    sent: list[str] = []
+    query = source.query
+
+    async def counting(promql: str, session=None) -> list[dict]:
+        sent.append(promql)
+        return await query(promql, session)
+
+    source.query = counting  # type: ignore[method-assign]
+    pod = _endpoint(pipeline)
+    unscraped = Endpoint("other", "127.0.0.1:1", f"http://127.0.0.1:{free_port()}/metrics")
+    try:
+        answers = await asyncio.gather(
+            *(source.request_counters(pod, "pipeline_async") for _ in range(5)),
+            source.request_counters(unscraped, "pipeline_async"),
+        )
+    finally:
+        await connections.close()
+    assert answers == [on_the_pod] * 5 + [None]
+    assert len(sent) == 2, sent
+
+
+async def test_the_healer_reads_the_pod_itself_while_prometheus_is_down(
+    pipeline: LocalTriton, prometheus
+) -> None:
+    source = PrometheusSource(prometheus.url, timeout_s=2)
+    source.COUNTERS_MAX_AGE_S = 0
+    answers: list[object] = []
+
+    async def reader(endpoint: Endpoint, model: str) -> tuple[float, float] | None:
+        try:
+            totals = await source.request_counters(endpoint, model)
+        except MetricsUnavailable as error:
+            answers.append(error)
+            raise
+        answers.append(totals)
+        return totals
+
+    healer = Healer(request_counters=reader)
+    pod = _endpoint(pipeline)
+    first = await healer.check(pod, "pipeline_async")
+    assert first.reason == HEALTHY, first.message
+    assert isinstance(answers[-1], tuple), answers
+    prometheus.stop()
+    try:
+        second = await healer.check(pod, "pipeline_async")
+    finally:
+        prometheus.start()
+    prometheus.wait_for("up", timeout_s=30)
+    # Prometheus could not answer; the healer read the pod's /metrics and found it serving.
+    assert isinstance(answers[-1], MetricsUnavailable), answers
+    assert second.reason == HEALTHY, second.message
 
 
 async def test_a_bad_query_is_one_line_naming_it(pipeline: LocalTriton, prometheus) -> None:

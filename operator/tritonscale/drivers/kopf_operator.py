@@ -154,8 +154,9 @@ def make_runtime(
 ) -> Runtime:
     # Every call to the pods and Prometheus goes over connections kept open between ticks.
     connections = Connections()
+    source: PrometheusSource | ScrapeSource
     if config.prometheus_url:
-        source: MetricsSource = PrometheusSource(config.prometheus_url, connections=connections)
+        source = PrometheusSource(config.prometheus_url, connections=connections)
     else:
         source = ScrapeSource(connections=connections)
     actuator = Actuator(
@@ -172,7 +173,8 @@ def make_runtime(
         healer=Healer(
             repository_key=actuator.repository_key,
             loads=actuator.loads,
-            request_counters=source.request_counters if isinstance(source, ScrapeSource) else None,
+            # One read serves the healer and the snapshot (scraping), or Prometheus answers it.
+            request_counters=source.request_counters,
             connections=connections,
         ),
         connections=connections,

@@ -225,9 +225,12 @@ class Tuner:
             self.healer = Healer(
                 repository_key=self.actuator.repository_key,
                 loads=self.actuator.loads,
-                # Scraping: one read of a pod's /metrics serves the healer and the snapshot.
+                # Scraping: one read of a pod's /metrics serves the healer and the snapshot;
+                # with Prometheus, Prometheus answers it.
                 request_counters=(
-                    source.request_counters if isinstance(source, ScrapeSource) else None
+                    source.request_counters
+                    if isinstance(source, ScrapeSource | PrometheusSource)
+                    else None
                 ),
             )
 

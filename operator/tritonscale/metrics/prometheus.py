@@ -5,6 +5,9 @@ namespace (Kubernetes), else `instance=~"host:8002|..."` from their metrics URLs
 `matcher` given to the constructor (e.g. `job="triton"`). The queries are written from
 tritonscale.metrics.queries (`DEFAULT_QUERIES`, overridable per key): `string.Template`s over
 `$selector` (pod set and models), `$pods` (pod set only), `$window` and `$step`.
+
+It also answers the healer's question, a pod's request counters (`request_counters`), so that
+with Prometheus in place the operator does not read every pod's /metrics on every tick.
 """
 
 from __future__ import annotations
@@ -52,6 +55,15 @@ DEFAULT_QUERIES: dict[str, str] = {
 }
 
 
+# A pod's (BACKEND failures, successes), by its `pod` (or `instance`) label.
+_Counters = dict[str, tuple[float, float]]
+
+
+def _literal(value: str) -> str:
+    """A PromQL string literal's content."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def _regex_alternatives(values: Iterable[str]) -> str:
     # re.escape escapes more than RE2 needs, but RE2 accepts every escape it emits for
     # names, IPs and ports; backslashes are doubled for the PromQL string literal.
@@ -78,6 +90,10 @@ def pod_matcher(endpoints: Sequence[Endpoint], default: str | None = None) -> st
 class PrometheusSource:
     """Signals from Prometheus's HTTP API (`/api/v1/query`)."""
 
+    # A read of the request counters serves every check of its namespace and model for this
+    # long: the checks of one tick come together, and Prometheus's copy is a scrape old anyway.
+    COUNTERS_MAX_AGE_S = 2.0
+
     def __init__(
         self,
         url: str,
@@ -98,6 +114,8 @@ class PrometheusSource:
         self.timeout_s = timeout_s
         # The driver's kept-open HTTP session (a session per snapshot without it).
         self.connections = connections
+        # (namespace, model) -> (when asked, the read): {pod: (BACKEND failures, successes)}.
+        self._counters: dict[tuple[str | None, str], tuple[float, asyncio.Task[_Counters]]] = {}
 
     async def query(self, promql: str, session: aiohttp.ClientSession | None = None) -> list[dict]:
         """One instant query; MetricsUnavailable with one line on any failure."""
@@ -115,6 +133,48 @@ class PrometheusSource:
                 raise MetricsUnavailable(f"{error} (query: {promql})") from None
             raise MetricsUnavailable(str(error)) from None
         return data["result"]
+
+    async def request_counters(self, endpoint: Endpoint, model: str) -> tuple[float, float] | None:
+        """(BACKEND failures, successes) of `model` on one pod: their totals as Prometheus last
+        scraped them (the healer's reader, `RequestCounters`). None when Prometheus has no
+        series for the pod (not scraped yet, or not at all); MetricsUnavailable when it cannot
+        answer. One pair of queries serves every pod of the namespace and model (pods by the
+        `pod` label; by `instance` where the endpoints carry no namespace)."""
+        if endpoint.namespace is not None:
+            key, label, name = (endpoint.namespace, model), "pod", endpoint.name
+            where = f'namespace="{_literal(endpoint.namespace)}"'
+        else:
+            instance = endpoint.metrics_instance
+            if instance is None:
+                return None
+            key, label, name, where = (None, model), "instance", instance, self.matcher or ""
+        selector = ",".join(part for part in (where, f'model="{_literal(model)}"') if part)
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        kept = self._counters.get(key)
+        if (
+            kept is None
+            or now - kept[0] > self.COUNTERS_MAX_AGE_S
+            or kept[1].get_loop() is not loop
+        ):
+            kept = (now, loop.create_task(self._read_counters(selector, label)))
+            self._counters[key] = kept
+        # Shielded: a check that is cancelled leaves the read to the others waiting on it.
+        return (await asyncio.shield(kept[1])).get(name)
+
+    async def _read_counters(self, selector: str, label: str) -> _Counters:
+        scope = queries.Scope(selector, by=(label,))
+        failures, successes = await asyncio.gather(
+            self.query(queries.backend_failures_total(scope)),
+            self.query(queries.successes_total(scope)),
+        )
+        counters: _Counters = {}
+        for row in successes:
+            counters[row["metric"].get(label, "")] = (0.0, float(row["value"][1]))
+        for row in failures:
+            pod = row["metric"].get(label, "")
+            counters[pod] = (float(row["value"][1]), counters.get(pod, (0.0, 0.0))[1])
+        return counters
 
     async def snapshot(
         self,

@@ -188,6 +188,18 @@ def pods_reporting(scope: Scope) -> str:
     return scope.aggregate("count", each)
 
 
+def backend_failures_total(scope: Scope) -> str:
+    """Requests that failed in the model's backend since the counters started (not a rate:
+    the operator's healer takes the increase between its own checks)."""
+    failed = Scope(",".join(p for p in (scope.selector, 'reason="BACKEND"') if p))
+    return scope.sum(failed.series(REQUEST_FAILURE))
+
+
+def successes_total(scope: Scope) -> str:
+    """Successful requests since the counters started (not a rate)."""
+    return scope.sum(scope.series(REQUEST_SUCCESS))
+
+
 def busy_fraction(scope: Scope) -> str:
     """Busy per instance as the policy computes it: busy instances over pods x the
     operator's live instance count (Triton exports no instance count)."""

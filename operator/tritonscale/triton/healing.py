@@ -58,6 +58,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import triton_to_np_dtype
 
 from tritonscale import REPOSITORY_KEY_ENV
+from tritonscale.core.signals import MetricsUnavailable
 from tritonscale.triton.client import AsyncTritonClient, TritonError, TritonUnreachable
 from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
@@ -173,8 +174,9 @@ class _History:
     exhausted: bool = False  # HealingExhausted has been logged
 
 
-# (pod, model) -> (BACKEND failures, successes): the totals of the model's request counters.
-RequestCounters = Callable[[Endpoint, str], Awaitable[tuple[float, float]]]
+# (pod, model) -> (BACKEND failures, successes): the totals of the model's request counters;
+# None (or MetricsUnavailable) where the reader cannot tell, and the pod's /metrics is read.
+RequestCounters = Callable[[Endpoint, str], Awaitable[tuple[float, float] | None]]
 
 
 class Healer:
@@ -219,8 +221,8 @@ class Healer:
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
         self.loads = loads or LoadsInFlight()
-        # The metrics source's read of a pod's /metrics, where it reads them itself (scrape
-        # mode): the tick then reads each pod's /metrics once for both.
+        # The metrics source's reader: scraping, its read of the pod's /metrics (the tick then
+        # reads each pod's /metrics once for both); with Prometheus, Prometheus's copy.
         self.request_counters = request_counters
         self.connections = connections  # the driver's kept-open clients of the pods
         self.clock = clock
@@ -279,10 +281,7 @@ class Healer:
 
         failed = succeeded = 0.0
         if endpoint.metrics_url:
-            if self.request_counters is not None:
-                totals = await self.request_counters(endpoint, model)
-            else:
-                totals = _request_counters(await triton.metrics_text(), model)
+            totals = await self._request_totals(triton, endpoint, model)
             failed, succeeded = self._counter_increase(totals, history)
         history.rising = history.rising + 1 if failed else 0
         suspicion = f"{failed:.0f} backend failures since the last check" if failed else None
@@ -311,6 +310,21 @@ class Healer:
         if suspicion and not succeeded:
             return STUB_UNHEALTHY, f"{model} on {pod}: {suspicion} and no success"
         return None
+
+    async def _request_totals(
+        self, triton: AsyncTritonClient, endpoint: Endpoint, model: str
+    ) -> tuple[float, float]:
+        if self.request_counters is not None:
+            try:
+                totals = await self.request_counters(endpoint, model)
+            except MetricsUnavailable as error:
+                logger.debug("request counters of %s on %s: %s", model, endpoint.name, error)
+                totals = None
+            if totals is not None:
+                return totals
+        # No reader, or Prometheus cannot tell (down, or the pod not scraped yet): the pod's
+        # own /metrics.
+        return _request_counters(await triton.metrics_text(), model)
 
     async def _repository_state(self, triton: AsyncTritonClient, model: str) -> str | None:
         try:
