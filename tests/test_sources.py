@@ -179,6 +179,32 @@ async def test_prometheus_answers_the_healers_counters_with_one_read_per_model(
     assert len(sent) == 2, sent
 
 
+@pytest.mark.unit
+async def test_in_kubernetes_the_counters_are_asked_by_namespace_and_told_by_pod() -> None:
+    asked: list[str] = []
+    rows = {
+        "nv_inference_request_failure": [{"metric": {"pod": "a"}, "value": [0, "2"]}],
+        "nv_inference_request_success": [
+            {"metric": {"pod": "a"}, "value": [0, "7"]},
+            {"metric": {"pod": "b"}, "value": [0, "5"]},
+        ],
+    }
+
+    async def query(promql: str, session=None) -> list[dict]:
+        asked.append(promql)
+        return rows[next(name for name in rows if name in promql)]
+
+    source = PrometheusSource("http://prometheus:9090")
+    source.query = query  # type: ignore[method-assign]
+    pods = [Endpoint(name, f"{name}:8000", f"http://{name}:8002/metrics", "ml") for name in "abc"]
+    answers = await asyncio.gather(*(source.request_counters(pod, "m") for pod in pods))
+    assert answers == [(2.0, 7.0), (0.0, 5.0), None]
+    assert sorted(asked) == [
+        'sum by (pod) (nv_inference_request_failure{namespace="ml",model="m",reason="BACKEND"})',
+        'sum by (pod) (nv_inference_request_success{namespace="ml",model="m"})',
+    ]
+
+
 async def test_the_healer_reads_the_pod_itself_while_prometheus_is_down(
     pipeline: LocalTriton, prometheus
 ) -> None:
