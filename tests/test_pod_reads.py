@@ -292,6 +292,13 @@ async def test_a_tick_reads_a_pods_config_again_only_when_it_may_have_changed(
     counts, _ = await actuator.live_counts([restarted], "n")
     assert server.config_reads == 5
 
+    # Another operator changed the count while a peer held this one paused (kopf stops the
+    # daemons, whose start forgets what was kept).
+    server.groups["m"] = [{"kind": "KIND_CPU", "count": 2}]
+    actuator.forget_configs()
+    counts, _ = await actuator.live_counts([restarted], "m")
+    assert counts[pod.name] == 2 and server.config_reads == 6
+
 
 async def test_a_pod_whose_start_is_unknown_is_read_every_time(server: Server) -> None:
     assert server.endpoint is not None and server.endpoint.started_at is None

@@ -307,6 +307,9 @@ async def reconcile_daemon(
 ) -> None:
     """Tick every `spec.intervalSeconds` until kopf stops the daemon."""
     runtime: Runtime = memo.runtime
+    # kopf stops every daemon while a peer holds this operator paused, and that peer may
+    # change the pods' counts meanwhile: what this operator read of them before is void.
+    runtime.actuator.forget_configs()
     name, namespace = body.metadata.name or "", body.metadata.namespace or ""
     # The status as this daemon last wrote it: kopf's view of the body catches up with a
     # write only when its watch event arrives, and the next tick must not read the old state.
@@ -414,13 +417,15 @@ async def admit_daemon(
     the gate of those that run every count they must (apart from the ticks: a pod's load
     never delays them)."""
     runtime: Runtime = memo.runtime
+    runtime.actuator.forget_configs()  # as the reconcile daemon does: a pause voids them
     async for _due in every(stopped, lambda: [(name, runtime.config.admission_interval_s)]):
         members = autoscalers.get(namespace, [])
         this = next((m for m in members if m.autoscaler.name == name), None)
         if this is None:
             continue  # its spec does not read: it selects nothing
         others = [m.autoscaler for m in members if m.autoscaler.name != name]
-        for pod in waiting_pods.get(namespace, []):
+        # A copy: the index changes under the loop while a pod is being admitted.
+        for pod in list(waiting_pods.get(namespace, [])):
             if pod.waiting_for_instances and admission.selecting(pod, [this.autoscaler]):
                 await _admit(runtime, pod, this, others, logger)
 

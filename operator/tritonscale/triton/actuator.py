@@ -266,6 +266,11 @@ class Actuator:
             return None
         return kept.config
 
+    def forget_configs(self) -> None:
+        """Drop every config kept from the ticks' reads: another writer (an operator that
+        acted while this one was paused) may have changed the counts."""
+        self._configs.clear()
+
     def _keep_config(
         self, endpoint: Endpoint, model: str, config: dict[str, Any], read_at: float
     ) -> None:

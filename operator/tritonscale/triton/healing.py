@@ -443,17 +443,18 @@ class Healer:
 
     async def _reload(self, endpoint: Endpoint, model: str, generation: int) -> str | None:
         """Load the live config with the heal parameter bumped; None on success, else why."""
-        config: dict[str, Any] | None
-        try:
-            async with self._client(endpoint) as triton:
-                config = _bumped(await triton.model_config(model), generation)
-        except TritonUnreachable as error:
-            return self._scrub(error.reason)
-        except TritonError:
-            config = None  # not loaded: load the repository's config (the actuator resizes it)
 
         async def send() -> None:
+            # The config is read in the load's own slot: a load of the actuator that ended
+            # just before (a new count) is reloaded as it is now, never undone.
+            config: dict[str, Any] | None
             async with self._client(endpoint) as triton:
+                try:
+                    config = _bumped(await triton.model_config(model), generation)
+                except TritonUnreachable:
+                    raise
+                except TritonError:
+                    config = None  # not loaded: the repository's config (the actuator resizes it)
                 await triton.load(model, config, timeout_s=self.load_timeout_s)
 
         try:
