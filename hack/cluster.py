@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -42,7 +41,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -115,12 +114,17 @@ def binaries(tools_dir: Path) -> dict[str, Path]:
     return {name: bin_dir(tools_dir) / name for name in PACKAGES}
 
 
-def die_with_parent() -> None:
-    """Runs in the child before exec: the kernel sends SIGKILL when our process dies, so no
-    component (or go build) outlives a crashed or killed run. (Linux ties this to the thread
-    that started the child: start a ControlPlane from a thread that lives as long as it.)"""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+def dying_with_parent(command: Sequence[str], signal_name: str = "KILL") -> list[str]:
+    """COMMAND, started through util-linux's `setpriv --pdeathsig`, which asks the kernel to
+    send it SIGKILL (or `signal_name`) when the thread that started it dies, then execs it: no
+    component (or go build) outlives a crashed or killed run. (Linux ties this to that thread:
+    start a ControlPlane from a thread that lives as long as it.) Not a `preexec_fn`: Python
+    code between fork and exec is unsafe in a process with threads, and a child once died of a
+    segfault in threading's after-fork hook there while a test thread had gevent loaded."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:  # util-linux is essential in Debian; elsewhere, no such guard
+        return list(command)
+    return [setpriv, "--pdeathsig", signal_name, "--", *command]
 
 
 # ---------------------------------------------------------------------------- build
@@ -201,12 +205,11 @@ def run_go(
     with open(log, "wb") as log_file:
         # Should we be killed, go dies too instead of building on for minutes.
         process = subprocess.Popen(
-            command,
+            dying_with_parent(command),
             cwd=cwd,
             env=env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
         )
     try:
         next_report = started + PROGRESS_EVERY_S
@@ -731,8 +734,9 @@ class ControlPlane:
 
     def _spawn(self, name: str, command: list[str]) -> None:
         with open(self.log_path(name), "ab") as log:
+            command = [*command, *self.extra_args.get(name, [])]
             self.processes[name] = subprocess.Popen(
-                [*command, *self.extra_args.get(name, [])],
+                command if self.detach else dying_with_parent(command),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -740,7 +744,6 @@ class ControlPlane:
                 # Its own session and process group: stop() signals the whole group, and a
                 # detached cluster takes no signal meant for our terminal.
                 start_new_session=True,
-                preexec_fn=None if self.detach else die_with_parent,
             )
 
     def _check_alive(self) -> None:

@@ -197,13 +197,12 @@ class Fleet:
         log = self.workdir / f"{name}.log"
         with open(log, "ab") as out:
             self.processes[name] = subprocess.Popen(
-                command,
+                cluster.dying_with_parent(command),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=REPO_ROOT,
                 env={**os.environ, **(env or {})},
-                preexec_fn=cluster.die_with_parent,
             )
 
     def check_alive(self) -> None:

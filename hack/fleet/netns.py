@@ -13,12 +13,13 @@ its own clean-up runs); whatever still runs in the namespace when it has ended i
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import types
+
+from hack.cluster import dying_with_parent
 
 ENV = "TRITONSCALE_FLEET_NETNS"
 
@@ -30,11 +31,6 @@ class NetnsError(RuntimeError):
 def inside() -> bool:
     """Whether this process runs in a fleet namespace (made by `reexec`)."""
     return bool(os.environ.get(ENV))
-
-
-def _term_with_parent() -> None:
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _ip(*args: str) -> None:
@@ -62,9 +58,10 @@ def reexec(module: str, args: list[str], name: str | None = None) -> int:
     try:
         _ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
         child = subprocess.Popen(
-            ["ip", "netns", "exec", name, sys.executable, "-m", module, *args],
+            dying_with_parent(
+                ["ip", "netns", "exec", name, sys.executable, "-m", module, *args], "TERM"
+            ),
             env={**os.environ, ENV: name},
-            preexec_fn=_term_with_parent,
         )
 
         def forward(signum: int, frame: types.FrameType | None) -> None:
