@@ -622,6 +622,7 @@ class ControlPlane:
         self.detach = detach
         self.progress = progress
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.programs: dict[str, str] = {}  # each component's binary (setpriv may run it)
         self.start_seconds: float | None = None
         self._context: ssl.SSLContext | None = None
 
@@ -735,6 +736,7 @@ class ControlPlane:
     def _spawn(self, name: str, command: list[str]) -> None:
         with open(self.log_path(name), "ab") as log:
             command = [*command, *self.extra_args.get(name, [])]
+            self.programs[name] = str(command[0])
             self.processes[name] = subprocess.Popen(
                 command if self.detach else dying_with_parent(command),
                 stdin=subprocess.DEVNULL,
@@ -835,7 +837,7 @@ class ControlPlane:
             "kubeconfig": str(self.kubeconfig),
             "ports": self.ports,
             "pids": {name: process.pid for name, process in self.processes.items()},
-            "binaries": {name: process.args[0] for name, process in self.processes.items()},
+            "binaries": {name: self.programs[name] for name in self.processes},
             "logs": str(self.state_dir / "logs"),
         }
         partial = self.state_dir / f".{STATE_FILE}.partial"
@@ -848,7 +850,7 @@ class ControlPlane:
         if processes:
             _stop_components(
                 {name: process.pid for name, process in processes.items()},
-                {name: str(process.args[0]) for name, process in processes.items()},
+                {name: self.programs[name] for name in processes},
                 self.stop_grace_s,
             )
             for process in processes.values():
