@@ -116,11 +116,11 @@ def binaries(tools_dir: Path) -> dict[str, Path]:
 
 def dying_with_parent(command: Sequence[str], signal_name: str = "KILL") -> list[str]:
     """COMMAND, started through util-linux's `setpriv --pdeathsig`, which asks the kernel to
-    send it SIGKILL (or `signal_name`) when the thread that started it dies, then execs it: no
-    component (or go build) outlives a crashed or killed run. (Linux ties this to that thread:
-    start a ControlPlane from a thread that lives as long as it.) Not a `preexec_fn`: Python
-    code between fork and exec is unsafe in a process with threads, and a child once died of a
-    segfault in threading's after-fork hook there while a test thread had gevent loaded."""
+    send it SIGKILL (or `signal_name`) when this process dies, then execs it: no component (or
+    go build) outlives a crashed or killed run. (Measured here: it outlives the thread that
+    started it; only the process's end kills it.) Not a `preexec_fn`: Python code between fork
+    and exec is unsafe in a process with threads, and a child once died of a segfault in
+    threading's after-fork hook there while a test thread had gevent loaded."""
     setpriv = shutil.which("setpriv")
     if setpriv is None:  # util-linux is essential in Debian; elsewhere, no such guard
         return list(command)
