@@ -286,6 +286,32 @@ async def test_a_model_that_cannot_be_healed_is_reloaded_at_most_n_times_with_ba
         triton.stop()
 
 
+async def test_a_reload_behind_the_actuator_s_load_says_that_it_was_not_sent() -> None:
+    """While the actuator's load of the model holds the pod, the heal sends nothing and says
+    so (not that its own reload outlived a deadline)."""
+    triton = start(models=["add_sub"])
+    try:
+        loads = LoadsInFlight()
+        doctor = healer(triton, loads=loads, probe=healing.PROBE_ALWAYS)
+        at = endpoint(triton)
+        kill_stub(triton, "add_sub")
+        release = asyncio.Event()
+        actuator_load = asyncio.ensure_future(
+            loads.run(at.name, "add_sub", "2 instances", release.wait)
+        )
+        await asyncio.sleep(0)  # the actuator's load is under way
+        result = await doctor.check(at, "add_sub")
+        assert result.action == healing.RELOAD_FAILED, result
+        assert "a load of 2 instances is still in flight on the pod" in result.message, result
+        assert "deadline" not in result.message, result
+        release.set()
+        await actuator_load
+        fresh = Healer(repository_key=triton.repository_key, probe=healing.PROBE_ALWAYS)
+        assert (await fresh.check(at, "add_sub")).action == healing.RELOADED
+    finally:
+        triton.stop()
+
+
 @pytest.mark.unit
 def test_backoff_doubles_up_to_its_cap() -> None:
     doctor = Healer(repository_key="k", backoff_initial_s=10, backoff_max_s=60)

@@ -68,6 +68,9 @@ from tritonscale.triton.metrics_text import label_matcher, parse_metrics
 logger = logging.getLogger(__name__)
 
 # Result actions.
+# What a heal's load asks for (LoadInFlight.what): any other is the actuator's.
+FRESH_INSTANCES = "a fresh set of instances"
+
 NONE = "none"  # healthy, or nothing to do
 RELOADED = "reloaded"  # a reload was sent and the model is ready again
 RELOAD_FAILED = "reload-failed"  # a reload was sent and Triton refused or failed it
@@ -458,9 +461,12 @@ class Healer:
                 await triton.load(model, config, timeout_s=self.load_timeout_s)
 
         try:
-            late = await self.loads.run(endpoint.name, model, "a fresh set of instances", send)
+            late = await self.loads.run(endpoint.name, model, FRESH_INSTANCES, send)
         except TritonError as error:
             return self._scrub(error.reason)
+        if late is not None and late.what != FRESH_INSTANCES:
+            # `run` sent nothing: the actuator's load of the model holds the pod.
+            return f"a load of {late.what} is still in flight on the pod; no reload was sent"
         if late is not None:
             return (
                 f"the reload did not finish within its deadline of {late.deadline_s:g} s "
