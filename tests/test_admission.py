@@ -10,7 +10,7 @@ import jsonpatch
 import pytest
 
 from tests.test_operator_pods import pod_body
-from tritonscale.core.spec import LabelSelector
+from tritonscale.core.spec import AutoscalerSpec, LabelSelector
 from tritonscale.drivers.admission import (
     CONTAINER_RESTARTED,
     INSTANCES_MATCH,
@@ -140,11 +140,10 @@ def test_a_waiting_pod_says_what_it_waits_for() -> None:
     assert verdict.message == "triton-0 waits: m 1, a wants 3"
 
 
-def test_an_autoscaler_reads_from_its_object() -> None:
+def test_an_autoscaler_reads_from_its_spec() -> None:
     spec = {"selector": {"matchLabels": {"app": "triton"}}, "model": "m", "dryRun": True}
-    found = Autoscaler.from_object("a", spec, {"desiredInstances": 3})
-    assert found is not None and (found.desired, found.acting) == (3, False)
-    assert Autoscaler.from_object("a", {"model": "m"}, {}) is None  # no selector: selects nothing
+    found = Autoscaler.of("a", AutoscalerSpec.from_dict(spec), 3)
+    assert (found.model, found.desired, found.acting) == ("m", 3, False)
 
 
 class TestGatePatch:

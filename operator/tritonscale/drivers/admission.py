@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tritonscale.core.selectors import selector_matches
-from tritonscale.core.spec import AutoscalerSpec, InvalidSpec, LabelSelector
+from tritonscale.core.spec import AutoscalerSpec, LabelSelector
 from tritonscale.drivers.pods import INSTANCES_READY, TritonPod
 
 NO_AUTOSCALER = "NoAutoscaler"
@@ -50,18 +50,6 @@ class Autoscaler:
     selector: LabelSelector
     desired: int | None  # the count it last decided (status.desiredInstances); None: none yet
     acting: bool  # neither paused nor dryRun: it brings the pods to `desired`
-
-    @classmethod
-    def from_object(
-        cls, name: str, spec: Mapping[str, Any], status: Mapping[str, Any]
-    ) -> Autoscaler | None:
-        """None for a spec that cannot be read: it selects nothing."""
-        try:
-            parsed = AutoscalerSpec.from_dict(dict(spec))
-        except InvalidSpec:
-            return None
-        desired = status.get("desiredInstances")
-        return cls.of(name, parsed, desired if isinstance(desired, int) else None)
 
     @classmethod
     def of(cls, name: str, spec: AutoscalerSpec, desired: int | None) -> Autoscaler:
