@@ -26,8 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # ---- Triton's metrics (port 8002) ----------------------------------------------------
-REQUEST_SUCCESS = "nv_inference_request_success"
-REQUEST_FAILURE = "nv_inference_request_failure"  # label `reason`
+# The request counters (the failures with a label `reason`) are named beside their reader
+# of Triton's own text, which the healer uses too.
+from tritonscale.triton.metrics_text import REQUEST_FAILURE, REQUEST_SUCCESS
+
 INFERENCE_COUNT = "nv_inference_count"  # inferences (batch rows), not requests
 EXECUTION_COUNT = "nv_inference_exec_count"  # model executions (batches)
 REQUEST_DURATION = "nv_inference_request_duration_us"

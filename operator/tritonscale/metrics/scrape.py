@@ -166,16 +166,7 @@ class ScrapeSource:
             await self.scrape([url])
         except MetricsUnavailable as error:
             raise TritonUnreachable(endpoint.name, str(error)) from None
-        failures = successes = 0.0
-        for (name, labels), value in self._history[url][-1].values.items():
-            by = dict(labels)
-            if by.get("model") != model:
-                continue
-            if name == queries.REQUEST_FAILURE and by.get("reason") == "BACKEND":
-                failures += value
-            elif name == queries.REQUEST_SUCCESS:
-                successes += value
-        return failures, successes
+        return metrics_text.request_counters(self._history[url][-1].values, model)
 
     def _failed(self, url: str, problem: str) -> None:
         self._failures[url] = (self._clock(), problem)

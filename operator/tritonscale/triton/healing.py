@@ -63,7 +63,12 @@ from tritonscale.triton.client import AsyncTritonClient, TritonError, TritonUnre
 from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.loads import DEFAULT_LOAD_TIMEOUT_S, LoadsInFlight
-from tritonscale.triton.metrics_text import label_matcher, parse_metrics
+from tritonscale.triton.metrics_text import (
+    REQUEST_COUNTERS,
+    label_matcher,
+    parse_metrics,
+    request_counters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +97,6 @@ MODEL_LOADING = "ModelLoading"
 
 HEAL_PARAMETER = "tritonscale_heal_generation"
 # The families of Triton's /metrics the healer reads.
-_REQUEST_COUNTERS = ("nv_inference_request_failure", "nv_inference_request_success")
 CONDITION_TYPE = "ModelHealthy"
 
 PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS = "off", "on-suspicion", "always"
@@ -539,14 +543,5 @@ def _probe_inputs(config: Mapping[str, Any]) -> list[httpclient.InferInput] | No
 
 def _request_counters(text: str, model: str) -> tuple[float, float]:
     """(BACKEND failures, successes) of `model` in Triton's /metrics text: their totals."""
-    failures = successes = 0.0
-    samples = parse_metrics(text, _REQUEST_COUNTERS, label_matcher("model", model))
-    for (name, labels), value in samples.items():
-        by = dict(labels)
-        if by.get("model") != model:
-            continue
-        if name == "nv_inference_request_failure" and by.get("reason") == "BACKEND":
-            failures += value
-        elif name == "nv_inference_request_success":
-            successes += value
-    return failures, successes
+    samples = parse_metrics(text, REQUEST_COUNTERS, label_matcher("model", model))
+    return request_counters(samples, model)

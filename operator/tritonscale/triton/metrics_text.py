@@ -9,7 +9,7 @@ parsed. The parser still does the parsing: label escapes, values and types are i
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -61,3 +61,23 @@ def parse_metrics(
             if name in names:
                 values[(name, tuple(sorted(sample.labels.items())))] = float(sample.value)
     return values
+
+
+# Triton's request counters, by model: what a BACKEND failure rate is read from.
+REQUEST_FAILURE = "nv_inference_request_failure"
+REQUEST_SUCCESS = "nv_inference_request_success"
+REQUEST_COUNTERS = (REQUEST_FAILURE, REQUEST_SUCCESS)
+
+
+def request_counters(samples: Mapping[Series, float], model: str) -> tuple[float, float]:
+    """(BACKEND failures, successes) of `model` in parsed samples: their totals over versions."""
+    failures = successes = 0.0
+    for (name, labels), value in samples.items():
+        by = dict(labels)
+        if by.get("model") != model:
+            continue
+        if name == REQUEST_FAILURE and by.get("reason") == "BACKEND":
+            failures += value
+        elif name == REQUEST_SUCCESS:
+            successes += value
+    return failures, successes
