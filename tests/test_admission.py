@@ -226,6 +226,31 @@ class TestARestartedContainer:
         )
         assert restarted_behind_open_gate(body)
 
+    def test_a_container_that_stopped_after_it_closes_it_before_the_next_starts(self) -> None:
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:00:00Z")
+        body["status"]["containerStatuses"][0]["state"] = {
+            "terminated": {"reason": "OOMKilled", "finishedAt": "2027-01-15T07:04:59Z"}
+        }
+        pod = TritonPod.from_body(body)
+        assert restarted_behind_open_gate(body) and pod.gate_stale
+        assert pod.stopped_at == "2027-01-15T07:04:59Z"
+        assert "stopped at 2027-01-15T07:04:59Z" in restarted(pod).message
+
+    def test_a_container_waiting_to_restart_closes_it_by_its_last_state(self) -> None:
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:00:00Z")
+        container = body["status"]["containerStatuses"][0]
+        container["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+        container["lastState"] = {"terminated": {"finishedAt": "2027-01-15T07:04:59Z"}}
+        assert restarted_behind_open_gate(body)
+
+    def test_a_container_that_stopped_before_the_gate_opened_keeps_it_open(self) -> None:
+        body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:00:00Z")
+        body["status"]["containerStatuses"][0]["lastState"] = {
+            "terminated": {"finishedAt": "2027-01-15T06:59:58Z"}
+        }
+        assert not restarted_behind_open_gate(body)
+        assert TritonPod.from_body(body).gate_open
+
     def test_a_container_not_running_yet_closes_nothing(self) -> None:
         body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:05:00Z")
         body["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "CrashLoop"}}
@@ -243,7 +268,7 @@ class TestARestartedContainer:
         after = jsonpatch.apply_patch(copy.deepcopy(body), gate_patch(pod, restarted(pod), NOW))
         (gate,) = [c for c in after["status"]["conditions"] if c["type"] == INSTANCES_READY]
         assert gate["status"] == "False" and gate["reason"] == CONTAINER_RESTARTED
-        assert "restarted at 2027-01-15T07:05:00Z" in gate["message"]
+        assert gate["message"] == restarted(pod).message
         assert len(after["status"]["conditions"]) == len(body["status"]["conditions"])
 
     def test_once_closed_and_admitted_again_the_gate_holds(self) -> None:

@@ -13,10 +13,12 @@ A pod waits while Triton answers in it but the gate is closed (`TritonPod.waitin
   act on nothing (paused, dryRun) or have decided nothing yet (the first pod of a new release:
   its autoscalers size it once it serves).
 - The condition stays True while the pod's counts change (Triton changes them in place,
-  serving meanwhile). It is set back to False only when a container of the pod restarts (an
+  serving meanwhile). It is set back to False only when a container of the pod stops (an
   OOM kill, a failed liveness probe): the restarted Triton runs its repository's counts, so
-  the operator's watch of the pods closes the gate (`restarted`) as soon as the container
-  starts, before Triton is ready, and the pod waits to be admitted again like a new one.
+  the operator's watch of the pods closes the gate (`restarted`) as soon as the kubelet
+  reports the container stopped (before it starts the next one, where it can: see
+  `pods._gate` for why the earlier the better), and the pod waits to be admitted again like
+  a new one.
 
 `judge` and `gate_patch` are pure; `PodStatusWriter` sends the patch (the RBAC: `patch` on
 `pods/status`, nothing else of a pod).
@@ -104,8 +106,8 @@ def restarted(pod: TritonPod) -> Verdict:
     return Verdict(
         False,
         CONTAINER_RESTARTED,
-        f"a container of {pod.name} restarted at {pod.started_at}: it runs its repository's "
-        "counts until the operator brings it to its peers'",
+        f"a container of {pod.name} stopped at {pod.stopped_at}: Triton runs its "
+        "repository's counts once restarted, until the operator brings it to its peers'",
     )
 
 

@@ -43,8 +43,9 @@ class TritonPod:
     # The condition is True and still holds: no container restarted since it was set (a
     # restarted Triton runs its repository's counts again, not the ones the gate vouched for).
     gate_open: bool = False
-    gate_stale: bool = False  # the condition is True, but a container restarted since
+    gate_stale: bool = False  # the condition is True, but a container stopped since
     started_at: str | None = None  # when the latest of its running containers started
+    stopped_at: str | None = None  # when the latest of its containers that stopped did
     resource_version: str | None = None  # of the body read: a patch is based on it
     uid: str | None = None
     serving: bool = False  # Triton answers (its containers are ready), whatever the gate says
@@ -71,6 +72,7 @@ class TritonPod:
             gate_open=gate_open,
             gate_stale=gate_stale,
             started_at=_started_at(status),
+            stopped_at=_stopped_at(status),
             serving=_is_serving(metadata, status),
         )
 
@@ -101,14 +103,23 @@ def waits_for_instances(body: Mapping[str, Any]) -> bool:
 
 
 def restarted_behind_open_gate(body: Mapping[str, Any]) -> bool:
-    """The gate is True, but a container of the pod started after it was set: the gate must
-    close until the pod runs its peers' counts again (kopf asks it of every pod event)."""
+    """The gate is True, but a container of the pod stopped or started after it was set: the
+    gate must close until the pod runs its peers' counts again (kopf asks it of every pod
+    event)."""
     return _gate(body)[3] and not (body.get("metadata") or {}).get("deletionTimestamp")
 
 
 def _gate(body: Mapping[str, Any]) -> tuple[bool, int | None, bool, bool]:
     """Whether the pod has the gate INSTANCES_READY, its condition's index, whether it is
-    True and holds, whether it is True but a container restarted since it was set."""
+    True and holds, whether it is True but a container stopped or started since it was set.
+
+    A container that stopped is enough: the gate closes while the kubelet starts the next
+    one, not after. The kubelet works out a container's readiness from the pod's conditions
+    as they were at its last sync of the pod, and only a sync after the gate closed carries
+    the closed gate (kubernetes#122002): a gate closed after the new container's first sync
+    can let that container's first successful readiness probe set Ready True for up to a
+    second, gate closed or not, and the Service send it traffic at the repository's counts.
+    """
     gated = any(
         readiness_gate.get("conditionType") == INSTANCES_READY
         for readiness_gate in (body.get("spec") or {}).get("readinessGates") or []
@@ -120,8 +131,8 @@ def _gate(body: Mapping[str, Any]) -> tuple[bool, int | None, bool, bool]:
         return gated, gate, False, False
     # RFC 3339 times in UTC to the second, as the API server writes them: they sort as text.
     set_at = str(conditions[gate].get("lastTransitionTime") or "")
-    started = _started_at(status)
-    stale = gated and started is not None and started > set_at
+    started, stopped = _started_at(status), _stopped_at(status)
+    stale = gated and any(t is not None and t > set_at for t in (started, stopped))
     return gated, gate, not stale, stale
 
 
@@ -130,6 +141,17 @@ def _started_at(status: Mapping[str, Any]) -> str | None:
     times = [
         str(((container.get("state") or {}).get("running") or {}).get("startedAt") or "")
         for container in status.get("containerStatuses") or []
+    ]
+    return max((t for t in times if t), default=None)
+
+
+def _stopped_at(status: Mapping[str, Any]) -> str | None:
+    """When the latest of the pod's containers that stopped did (RFC 3339), if any did: its
+    state while the kubelet restarts it, or its last state once it runs again."""
+    times = [
+        str(((container.get(state) or {}).get("terminated") or {}).get("finishedAt") or "")
+        for container in status.get("containerStatuses") or []
+        for state in ("state", "lastState")
     ]
     return max((t for t in times if t), default=None)
 
