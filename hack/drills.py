@@ -51,7 +51,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,7 @@ TARGET = "pipeline_async"
 TRITON = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=triton"
 OPERATOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
 TRITON_DEPLOYMENT = f"{RELEASE}-tritonscale-triton"
+SERVICE_SLICES = f"kubernetes.io/service-name={TRITON_DEPLOYMENT}"  # the Service's name
 FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 # Offered load: USERS x USER_RATE requests/s, far below what two pods answer on two cores
 # (about 90/s each): a failure is the drill's, not the load's.
@@ -512,10 +513,7 @@ class Drills:
 
     def _triton_endpoints(self) -> tuple[list[dict[str, Any]], list[str]]:
         """The Triton Service's EndpointSlices and the addresses they list as ready."""
-        slices = self.k.items(
-            "endpointslices", "-n", self.namespace, "-l",
-            f"kubernetes.io/service-name={TRITON_DEPLOYMENT}",
-        )  # fmt: skip
+        slices = self.k.items("endpointslices", "-n", self.namespace, "-l", SERVICE_SLICES)
         return slices, ready_addresses(slices)
 
     def _sample_node_and_service(
@@ -583,7 +581,11 @@ class Drills:
         into the container allocates the whole limit; tritonserver's oom_score_adj is raised
         to the most and the allocator's lowered, so that the kernel picks tritonserver."""
         record = Record("oom")
-        pod = self.ready(TRITON)[0]
+        # The pod restarted least: a container restarted again soon waits out the kubelet's
+        # back-off (10 s, then doubling), which a first restart does not.
+        pod = min(
+            self.ready(TRITON), key=lambda p: p["status"]["containerStatuses"][0]["restartCount"]
+        )
         name = pod["metadata"]["name"]
         restarts = pod["status"]["containerStatuses"][0]["restartCount"]
         Path(f"/proc/{self.container_pid(pod, 'tritonserver')}/oom_score_adj").write_text("1000\n")
@@ -597,53 +599,102 @@ class Drills:
         not_ready: list[float] = []
         address = pod["status"]["podIP"]
         watcher = threading.Thread(target=self._note_not_ready, args=(address, not_ready))
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as drill:
-            Path(f"/proc/{pid_of(marker)}/oom_score_adj").write_text("0\n")
-            watcher.start()
-            drill.wait(timeout=120)
-        killed = time.time()
-        watcher.join(timeout=60)
-        gate_states: set[str] = set()  # the gate's condition as seen while it came back
-
-        def back() -> dict[str, Any] | None:
-            pod = self._pod(name)
-            if pod is None:
-                return None
-            gate_states.update(
-                c["status"] for c in pod["status"]["conditions"] if c["type"] == INSTANCES_READY
+        with ExitStack() as watches:
+            # Every change of the pod's conditions and of the Service's endpoints: when the
+            # pod was Ready, or listed ready, with its gate closed.
+            pod_changes = watches.enter_context(self._watching("pod", name))
+            endpoint_changes = watches.enter_context(
+                self._watching("endpointslices", "-l", SERVICE_SLICES)
             )
-            status = pod["status"]["containerStatuses"][0]
-            return pod if status["restartCount"] > restarts and is_ready(pod) else None
+            with subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            ) as drill:
+                Path(f"/proc/{pid_of(marker)}/oom_score_adj").write_text("0\n")
+                watcher.start()
+                drill.wait(timeout=120)
+            killed = time.time()
+            watcher.join(timeout=60)
+            gate_states: set[str] = set()  # the gate's condition as seen while it came back
 
-        restarted = wait_for("the OOM-killed tritonserver restarted and Ready", back, 300)
-        # The readiness gate closed when the container restarted: back in the Service, the
-        # pod already runs every autoscaler's count.
-        back_counts = pod_counts(restarted["status"]["podIP"])
-        desired = self.desired()
-        self.wait_tuned(len(self.pods(TRITON)), timeout_s=240)
-        end = time.time()
-        last = restarted["status"]["containerStatuses"][0]["lastState"].get("terminated") or {}
-        record.recovery_s = round(end - start, 1)
-        record.detail = {
-            "pod": name,
-            "reason": last.get("reason"),
-            "exit_code": last.get("exitCode"),
-            "endpoint_not_ready_after_s": round(not_ready[0] - start, 1) if not_ready else None,
-            "allocator_ended_after_s": round(killed - start, 1),
-            "back_in_service_at_peers_counts": all(
-                back_counts.get(m) == n for m, n in desired.items() if m in back_counts
-            ),
-            "counts_when_back": back_counts,
-            "gate_closed_meanwhile": "False" in gate_states,
-        }
-        record.allowed_failures = (
-            "the requests in flight on the killed pod and those kube-proxy sent it before "
-            "its EndpointSlice marked it not ready (plus kube-proxy's 1 s sync)"
+            def back() -> dict[str, Any] | None:
+                pod = self._pod(name)
+                if pod is None:
+                    return None
+                gate_states.update(
+                    c["status"] for c in pod["status"]["conditions"] if c["type"] == INSTANCES_READY
+                )
+                status = pod["status"]["containerStatuses"][0]
+                return pod if status["restartCount"] > restarts and is_ready(pod) else None
+
+            restarted = wait_for("the OOM-killed tritonserver restarted and Ready", back, 300)
+            # The readiness gate closed when the container restarted: back in the Service, the
+            # pod already runs every autoscaler's count.
+            back_counts = pod_counts(restarted["status"]["podIP"])
+            conditions_when_back = {
+                c["type"]: f"{c['status']} since {c.get('lastTransitionTime')}"
+                for c in restarted["status"]["conditions"]
+            }
+            desired = self.desired()
+            self.wait_tuned(len(self.pods(TRITON)), timeout_s=240)
+            end = time.time()
+            last = restarted["status"]["containerStatuses"][0]["lastState"].get("terminated") or {}
+            record.recovery_s = round(end - start, 1)
+            record.detail = {
+                "pod": name,
+                "reason": last.get("reason"),
+                "exit_code": last.get("exitCode"),
+                "endpoint_not_ready_after_s": round(not_ready[0] - start, 1) if not_ready else None,
+                "allocator_ended_after_s": round(killed - start, 1),
+                "back_in_service_at_peers_counts": all(
+                    back_counts.get(m) == n for m, n in desired.items() if m in back_counts
+                ),
+                "counts_when_back": back_counts,
+                "conditions_when_back": conditions_when_back,
+                "gate_closed_meanwhile": "False" in gate_states,
+            }
+            record.allowed_failures = (
+                "the requests in flight on the killed pod and those kube-proxy sent it before "
+                "its EndpointSlice marked it not ready (plus kube-proxy's 1 s sync)"
+            )
+            # Every failure must lie between the kill and kube-proxy's next sync (at least 1 s
+            # apart, its minSyncPeriod) after the EndpointSlice marked the pod not ready.
+            record.detail["failure_window"] = [start, not_ready[0] + 2.0 if not_ready else end]
+        record.detail.update(
+            _ready_while_gate_closed(pod_changes, endpoint_changes, restarts, start)
         )
-        # Every failure must lie between the kill and kube-proxy's next sync (at least 1 s
-        # apart, its minSyncPeriod) after the EndpointSlice marked the pod not ready.
-        record.detail["failure_window"] = [start, not_ready[0] + 2.0 if not_ready else end]
         return record, start, end
+
+    @contextmanager
+    def _watching(self, *args: str) -> Iterator[list[tuple[float, dict[str, Any]]]]:
+        """`kubectl get ARGS --watch -o json`: each object it prints, with the time it
+        arrived: every change, where polling would miss one that lasts less than a poll."""
+        command = [
+            str(TOOLS / "bin" / "kubectl"), "--kubeconfig", str(self.k.kubeconfig),
+            "get", "-n", self.namespace, "--watch", "-o", "json", *args,
+        ]  # fmt: skip
+        seen: list[tuple[float, dict[str, Any]]] = []
+        with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as watch:
+
+            def read() -> None:
+                # Objects one after another, each over many lines.
+                assert watch.stdout is not None
+                decoder, text = json.JSONDecoder(), ""
+                for line in watch.stdout:
+                    text += line
+                    try:
+                        item, _ = decoder.raw_decode(text.strip())
+                    except json.JSONDecodeError:
+                        continue
+                    seen.append((time.time(), item))
+                    text = ""
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            try:
+                yield seen
+            finally:
+                watch.terminate()
+                reader.join(timeout=10)
 
     def _pod(self, name: str) -> dict[str, Any] | None:
         try:
@@ -795,6 +846,66 @@ def _outside_window(record: Record, failed: list[dict[str, Any]]) -> list[dict[s
     return outside
 
 
+def _ready_while_gate_closed(
+    pod_changes: list[tuple[float, dict[str, Any]]],
+    endpoint_changes: list[tuple[float, dict[str, Any]]],
+    restarts: int,
+    start: float,
+) -> dict[str, Any]:
+    """From the OOM drill's watches: when the restarted container's gate closed and opened
+    again, and each change of the pod (seconds after the kill) that showed it Ready while
+    its gate was closed, which would put it in the Service's endpoints: what the gate
+    exists to prevent. The pod's own object says both at once, so no ordering between
+    watches is assumed."""
+    restarted_at = closed_at = gate_open_at = None
+    ready_while_closed: list[float] = []
+    pod_lines: list[list[Any]] = []
+    for at, pod in pod_changes:
+        status = pod.get("status") or {}
+        count = max(
+            (c.get("restartCount", 0) for c in status.get("containerStatuses") or []), default=0
+        )
+        states = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        pod_lines.append([round(at - start, 2), count, states])
+        if restarted_at is None and count > restarts:
+            restarted_at = at
+        if gate_open_at is not None:
+            continue
+        # The gate may close before the restart shows, or after (it still reads True from
+        # before the kill until the operator closes it).
+        if states.get(INSTANCES_READY) != "True":
+            closed_at = closed_at or at
+        elif closed_at is not None:
+            gate_open_at = at
+        if closed_at is not None and gate_open_at is None and states.get("Ready") == "True":
+            ready_while_closed.append(round(at - start, 2))
+    # The Service's endpoints, as they changed (for the record: they follow the pod's Ready,
+    # and two watches' events arrive in no common order, so the verdict reads the pod's).
+    endpoint_lines = [
+        [
+            round(at - start, 2),
+            {
+                address: (endpoint.get("conditions") or {}).get("ready")
+                for endpoint in item.get("endpoints") or []
+                for address in endpoint.get("addresses") or []
+            },
+        ]
+        for at, item in endpoint_changes
+    ]
+
+    def after(at: float | None) -> float | None:
+        return round(at - start, 2) if at is not None else None
+
+    return {
+        "container_restarted_after_s": after(restarted_at),
+        "gate_closed_after_s": after(closed_at),
+        "gate_reopened_after_s": after(gate_open_at),
+        "ready_while_gate_closed_at_s": ready_while_closed,
+        "pod_changes": pod_lines,
+        "endpoint_changes": endpoint_lines,
+    }
+
+
 def run_drill(drills: Drills, name: str, load: Load | None, values: dict[str, Any]) -> Record:
     """One drill, its request figures from the load's log, and its verdict."""
     if name == "finalizer":
@@ -817,6 +928,8 @@ def run_drill(drills: Drills, name: str, load: Load | None, values: dict[str, An
             and record.detail["reason"] == "OOMKilled"
             and (record.detail["counts_when_back"].get("branch_embed") or 0) >= 2
             and record.detail["gate_closed_meanwhile"]
+            # Out of the Service all along: never Ready with the gate closed.
+            and not record.detail["ready_while_gate_closed_at_s"]
         )
     elif name == "apiserver" and "failure_window" in record.detail:
         record.passed = not _outside_window(record, failed)
@@ -891,9 +1004,29 @@ def table(records: Sequence[Record]) -> list[str]:
     return lines
 
 
-def write_report(record: Record, folder: Path = REPORTS) -> Path:
+def save_logs(k: Kubectl, namespace: str, report: str, folder: Path = REPORTS) -> Path:
+    """Every container's log in the namespace, and its previous container's where it
+    restarted, into reports/drills/REPORT-logs/: what a failed drill is read from."""
+    into = folder / f"{report}-logs"
+    into.mkdir(parents=True, exist_ok=True)
+    for pod in k.items("pods", "-n", namespace):
+        name = pod["metadata"]["name"]
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            runs = [""] + (["--previous"] if status.get("restartCount") else [])
+            for previous in runs:
+                args = ["logs", name, "-n", namespace, "-c", status["name"], "--timestamps"]
+                try:
+                    text = k("kubectl", *args, *([previous] if previous else []), timeout=60)
+                except DemoError as error:
+                    text = str(error)
+                suffix = ".previous" if previous else ""
+                (into / f"{name}.{status['name']}{suffix}.log").write_text(text)
+    return into
+
+
+def write_report(record: Record, name: str = "", folder: Path = REPORTS) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{record.drill}.json"
+    path = folder / f"{name or record.drill}.json"
     path.write_text(json.dumps(asdict(record), indent=2) + "\n")
     return path
 
@@ -916,11 +1049,16 @@ def run(names: Sequence[str], settings: Settings) -> list[Record]:
         with tempfile.TemporaryDirectory(prefix="tritonscale-drills-") as folder:
             with load_on(drills, Path(folder)) as load:
                 say(f"load: {USERS} users x {USER_RATE:g} requests/s to {TARGET} over gRPC")
-                for name in names:
+                for number, name in enumerate(names):
                     say(f"drill {name} ...")
                     record = run_drill(drills, name, load, values)
                     records.append(record)
-                    say(f"  {table([record])[1].strip()}  -> {write_report(record)}")
+                    # A drill named more than once: NAME.json, NAME-2.json...
+                    runs = names[:number].count(name)
+                    report = f"{record.drill}-{runs + 1}" if runs else record.drill
+                    if not record.passed:
+                        say(f"  the pods' logs: {save_logs(k, NAMESPACE, report)}")
+                    say(f"  {table([record])[1].strip()}  -> {write_report(record, report)}")
         k("helm", "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "3m", timeout=200)
     finally:
         say("taking the cluster down")

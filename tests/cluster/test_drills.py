@@ -95,6 +95,9 @@ def test_an_oom_kill_loses_only_the_requests_of_the_moment_the_pod_died(drills: 
     # Not the repository's 1: branch_embed's floor is 2 (other counts may have moved with the
     # load while the pod was away, so only the floor is certain).
     assert record.detail["counts_when_back"]["branch_embed"] >= 2, record.detail
+    # Every change of the pod, watched: never Ready while its gate was closed (the kubelet
+    # once made it Ready for 0.2 to 0.3 s, and the Service listed it).
+    assert not record.detail["ready_while_gate_closed_at_s"], record.detail["pod_changes"]
     assert record.passed, record
 
 
