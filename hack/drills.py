@@ -19,7 +19,8 @@ to its end, the failed ones, and the p95 during it against the window before it.
 A drill passes with 0 failed requests, except three that state their bound. `oom`: a killed
 process answers nothing, so the requests in flight on that pod, and those kube-proxy sends
 it until the EndpointSlice marks it not ready and kube-proxy syncs, are lost; the drill
-passes when every failure lies in that window (and the pod rejoins at its peers' counts).
+passes when every failure lies in that window, the pod rejoins at its peers' counts, and a
+watch of the pod saw it Ready at no moment while its readiness gate was closed.
 `rollout-http`: at most one request per HTTP keep-alive connection left on an old pod.
 `apiserver`: an outage longer than the node-lifecycle controller's grace period (here the
 API server takes about 30 s to start again) lets the controller find the kubelet's lease
