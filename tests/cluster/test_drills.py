@@ -10,6 +10,7 @@ find the operator releasing every finalizer itself. `make drills` runs every dri
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,17 +89,29 @@ def test_operators_resume_ticking_after_the_active_one_is_killed_with_no_stale_c
 
 def test_an_oom_kill_loses_only_the_requests_of_the_moment_the_pod_died(drills: Subject) -> None:
     record = run(drills, "oom")
-    assert record.detail["reason"] == "OOMKilled" and record.detail["exit_code"] == 137
-    assert record.detail["failed_outside_window"] == 0, record
+    detail = record.detail
+    # What a failure is read from, as text (pytest cuts the repr of an object short): the
+    # counts, and the gate's and the pod's conditions as watched, seconds after the kill.
+    seen = json.dumps({
+        key: detail.get(key)
+        for key in (
+            "reason", "counts_when_back", "conditions_when_back", "gate_closed_after_s",
+            "container_restarted_after_s", "gate_reopened_after_s",
+            "ready_while_gate_closed", "failed_outside_window", "pod_changes",
+        )
+    })  # fmt: skip
+    assert detail["reason"] == "OOMKilled" and detail["exit_code"] == 137, seen
+    assert detail["failed_outside_window"] == 0, seen
     # The gate closed while Triton restarted: back in the Service at its peers' counts.
-    assert record.detail["gate_closed_meanwhile"], record.detail
+    assert detail["gate_closed_meanwhile"], seen
+    # Every change of the pod, watched: Ready while its gate was closed only for the
+    # kubelet's moments (hack.drills.KUBELET_READY_BOUND_S says why), and never left so.
+    assert detail["ready_while_gate_closed_max_s"] <= hack_drills.KUBELET_READY_BOUND_S, seen
+    assert not detail["ready_while_gate_closed_unended"], seen
     # Not the repository's 1: branch_embed's floor is 2 (other counts may have moved with the
     # load while the pod was away, so only the floor is certain).
-    assert record.detail["counts_when_back"]["branch_embed"] >= 2, record.detail
-    # Every change of the pod, watched: never Ready while its gate was closed (the kubelet
-    # once made it Ready for 0.2 to 0.3 s, and the Service listed it).
-    assert not record.detail["ready_while_gate_closed_at_s"], record.detail["pod_changes"]
-    assert record.passed, record
+    assert detail["counts_when_back"]["branch_embed"] >= 2, seen
+    assert record.passed, seen
 
 
 def test_install_uninstall_cycles_leave_no_finalizer_to_the_hook(drills: Subject) -> None:
