@@ -612,8 +612,8 @@ class Drills:
         address = pod["status"]["podIP"]
         watcher = threading.Thread(target=self._note_not_ready, args=(address, not_ready))
         with ExitStack() as watches:
-            # Every change of the pod's conditions and of the Service's endpoints: when the
-            # pod was Ready, or listed ready, with its gate closed.
+            # Every change of the pod (when it was Ready with its gate closed) and of the
+            # Service's endpoints (for the record).
             pod_changes = watches.enter_context(self._watching("pod", name))
             endpoint_changes = watches.enter_context(
                 self._watching("endpointslices", "-l", SERVICE_SLICES)
@@ -632,17 +632,14 @@ class Drills:
                 pod = self._pod(name)
                 if pod is None:
                     return None
-                gate_states.update(
+                gate = {
                     c["status"] for c in pod["status"]["conditions"] if c["type"] == INSTANCES_READY
-                )
+                }
+                gate_states.update(gate)
                 status = pod["status"]["containerStatuses"][0]
-                gate_open = any(
-                    c["type"] == INSTANCES_READY and c["status"] == "True"
-                    for c in pod["status"]["conditions"]
-                )
                 # Back in the Service by the operator's gate: Ready, with the gate open (the
                 # kubelet can set Ready for a moment with the gate closed: measured below).
-                back_in = status["restartCount"] > restarts and is_ready(pod) and gate_open
+                back_in = status["restartCount"] > restarts and is_ready(pod) and "True" in gate
                 return pod if back_in else None
 
             restarted = wait_for("the OOM-killed tritonserver restarted and admitted", back, 300)
@@ -670,12 +667,12 @@ class Drills:
                 "counts_when_back": back_counts,
                 "conditions_when_back": conditions_when_back,
                 "gate_closed_meanwhile": "False" in gate_states,
+                "kubelet_ready_bound_s": KUBELET_READY_BOUND_S,
             }
             record.allowed_failures = (
                 "the requests in flight on the killed pod and those kube-proxy sent it before "
                 "its EndpointSlice marked it not ready (plus kube-proxy's 1 s sync)"
             )
-            record.detail["kubelet_ready_bound_s"] = KUBELET_READY_BOUND_S
             # Every failure must lie between the kill and kube-proxy's next sync (at least 1 s
             # apart, its minSyncPeriod) after the EndpointSlice marked the pod not ready.
             record.detail["failure_window"] = [start, not_ready[0] + 2.0 if not_ready else end]
@@ -875,7 +872,7 @@ def _ready_while_gate_closed(
     """From the OOM drill's watches: when the restarted container's gate closed and opened
     again, and each moment (from, for how long, in seconds after the kill) the pod was Ready
     while its gate was closed, which puts it in the Service's endpoints at its repository's
-    counts: the kubelet's doing (KUBELET_READY_RACE). The pod's own object says both at
+    counts: the kubelet's doing (KUBELET_READY_BOUND_S says why). The pod's own object says both at
     once, so no ordering between watches is assumed."""
     restarted_at = closed_at = gate_open_at = ready_since = None
     # (seconds after the kill, how long): each moment the pod was Ready with its gate closed.
@@ -1041,15 +1038,15 @@ def save_logs(k: Kubectl, namespace: str, report: str, folder: Path = REPORTS) -
     for pod in k.items("pods", "-n", namespace):
         name = pod["metadata"]["name"]
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            runs = [""] + (["--previous"] if status.get("restartCount") else [])
-            for previous in runs:
-                args = ["logs", name, "-n", namespace, "-c", status["name"], "--timestamps"]
+            container = status["name"]
+            for previous in (False, True) if status.get("restartCount") else (False,):
+                args = ["logs", name, "-n", namespace, "-c", container, "--timestamps"]
                 try:
-                    text = k("kubectl", *args, *([previous] if previous else []), timeout=60)
+                    text = k("kubectl", *args, *(["--previous"] if previous else []), timeout=60)
                 except DemoError as error:
                     text = str(error)
                 suffix = ".previous" if previous else ""
-                (into / f"{name}.{status['name']}{suffix}.log").write_text(text)
+                (into / f"{name}.{container}{suffix}.log").write_text(text)
     return into
 
 

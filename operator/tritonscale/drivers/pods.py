@@ -114,11 +114,11 @@ def _gate(body: Mapping[str, Any]) -> tuple[bool, int | None, bool, bool]:
     True and holds, whether it is True but a container stopped or started since it was set.
 
     A container that stopped is enough: the gate closes while the kubelet starts the next
-    one, not after. The kubelet works out a container's readiness from the pod's conditions
-    as they were at its last sync of the pod, and only a sync after the gate closed carries
-    the closed gate (kubernetes#122002): a gate closed after the new container's first sync
-    can let that container's first successful readiness probe set Ready True for up to a
-    second, gate closed or not, and the Service send it traffic at the repository's counts.
+    one, not after. The kubelet works out Ready, when a container's readiness probe first
+    passes, from its own copy of the pod's conditions, which takes the closed gate only along
+    with a change of the kubelet's own (kubernetes#122002): a gate closed after the new
+    container's start can let that probe set the pod Ready for a moment, gate closed or not,
+    and the Service send it traffic at the repository's counts.
     """
     gated = any(
         readiness_gate.get("conditionType") == INSTANCES_READY

@@ -72,10 +72,10 @@ from tritonscale.triton.metrics_text import (
 
 logger = logging.getLogger(__name__)
 
-# Result actions.
 # What a heal's load asks for (LoadInFlight.what): any other is the actuator's.
 FRESH_INSTANCES = "a fresh set of instances"
 
+# Result actions.
 NONE = "none"  # healthy, or nothing to do
 RELOADED = "reloaded"  # a reload was sent and the model is ready again
 RELOAD_FAILED = "reload-failed"  # a reload was sent and Triton refused or failed it
@@ -96,7 +96,6 @@ POD_UNREACHABLE = "PodUnreachable"
 MODEL_LOADING = "ModelLoading"
 
 HEAL_PARAMETER = "tritonscale_heal_generation"
-# The families of Triton's /metrics the healer reads.
 CONDITION_TYPE = "ModelHealthy"
 
 PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS = "off", "on-suspicion", "always"
