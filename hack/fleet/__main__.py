@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hack.fleet import netns
+from hack.fleet import build, netns
 from hack.fleet.fleet import Fleet, FleetConfig, remove_workdir
 
 
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=8.0, help="Requests/s per pod and model")
     args = p.parse_args(argv)
     if not netns.inside():
+        build.build_before_namespace()
         return netns.reexec("hack.fleet", sys.argv[1:] if argv is None else argv)
     netns.stop_on_sigterm()
     workdir = Path(tempfile.mkdtemp(prefix="tritonscale-fleet-"))

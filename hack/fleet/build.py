@@ -46,5 +46,14 @@ def build(tools_dir: Path = TOOLS_DIR, progress: Callable[[str], Any] = print) -
     return TOOL.build(tools_dir, progress)
 
 
+def build_before_namespace(
+    tools_dir: Path = TOOLS_DIR, progress: Callable[[str], Any] = print
+) -> None:
+    """kwok and the control plane, built (or found) before a fleet enters its network
+    namespace (hack.fleet.netns), which has no route to the Go module proxy."""
+    cluster.build(tools_dir, progress)
+    build(tools_dir, progress)
+
+
 if __name__ == "__main__":
     sys.exit(TOOL.main(TOOLS_DIR, "hack/fleet"))

@@ -43,7 +43,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from hack.fleet import netns
+from hack.fleet import build, netns
 from hack.fleet.fleet import PODS_PER_SET, Fleet, FleetConfig, remove_workdir, set_name
 from loadtests.bench import common
 
@@ -405,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=30, help="The autoscalers' metricsWindowSeconds")
     args = p.parse_args(argv)
     if not netns.inside():
+        build.build_before_namespace()
         return netns.reexec(f"loadtests.bench.{NAME}", sys.argv[1:] if argv is None else argv)
     netns.stop_on_sigterm()
     settings = dict(QUICK if args.quick else FULL)
