@@ -43,9 +43,10 @@ lint: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The 25 slowest tests at the end: where the suite's time goes, run after run.
 test: deps
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest --durations=25 $(PYTEST_ARGS)
 
 # The fast lane, under a minute: ruff and the tests marked `unit` (pure: no Triton, no
 # Prometheus, no helm, no cluster; tests/conftest.py refuses a process in them).
