@@ -50,9 +50,13 @@ def build_before_namespace(
     tools_dir: Path = TOOLS_DIR, progress: Callable[[str], Any] = print
 ) -> None:
     """kwok and the control plane, built (or found) before a fleet enters its network
-    namespace (hack.fleet.netns), which has no route to the Go module proxy."""
-    cluster.build(tools_dir, progress)
-    build(tools_dir, progress)
+    namespace (hack.fleet.netns), which has no route to the Go module proxy. A build that
+    fails ends the process with its one-line reason."""
+    try:
+        cluster.build(tools_dir, progress)
+        build(tools_dir, progress)
+    except (cluster.ClusterError, KwokBuildError) as error:
+        raise SystemExit(f"fleet: {error}") from None
 
 
 if __name__ == "__main__":
