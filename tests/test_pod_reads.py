@@ -1,7 +1,7 @@
 """What the operator reads of its pods, and how little: the driver's kept-open connections
 (tritonscale.triton.connections), the metrics text read for the families asked for
-(tritonscale.triton.metrics_text), and the configs a tick reads again only when they may have
-changed (tritonscale.triton.actuator).
+(tritonscale.triton.metrics_text), and the configs and readiness a tick reads again only when
+they may have changed (tritonscale.triton.actuator, tritonscale.triton.healing).
 
 A small aiohttp server stands in for Triton's HTTP API: these tests are about connections,
 not Triton (the operator's tests against a real tritonserver go over the same code).
@@ -21,6 +21,7 @@ from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.client import AsyncTritonClient, TritonUnreachable
 from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.healing import HEALTHY, MODEL_NOT_READY, PROBE_OFF, Healer
 from tritonscale.triton.metrics_text import label_matcher, parse_metrics
 
 pytestmark = pytest.mark.unit
@@ -37,6 +38,9 @@ class Server:
         self.stopping = asyncio.Event()
         self.config_reads = 0
         self.groups: dict[str, list] = {}
+        self.ready_reads = 0
+        self.not_ready: set[str] = set()  # models that answer "not ready"
+        self.metrics_body = TRITON_METRICS
 
     async def config(self, request: web.Request) -> web.Response:
         self.peers.append(request.transport.get_extra_info("peername"))
@@ -51,12 +55,21 @@ class Server:
 
     async def metrics(self, request: web.Request) -> web.Response:
         self.peers.append(request.transport.get_extra_info("peername"))
-        return web.Response(text=TRITON_METRICS)
+        return web.Response(text=self.metrics_body)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        self.ready_reads += 1
+        return web.Response(status=400 if request.match_info["model"] in self.not_ready else 200)
+
+    async def index(self, request: web.Request) -> web.Response:
+        return web.json_response([])  # an unloaded model is not listed
 
     async def start(self) -> Endpoint:
         app = web.Application()
         app.router.add_get("/v2/models/{model}/config", self.config)
         app.router.add_get("/v2/models/slow/ready", self.hang)
+        app.router.add_get("/v2/models/{model}/ready", self.ready)
+        app.router.add_post("/v2/repository/index", self.index)
         app.router.add_get("/metrics", self.metrics)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
@@ -298,6 +311,66 @@ async def test_a_tick_reads_a_pods_config_again_only_when_it_may_have_changed(
     actuator.forget_configs()
     counts, _ = await actuator.live_counts([restarted], "m")
     assert counts[pod.name] == 2 and server.config_reads == 6
+
+
+async def test_the_healer_asks_readiness_again_only_when_it_may_have_changed(
+    server: Server,
+) -> None:
+    assert server.endpoint is not None
+    now = [1000.0]
+    healer = Healer(
+        repository_key="", probe=PROBE_OFF, readiness_max_age_s=60, clock=lambda: now[0]
+    )
+    pod = dataclasses.replace(server.endpoint, started_at="2026-12-02T04:00:00Z")
+
+    async def check() -> str:
+        return (await healer.check(pod, "add_sub")).reason
+
+    assert await check() == HEALTHY and server.ready_reads == 1  # the first look asks
+    now[0] += 30
+    served = TRITON_METRICS.replace('version="1"} 42', 'version="1"} 50')
+    server.metrics_body = served  # requests served, none failed
+    assert await check() == HEALTHY and server.ready_reads == 1
+    now[0] += 30
+    assert await check() == HEALTHY and server.ready_reads == 2  # past its age: asked again
+
+    # BACKEND failures beside successes: asked at once (and serving, the probes being off).
+    server.metrics_body = served.replace('version="1"} 50', 'version="1"} 55').replace(
+        'reason="BACKEND",version="1"} 3', 'reason="BACKEND",version="1"} 5'
+    )
+    assert await check() == HEALTHY and server.ready_reads == 3
+
+    # Unloaded behind the operator's back: Triton drops its series, so the counters go back.
+    server.not_ready.add("add_sub")
+    server.metrics_body = TRITON_METRICS.replace('model="add_sub"', 'model="other"')
+    # (The reload the healer then sends fails here: this server has no load API.)
+    assert (await healer.check(pod, "add_sub")).cause == MODEL_NOT_READY
+    assert server.ready_reads == 4
+    assert (await healer.check(pod, "add_sub")).cause == MODEL_NOT_READY
+    assert server.ready_reads == 5  # asked until it is ready again
+    server.not_ready.clear()
+    assert await check() == HEALTHY and server.ready_reads == 6
+    assert await check() == HEALTHY and server.ready_reads == 6
+
+    # The pod's containers restarted.
+    restarted = dataclasses.replace(pod, started_at="2026-12-02T04:05:00Z")
+    assert (await healer.check(restarted, "add_sub")).reason == HEALTHY
+    assert server.ready_reads == 7
+
+    # A load of the model to the pod (the actuator's or a heal) was sent since.
+    async def load() -> None:
+        return None
+
+    assert await healer.loads.run(pod.name, "add_sub", "2 instances", load) is None
+    assert (await healer.check(restarted, "add_sub")).reason == HEALTHY
+    assert server.ready_reads == 8
+    assert (await healer.check(restarted, "add_sub")).reason == HEALTHY
+    assert server.ready_reads == 8
+
+    # Where the pod's start is unknown (no Kubernetes), every check asks.
+    for reads in range(9, 12):
+        assert (await healer.check(server.endpoint, "add_sub")).reason == HEALTHY
+        assert server.ready_reads == reads
 
 
 async def test_a_pod_whose_start_is_unknown_is_read_every_time(server: Server) -> None:

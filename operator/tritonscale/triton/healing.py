@@ -34,6 +34,13 @@ requests: stubs of it that were still alive linger until the server stops (an un
 the load does not help: it never completes). Healing is bounded, so is that leak; see
 docs/reliability.md.
 
+Readiness is asked only when it may have changed: a pod's model is asked when the healer first
+sees the pair, after the pod's containers restarted, after a load of the model to the pod (the
+actuator's or a heal), when its counters went back (Triton drops an unloaded model's series)
+or show BACKEND failures, and otherwise once every `readiness_max_age_s` (60 s); a quiet
+serving model costs no call to the pod. Where the pod's start is unknown (local runs, no
+Kubernetes) or it has no metrics, it is asked at every check, as the actuator reads configs.
+
 It never reloads in a loop: per (pod, model) an exponential back-off between attempts and at
 most `max_attempts` within `window_s`; then every check answers `HealingExhausted` (a
 person must look) until the window has passed. A reload is a load with a deadline, like the
@@ -99,6 +106,10 @@ HEAL_PARAMETER = "tritonscale_heal_generation"
 CONDITION_TYPE = "ModelHealthy"
 
 PROBE_OFF, PROBE_ON_SUSPICION, PROBE_ALWAYS = "off", "on-suspicion", "always"
+
+# How long a model's readiness on a pod is trusted while nothing says it changed (the slow
+# verification of an unload made behind the operator's back; the actuator's configs alike).
+READINESS_MAX_AGE_S = 60.0
 
 # The config's data types (TYPE_*) that a probe can send, as the inference API names them.
 _PROBE_DATATYPES = {
@@ -178,6 +189,11 @@ class _History:
     generation: int = 0
     rising: int = 0  # checks in a row that saw BACKEND failures
     exhausted: bool = False  # HealingExhausted has been logged
+    # When the model last answered ready (the healer's clock), with the pod's containers'
+    # start and the model's last load on the pod as they were then.
+    ready_at: float | None = None
+    ready_started_at: str | None = None
+    ready_load_mark: float | None = None
 
 
 # (pod, model) -> (BACKEND failures, successes): the totals of the model's request counters;
@@ -205,6 +221,7 @@ class Healer:
         max_attempts: int = 3,
         window_s: float = 1800.0,
         persistent_checks: int = 3,
+        readiness_max_age_s: float = READINESS_MAX_AGE_S,
         timeout_s: float = 10.0,
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
         loads: LoadsInFlight | None = None,
@@ -224,6 +241,7 @@ class Healer:
         self.max_attempts = max_attempts
         self.window_s = window_s
         self.persistent_checks = persistent_checks
+        self.readiness_max_age_s = readiness_max_age_s
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
         self.loads = loads or LoadsInFlight()
@@ -279,16 +297,24 @@ class Healer:
         self, triton: AsyncTritonClient, endpoint: Endpoint, model: str, history: _History
     ) -> tuple[str, str] | None:
         pod = endpoint.name
-        if not await triton.is_model_ready(model):
-            state = await self._repository_state(triton, model)
-            if state in ("LOADING", "UNLOADING"):
-                return MODEL_LOADING, f"{model} on {pod} is {state.lower()}; not touched"
-            return MODEL_NOT_READY, f"{model} on {pod} is not ready ({state or 'absent'})"
-
         failed = succeeded = 0.0
+        baseline = True  # no increase known: the first look, no metrics, or counters reset
         if endpoint.metrics_url:
             totals = await self._request_totals(triton, endpoint, model)
-            failed, succeeded = self._counter_increase(totals, history)
+            increase = self._counter_increase(totals, history)
+            if increase is not None:
+                (failed, succeeded), baseline = increase, False
+        if baseline or failed or self._readiness_due(endpoint, model, history):
+            if not await triton.is_model_ready(model):
+                history.ready_at = None
+                state = await self._repository_state(triton, model)
+                if state in ("LOADING", "UNLOADING"):
+                    return MODEL_LOADING, f"{model} on {pod} is {state.lower()}; not touched"
+                return MODEL_NOT_READY, f"{model} on {pod} is not ready ({state or 'absent'})"
+            history.ready_at = self.clock()
+            history.ready_started_at = endpoint.started_at
+            history.ready_load_mark = self.loads.changed_at(pod, model)
+
         history.rising = history.rising + 1 if failed else 0
         suspicion = f"{failed:.0f} backend failures since the last check" if failed else None
         probed = blamed = False
@@ -342,19 +368,29 @@ class Healer:
 
     def _counter_increase(
         self, totals: tuple[float, float], history: _History
-    ) -> tuple[float, float]:
-        """(BACKEND failures, successes) since the last check, from their totals now; (0, 0)
-        the first time."""
+    ) -> tuple[float, float] | None:
+        """(BACKEND failures, successes) since the last check, from their totals now; None the
+        first time and after the counters went back (both are a baseline)."""
         failures, successes = totals
         before_failures, before_successes = history.failures, history.successes
         history.failures, history.successes = failures, successes
         if before_failures is None or before_successes is None:
-            return 0.0, 0.0  # the first look is a baseline
+            return None  # the first look is a baseline
         failed = failures - before_failures
         succeeded = successes - before_successes
         if failed < 0 or succeeded < 0:
-            return 0.0, 0.0  # counters reset: the model was reloaded since
+            return None  # counters reset: the model was reloaded or unloaded since
         return failed, succeeded
+
+    def _readiness_due(self, endpoint: Endpoint, model: str, history: _History) -> bool:
+        """Whether the model's readiness on the pod may have changed since it was last seen."""
+        if endpoint.started_at is None or history.ready_at is None:
+            return True
+        if history.ready_started_at != endpoint.started_at:
+            return True  # the pod's containers restarted
+        if self.loads.changed_at(endpoint.name, model) != history.ready_load_mark:
+            return True  # a load of the model to the pod was sent or ended since
+        return self.clock() - history.ready_at >= self.readiness_max_age_s
 
     async def _probe(
         self, triton: AsyncTritonClient, pod: str, model: str
