@@ -419,13 +419,16 @@ async def admit_daemon(
     runtime: Runtime = memo.runtime
     runtime.actuator.forget_configs()  # as the reconcile daemon does: a pause voids them
     async for _due in every(stopped, lambda: [(name, runtime.config.admission_interval_s)]):
+        # A copy: the index changes under the loop while a pod is being admitted.
+        waiting = list(waiting_pods.get(namespace, []))
+        if not waiting:
+            continue  # the common second: a fleet's daemons cost no walk of its autoscalers
         members = autoscalers.get(namespace, [])
         this = next((m for m in members if m.autoscaler.name == name), None)
         if this is None:
             continue  # its spec does not read: it selects nothing
         others = [m.autoscaler for m in members if m.autoscaler.name != name]
-        # A copy: the index changes under the loop while a pod is being admitted.
-        for pod in list(waiting_pods.get(namespace, [])):
+        for pod in waiting:
             if pod.waiting_for_instances and admission.selecting(pod, [this.autoscaler]):
                 await _admit(runtime, pod, this, others, logger)
 
