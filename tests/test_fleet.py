@@ -153,11 +153,16 @@ def test_the_operator_tunes_the_pods_of_a_fleet_after_a_load_step(
     assert step["unaffected_changed"] == 0, step
     assert row["seconds_to_apply_step"] is not None
     # The operator's requests reach the API server under its own user (the audit log), and
-    # the Triton stand-in counted the operator's reads.
+    # the Triton stand-in counted the reads of the pods' metrics: the operator's own scrapes,
+    # or Prometheus's. (A steady window may see no other call to a pod at all: the counts and
+    # readiness are read again when they may have changed, or after 60 s.)
     assert row["apiserver_requests_per_interval_by_kind"], row
-    assert row["triton_http_requests_per_interval"] > 0
+    by_call = row["triton_http_requests_per_interval_by_call"]
+    assert abs(sum(by_call.values()) - row["triton_http_requests_per_interval"]) < 1, row
     if source == "prometheus":
         assert row["prometheus_scrapes_per_interval"] > 0
+    else:
+        assert row["triton_metrics_requests_per_interval"] > 0
     # Its network namespace is gone (the processes in it died with the run).
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"tritonscale-fleet-{bench.pid}" not in left

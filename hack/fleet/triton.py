@@ -201,7 +201,8 @@ class Fleet:
         self.repository_key = repository_key
         self.pods: dict[str, Pod] = {}  # by IP
         self.rates: dict[str, dict[str, float]] = {}  # set -> model -> requests per second
-        self.requests: Counter[str] = Counter()  # "http", "metrics", "prometheus"
+        # "http" (and "http:<call>": ready, config, load, index, infer, other), "metrics", "prometheus"
+        self.requests: Counter[str] = Counter()
         self.random = random.Random(seed)
         self._last_advance = time.monotonic()
 
@@ -326,7 +327,14 @@ class Fleet:
             self.requests["prometheus" if agent.startswith("Prometheus") else "metrics"] += 1
         elif port == HTTP_PORT:
             self.requests["http"] += 1
+            self.requests[f"http:{_call_kind(request.path)}"] += 1
         return await handler(request)
+
+
+def _call_kind(path: str) -> str:
+    """Which of Triton's calls a path is: ready, config, load, index, infer or other."""
+    last = path.rstrip("/").rsplit("/", 1)[-1]
+    return last if last in ("ready", "config", "load", "index", "infer") else "other"
 
 
 def _error(status: int, message: str) -> web.HTTPException:

@@ -334,6 +334,11 @@ def run_row(
                     per_interval("http") + per_interval("metrics"), 1
                 ),
                 "triton_http_requests_per_interval": per_interval("http"),
+                "triton_http_requests_per_interval_by_call": {
+                    key.removeprefix("http:"): per_interval(key)
+                    for key in sorted(set(triton0) | set(triton1))
+                    if key.startswith("http:")
+                },
                 "triton_metrics_requests_per_interval": per_interval("metrics"),
                 "prometheus_scrapes_per_interval": per_interval("prometheus"),
                 "prometheus_queries_per_interval": (
