@@ -147,3 +147,31 @@ async def test_a_load_marks_when_the_count_may_have_moved_and_old_marks_go() -> 
     assert await loads.run("pod-b", "m", "1 instance", appends([], 1)) is None
     assert loads.changed_at("pod-a", "m") is None
     assert loads.changed_at("pod-b", "m") == now[0]
+
+
+async def test_a_read_may_have_changed_after_a_restart_its_own_load_or_its_age() -> None:
+    now = [100.0]
+    loads = LoadsInFlight(deadline_s=5, clock=lambda: now[0])
+    start = "2026-12-02T04:00:00Z"
+
+    def stale(read, started_at: str | None = start) -> bool:
+        return loads.may_have_changed("pod-a", "m", read, started_at, 60)
+
+    assert stale(None)  # nothing read yet
+    read = loads.read_began(start)
+    assert not stale(read)
+    assert stale(read, None)  # the pod's start unknown (no Kubernetes)
+    assert stale(read, "2026-12-02T04:05:00Z")  # its containers restarted
+    now[0] = 159.9
+    assert not stale(read)
+    now[0] = 160.0
+    assert stale(read)  # its age
+
+    now[0] = 120.0
+    assert await loads.run("pod-b", "m", "2 instances", appends([], 1)) is None
+    assert await loads.run("pod-a", "other", "2 instances", appends([], 1)) is None
+    assert not stale(read)  # another pod's load, another model's
+    assert await loads.run("pod-a", "m", "2 instances", appends([], 1)) is None
+    assert stale(read)  # a load of the model to the pod since the read began
+    now[0] = 121.0
+    assert not stale(loads.read_began(start))  # a read begun after it

@@ -44,6 +44,7 @@ from tritonscale.triton.loads import (
     DEFAULT_LOAD_TIMEOUT_S,
     LoadInFlight,
     LoadsInFlight,
+    PodRead,
 )
 from tritonscale.triton.silent_pods import SilentPods
 
@@ -64,8 +65,7 @@ T = TypeVar("T")
 class _KeptConfig:
     """A pod's live config as one read found it."""
 
-    started_at: str | None  # the pod's containers' start then (Endpoint.started_at)
-    read_at: float  # the actuator's clock when the read began
+    read: PodRead  # when the read began, and the pod's containers' start then
     config: dict[str, Any]
 
 
@@ -243,26 +243,22 @@ class Actuator:
         kept = self._kept_config(endpoint, model)
         if kept is not None:
             return copy.deepcopy(kept), ""
-        started = self._clock()
+        read = self.loads.read_began(endpoint.started_at)
         try:
             config = await self.live_config(endpoint, model)
         except TritonError as error:
             return None, error.reason
         if endpoint.started_at is not None:
-            self._keep_config(endpoint, model, config, started)
+            self._keep_config(endpoint, model, config, read)
         return config, ""
 
     def _kept_config(self, endpoint: Endpoint, model: str) -> dict[str, Any] | None:
-        """The config read of this pod before, unless its containers restarted since, a load
-        of the model to it was sent or ended since the read began, or it is older than
-        `config_max_age_s` (a change made behind the operator's back shows then)."""
+        """The config read of this pod before, unless it may have changed since
+        (`LoadsInFlight.may_have_changed`, with `config_max_age_s`)."""
         kept = self._configs.get((endpoint.name, endpoint.http_url, model))
-        if kept is None or kept.started_at != endpoint.started_at:
-            return None
-        if self._clock() - kept.read_at >= self.config_max_age_s:
-            return None
-        changed = self.loads.changed_at(endpoint.name, model)
-        if changed is not None and changed >= kept.read_at:
+        if kept is None or self.loads.may_have_changed(
+            endpoint.name, model, kept.read, endpoint.started_at, self.config_max_age_s
+        ):
             return None
         return kept.config
 
@@ -272,17 +268,17 @@ class Actuator:
         self._configs.clear()
 
     def _keep_config(
-        self, endpoint: Endpoint, model: str, config: dict[str, Any], read_at: float
+        self, endpoint: Endpoint, model: str, config: dict[str, Any], read: PodRead
     ) -> None:
         now = self._clock()
         if now - self._configs_pruned_at >= self.config_max_age_s:
             self._configs_pruned_at = now  # the pods gone: their reads are past their age
             for key in [
-                k for k, v in self._configs.items() if now - v.read_at > self.config_max_age_s
+                k for k, v in self._configs.items() if now - v.read.at > self.config_max_age_s
             ]:
                 del self._configs[key]
         key = (endpoint.name, endpoint.http_url, model)
-        self._configs[key] = _KeptConfig(endpoint.started_at, read_at, copy.deepcopy(config))
+        self._configs[key] = _KeptConfig(read, copy.deepcopy(config))
 
     async def _is_live(self, endpoint: Endpoint) -> bool:
         """SilentPods' background call."""

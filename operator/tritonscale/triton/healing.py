@@ -69,7 +69,7 @@ from tritonscale.core.signals import MetricsUnavailable
 from tritonscale.triton.client import AsyncTritonClient, TritonError, TritonUnreachable
 from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
-from tritonscale.triton.loads import DEFAULT_LOAD_TIMEOUT_S, LoadsInFlight
+from tritonscale.triton.loads import DEFAULT_LOAD_TIMEOUT_S, LoadsInFlight, PodRead
 from tritonscale.triton.metrics_text import (
     REQUEST_COUNTERS,
     label_matcher,
@@ -189,11 +189,8 @@ class _History:
     generation: int = 0
     rising: int = 0  # checks in a row that saw BACKEND failures
     exhausted: bool = False  # HealingExhausted has been logged
-    # When the model last answered ready (the healer's clock), with the pod's containers'
-    # start and the model's last load on the pod as they were then.
-    ready_at: float | None = None
-    ready_started_at: str | None = None
-    ready_load_mark: float | None = None
+    # When the read that last found the model ready began, with the pod's containers' start.
+    ready: PodRead | None = None
 
 
 # (pod, model) -> (BACKEND failures, successes): the totals of the model's request counters;
@@ -244,7 +241,7 @@ class Healer:
         self.readiness_max_age_s = readiness_max_age_s
         self.timeout_s = timeout_s
         self.load_timeout_s = load_timeout_s
-        self.loads = loads or LoadsInFlight()
+        self.loads = loads or LoadsInFlight(clock=clock)
         # The metrics source's reader: scraping, its read of the pod's /metrics (the tick then
         # reads each pod's /metrics once for both); with Prometheus, Prometheus's copy.
         self.request_counters = request_counters
@@ -304,16 +301,21 @@ class Healer:
             increase = self._counter_increase(totals, history)
             if increase is not None:
                 (failed, succeeded), baseline = increase, False
-        if baseline or failed or self._readiness_due(endpoint, model, history):
+        if (
+            baseline
+            or failed
+            or self.loads.may_have_changed(
+                pod, model, history.ready, endpoint.started_at, self.readiness_max_age_s
+            )
+        ):
+            read = self.loads.read_began(endpoint.started_at)
             if not await triton.is_model_ready(model):
-                history.ready_at = None
+                history.ready = None
                 state = await self._repository_state(triton, model)
                 if state in ("LOADING", "UNLOADING"):
                     return MODEL_LOADING, f"{model} on {pod} is {state.lower()}; not touched"
                 return MODEL_NOT_READY, f"{model} on {pod} is not ready ({state or 'absent'})"
-            history.ready_at = self.clock()
-            history.ready_started_at = endpoint.started_at
-            history.ready_load_mark = self.loads.changed_at(pod, model)
+            history.ready = read
 
         history.rising = history.rising + 1 if failed else 0
         suspicion = f"{failed:.0f} backend failures since the last check" if failed else None
@@ -381,16 +383,6 @@ class Healer:
         if failed < 0 or succeeded < 0:
             return None  # counters reset: the model was reloaded or unloaded since
         return failed, succeeded
-
-    def _readiness_due(self, endpoint: Endpoint, model: str, history: _History) -> bool:
-        """Whether the model's readiness on the pod may have changed since it was last seen."""
-        if endpoint.started_at is None or history.ready_at is None:
-            return True
-        if history.ready_started_at != endpoint.started_at:
-            return True  # the pod's containers restarted
-        if self.loads.changed_at(endpoint.name, model) != history.ready_load_mark:
-            return True  # a load of the model to the pod was sent or ended since
-        return self.clock() - history.ready_at >= self.readiness_max_age_s
 
     async def _probe(
         self, triton: AsyncTritonClient, pod: str, model: str

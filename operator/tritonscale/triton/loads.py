@@ -35,6 +35,15 @@ CHANGES_KEPT_S = 3600.0
 
 
 @dataclass(frozen=True)
+class PodRead:
+    """When a read of a model on a pod began (the clock of the LoadsInFlight that handed it
+    out), and the pod's containers' start then (`Endpoint.started_at`; None: unknown)."""
+
+    at: float
+    started_at: str | None
+
+
+@dataclass(frozen=True)
 class LoadInFlight:
     """A load sent to one pod that had not finished at its deadline."""
 
@@ -77,6 +86,24 @@ class LoadsInFlight:
         """When a load of `model` on `pod` was last sent or ended (the clock's time): a config
         read that began before then may be out of date. None: not within CHANGES_KEPT_S."""
         return self._changed_at.get((pod, model))
+
+    def read_began(self, started_at: str | None) -> PodRead:
+        """Mark the start of a read of a pod (its config, a model's readiness) to keep."""
+        return PodRead(self._clock(), started_at)
+
+    def may_have_changed(
+        self, pod: str, model: str, read: PodRead | None, started_at: str | None, max_age_s: float
+    ) -> bool:
+        """Whether what `read` found of `model` on `pod` may be out of date and must be read
+        again: nothing read yet, the pod's start unknown or changed since (its containers
+        restarted), a load of the model to the pod sent or ended since the read began, or
+        the read `max_age_s` old (a change made behind the operator's back shows then)."""
+        if read is None or started_at is None or read.started_at != started_at:
+            return True
+        if self._clock() - read.at >= max_age_s:
+            return True
+        changed = self._changed_at.get((pod, model))
+        return changed is not None and changed >= read.at
 
     def _changed(self, key: tuple[str, str]) -> None:
         now = self._clock()
