@@ -191,6 +191,13 @@ def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
         "within_budget",
     } <= operator.keys()
     assert {w["phase"] for w in operator["timeline"]} == {"high load", "low load"}
+    # The best static configuration measured again in the operator's windows. A budget of 4
+    # leaves every model at 1: the operator holds that configuration from its first window.
+    again = doc["best_static_rechecked"]
+    assert again["instances"] == doc["best_static"]["instances"] and again["window_rps"]
+    assert again["throughput_rps"] > 0 and doc["operator_vs_best_static_rechecked"] > 0
+    assert doc["operator_ends_at_best_static"] is True
+    assert doc["seconds_to_best_static_configuration"] == operator["timeline"][0]["t_s"]
     assert _counts(triton) == before
 
 
@@ -208,6 +215,18 @@ def test_shifted_mix_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert operator["first_rps"] > 0 and operator["second_rps"] > 0
     assert {"first_half", "second_half"} <= doc["operator_vs_best_static"].keys()
     assert "seconds_after_shift_to_95pct_of_second_best" in doc
+    # Each half's best measured again in the operator's windows; with every model at 1 (the
+    # only configuration of 5) the operator holds it from each half's first window.
+    for half in ("first_half", "second_half"):
+        again = doc["best_static_rechecked"][half]
+        assert again["window_rps"] and again["throughput_rps"] > 0, again
+        assert doc["operator_vs_best_static_rechecked"][half] > 0
+        assert doc["operator_ends_at_best_static"][half] is True
+        assert (
+            0
+            < doc["seconds_to_best_static_configuration"][half]
+            <= shifted_mix.QUICK["half_seconds"] + 1
+        )
     assert _counts(triton) == before
 
 

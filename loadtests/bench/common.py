@@ -144,16 +144,17 @@ def closed_loop_windows(
     concurrency: int,
     seconds: float,
     started: float,
-    tune: subprocess.Popen,
+    tune: subprocess.Popen | None,
     label: str,
     model: str,
     models: Sequence[str],
 ) -> list[dict[str, Any]]:
-    """Closed-loop windows on `model` for `seconds`, each with the counts of `models` after it."""
+    """Closed-loop windows on `model` for `seconds`, each with the counts of `models` after it
+    (`tune`: the driver that must stay up meanwhile; None for a static configuration)."""
     timeline = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        if tune.poll() is not None:
+        if tune is not None and tune.poll() is not None:
             raise SystemExit(f"bench: tritonscale tune exited with code {tune.returncode}")
         m = measure(
             triton.grpc_url,
@@ -179,6 +180,55 @@ def closed_loop_windows(
             f"instances {counts}"
         )
     return timeline
+
+
+# The sweep's configurations measured again: those within this share of its best, at most
+# RECHECKED of them.
+CONTENDER_SHARE = 0.9
+RECHECKED = 3
+
+
+def best_static_rechecked(
+    triton: LocalTriton,
+    instances: Instances,
+    settings: dict,
+    sweep: Sequence[tuple[Mapping[str, int], float]],
+    model: str,
+    models: Sequence[str],
+) -> dict[str, Any]:
+    """The bar a tuner's steady state is held to: the sweep's leading configurations
+    ((counts, req/s) pairs) measured again as the tuner's runs are, and the best of them.
+
+    The sweep's best is the highest of many short samples, so it is biased upwards (the
+    winner's curse), and two configurations a few per cent apart may swap places from one
+    run to the next; its windows also have a warm-up the tuner's do not. So every
+    configuration within CONTENDER_SHARE of the best (at most RECHECKED) is measured again,
+    right after the tuner's run, in the same closed-loop windows (no warm-up, the counts read
+    after each) for `settings["recheck_s"]`; `window_rps` shows each one's spread."""
+    ranked = sorted(sweep, key=lambda row: -row[1])
+    contenders = [row for row in ranked if row[1] >= CONTENDER_SHARE * ranked[0][1]][:RECHECKED]
+    rechecked = []
+    for counts, swept_rps in contenders:
+        instances.set(dict(counts))
+        windows = closed_loop_windows(
+            triton, instances, settings, settings["concurrency"], settings["recheck_s"],
+            time.monotonic(), None, "static", model, models,
+        )  # fmt: skip
+        rates = [w["throughput_rps"] for w in windows]
+        mean = sum(rates) / len(rates)
+        spread = (sum((r - mean) ** 2 for r in rates) / max(len(rates) - 1, 1)) ** 0.5
+        rechecked.append(
+            {
+                "instances": dict(counts),
+                "sweep_rps": swept_rps,
+                "throughput_rps": round(mean, 2),
+                "stdev_rps": round(spread, 2),
+                "window_rps": rates,
+            }
+        )
+        progress(f"  again: {dict(counts)}: {mean:.1f} rps (sweep {swept_rps:.1f})")
+    best = max(rechecked, key=lambda row: row["throughput_rps"])
+    return {**best, "contenders": rechecked}
 
 
 # ---- Locust as a user runs it ------------------------------------------------------------

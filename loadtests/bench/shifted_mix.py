@@ -55,6 +55,7 @@ QUICK = {
     "interval_s": 1,
     "metrics_window_s": 2,
     "scale_down_window_s": 2,
+    "recheck_s": 2.0,
 }
 FULL = {
     "budget": 7,
@@ -67,6 +68,7 @@ FULL = {
     "interval_s": 2,
     "metrics_window_s": 6,
     "scale_down_window_s": 15,
+    "recheck_s": 16.0,
 }
 
 
@@ -148,6 +150,17 @@ def _tail_rps(windows: list[dict[str, Any]]) -> float | None:
     return round(sum(w["throughput_rps"] for w in tail) / len(tail), 2) if tail else None
 
 
+def _first_held(
+    timeline: list[dict[str, Any]], phase: str, best: dict[str, Any], since: float
+) -> float | None:
+    """Seconds from `since` to the end of the first window of `phase` that ran on `best`'s
+    counts (None: never)."""
+    held = next(
+        (w for w in timeline if w["phase"] == phase and w["instances"] == best["instances"]), None
+    )
+    return round(held["t_s"] - since, 2) if held else None
+
+
 def _static(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "instances": row["instances"],
@@ -172,6 +185,21 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
             f"{best_second['instances']}"
         )
         operator = with_operator(triton, instances, settings)
+        common.progress("the leading static configurations again, in the operator's windows")
+        rechecked = {
+            half: common.best_static_rechecked(
+                triton,
+                instances,
+                settings,
+                [(row["instances"], row[key]["throughput_rps"]) for row in static],
+                model,
+                MODELS,
+            )
+            for half, key, model in (
+                ("first_half", "first", FIRST),
+                ("second_half", "second", SECOND),
+            )
+        }
     finally:
         instances.restore()
     best_second_rps = best_second["second"]["throughput_rps"]
@@ -203,6 +231,32 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
                 operator["first_rps"], best_first["first"]["throughput_rps"]
             ),
             "second_half": common.ratio(operator["second_rps"], best_second_rps),
+        },
+        # The same configurations measured again in the operator's windows (the fair bar).
+        "best_static_rechecked": rechecked,
+        "operator_vs_best_static_rechecked": {
+            "first_half": common.ratio(
+                operator["first_rps"], rechecked["first_half"]["throughput_rps"]
+            ),
+            "second_half": common.ratio(
+                operator["second_rps"], rechecked["second_half"]["throughput_rps"]
+            ),
+        },
+        "operator_ends_at_best_static": {
+            "first_half": operator["instances_at_end_of_first_half"]
+            == rechecked["first_half"]["instances"],
+            "second_half": operator["instances_at_end_of_second_half"]
+            == rechecked["second_half"]["instances"],
+        },
+        # From each half's start until the operator first held that half's best configuration
+        # (as measured again).
+        "seconds_to_best_static_configuration": {
+            "first_half": _first_held(
+                operator["timeline"], "first half", rechecked["first_half"], 0.0
+            ),
+            "second_half": _first_held(
+                operator["timeline"], "second half", rechecked["second_half"], shifted
+            ),
         },
         "operator_vs_first_half_best_kept": {
             "first_half": common.ratio(
@@ -274,8 +328,15 @@ def main(argv: list[str] | None = None) -> None:
     decision_log = result["operator"].pop("decision_log")
     common.write_outputs("shifted_mix", result, args, plot, decision_log)
     vs_best, vs_kept = result["operator_vs_best_static"], result["operator_vs_first_half_best_kept"]
+    again, held = (
+        result["operator_vs_best_static_rechecked"],
+        result["operator_ends_at_best_static"],
+    )
     common.progress(
-        f"operator / best static of each half: {vs_best['first_half']}, {vs_best['second_half']}; "
+        f"operator / best static of each half: {vs_best['first_half']}, {vs_best['second_half']} "
+        f"(measured again in the operator's windows: {again['first_half']}, "
+        f"{again['second_half']}; ends on that configuration: {held['first_half']}, "
+        f"{held['second_half']}); "
         f"/ the first half's best kept: {vs_kept['second_half']} in the second half; 95 % of the "
         f"second half's best {result['seconds_after_shift_to_95pct_of_second_best']} s after the shift"
     )
