@@ -1,6 +1,6 @@
 """The operator's local driver against the best static configuration, under the same load.
 
-    python -m loadtests.bench.operator_vs_static              # full, about five minutes
+    python -m loadtests.bench.operator_vs_static              # full, about six minutes
     python -m loadtests.bench.operator_vs_static --budget 8   # another total
     python -m loadtests.bench.operator_vs_static --quick      # tiny (CI)
 
@@ -11,6 +11,11 @@
    written here with short windows) under the same load, from the load step on: throughput
    window by window as a fraction of the best static one, the time to reach 95 % of it, the
    instances held; then a low load, and the instances left after it.
+3. The sweep's leading configurations (within 10 % of its best) measured again in the same
+   windows as the driver's run (common.best_static_rechecked): the sweep's best is the
+   highest of many short samples, and near ties swap places between runs, so the operator's
+   steady state is held to the best of these (`operator_vs_best_static_rechecked`), with
+   whether it ended on that configuration and when it first held it.
 
 Requests carry 8 rows: with one, the dynamic batcher packs 32 of them into one execute and
 the two CPU cores, not the instance counts, set the pace (async_vs_sync shows it).

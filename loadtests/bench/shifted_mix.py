@@ -1,6 +1,6 @@
 """A shifted mix: the traffic moves from pipeline_async to pipeline_sync halfway through.
 
-    python -m loadtests.bench.shifted_mix              # full, about seven minutes
+    python -m loadtests.bench.shifted_mix              # full, about eight minutes
     python -m loadtests.bench.shifted_mix --budget 8   # another total
     python -m loadtests.bench.shifted_mix --quick      # tiny (CI)
 
@@ -16,6 +16,9 @@ the async one needs its branches. No static configuration is best for both halve
 3. The operator (mean of the last three windows of each half) against the best static
    configuration of each half, and against the first half's best kept through both; the time
    after the shift until it reached 95 % of the second half's best.
+4. Each half's leading static configurations measured again in the operator's windows
+   (common.best_static_rechecked), the fairer bar: the operator against the best of them,
+   whether it ended the half on that configuration, and when it first held it.
 
 Every policy carries the budget (`spec.budget`, operator_vs_static.budget_block): the local
 driver grants the five models' decisions jointly, and the total it held is measured against it.
