@@ -3,12 +3,17 @@ and then with the other core busy, and print a table of every test that failed e
 
     python -m tests.flake_hunt                        # every test not marked unit, 5 + 5 runs
     python -m tests.flake_hunt --runs 3 tests/test_demo.py tests/test_no_gain.py
+    python -m tests.flake_hunt --table part-1 part-2  # one table from hunts run in parts
 
 A "busy" run starts one CPU hog per spare core (a Python busy loop, niced to 0 like the tests)
 before pytest and stops it after, so the tests meet the contention CI's shared machines give
 them. Each run writes a JUnit XML file under --out; the table (test, runs, failures, first
 failure's message) goes to stdout and, as JSON, to OUT/flake_hunt.json. Exit status 1 when a
 test failed in any run: every failure is a defect to fix, never a retry.
+
+The whole hunt takes hours on two cores; it can run in parts (a few test files each, on
+different days), each with its own --out, and `--table` then reads the parts' JUnit files
+back into one table without running anything.
 """
 
 from __future__ import annotations
@@ -94,19 +99,40 @@ def run_once(
     return outcomes(junit)
 
 
+def count(records: dict[str, HuntRecord], found: dict[str, str | None], busy: bool) -> None:
+    """Add one run's outcomes (`outcomes`) to the records."""
+    for test, failure in found.items():
+        record = records.setdefault(test, HuntRecord(test))
+        record.runs += 1
+        if failure is not None:
+            record.failures += 1
+            record.busy_failures += busy
+            record.first_failure = record.first_failure or failure
+
+
+def ranked(records: dict[str, HuntRecord]) -> list[HuntRecord]:
+    return sorted(records.values(), key=lambda r: (-r.failures, r.test))
+
+
 def hunt(selection: list[str], runs: int, busy_runs: int, out: Path, pytest_args: list[str]):
     out.mkdir(parents=True, exist_ok=True)
     records: dict[str, HuntRecord] = {}
     plan = [False] * runs + [True] * busy_runs
     for index, busy in enumerate(plan, start=1):
-        for test, failure in run_once(index, len(plan), busy, selection, out, pytest_args).items():
-            record = records.setdefault(test, HuntRecord(test))
-            record.runs += 1
-            if failure is not None:
-                record.failures += 1
-                record.busy_failures += busy
-                record.first_failure = record.first_failure or failure
-    return sorted(records.values(), key=lambda r: (-r.failures, r.test))
+        count(records, run_once(index, len(plan), busy, selection, out, pytest_args), busy)
+    return ranked(records)
+
+
+def from_reports(folders: list[Path]) -> list[HuntRecord]:
+    """The records of hunts already run: every run-NN[-busy].xml in `folders`."""
+    records: dict[str, HuntRecord] = {}
+    for folder in folders:
+        reports = sorted(folder.glob("run-*.xml"))
+        if not reports:
+            raise SystemExit(f"flake_hunt: no run-*.xml in {folder}")
+        for junit in reports:
+            count(records, outcomes(junit), busy=junit.stem.endswith("-busy"))
+    return ranked(records)
 
 
 def table(records: list[HuntRecord]) -> list[str]:
@@ -130,7 +156,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="quiet runs (default 5)")
     parser.add_argument("--busy-runs", type=int, help="runs with the other core busy (= --runs)")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "flake-hunt")
+    parser.add_argument(
+        "--table",
+        type=Path,
+        nargs="+",
+        metavar="OUT",
+        help="run nothing: one table from the JUnit files of earlier hunts' --out folders",
+    )
     args, pytest_args = parser.parse_known_args(argv)
+    if args.table:
+        records = from_reports(args.table)
+        print("\n".join(table(records)))
+        return 1 if any(record.failures for record in records) else 0
     if not args.selection:
         pytest_args = ["-m", "not unit", *pytest_args]
     busy_runs = args.runs if args.busy_runs is None else args.busy_runs

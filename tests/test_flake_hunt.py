@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flake_hunt import HuntRecord, outcomes, table
+from tests.flake_hunt import HuntRecord, from_reports, main, outcomes, table
 
 pytestmark = pytest.mark.unit
 
@@ -42,3 +42,34 @@ def test_the_table_lists_only_the_tests_that_failed() -> None:
     lines = table(records)
     assert lines[0] == "2 tests, 1 failed at least once"
     assert lines[3:] == ["| t::flaky | 10 | 2 (1) | a / b |"]
+
+
+def test_hunts_run_in_parts_read_back_into_one_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The same report with test_fails passing (its failure element commented out).
+    passing = JUNIT.replace('<failure message="AssertionError', "<!-- ").replace(
+        "trace</failure>", "-->"
+    )
+    first, second = tmp_path / "part-1", tmp_path / "part-2"
+    for folder in (first, second):
+        folder.mkdir()
+    (first / "run-01.xml").write_text(passing)
+    (first / "run-02-busy.xml").write_text(JUNIT)
+    (second / "run-01.xml").write_text(JUNIT)
+    records = {r.test: r for r in from_reports([first, second])}
+    assert records["tests.test_a::test_passes"].failures == 0
+    assert records["tests.test_a::test_passes"].runs == 3
+    fails = records["tests.test_a::test_fails"]
+    assert (fails.runs, fails.failures, fails.busy_failures) == (3, 2, 1)
+    assert "tests.test_b::test_skipped" not in records
+
+    assert main(["--table", str(first), str(second)]) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "3 tests, 2 failed at least once"
+    assert (
+        "| tests.test_a::test_fails | 3 | 2 (1) | AssertionError: assert 'branch_embed' in {} |"
+        in printed
+    )
+    with pytest.raises(SystemExit, match="no run-"):
+        from_reports([tmp_path])
