@@ -18,6 +18,7 @@ import os
 import platform
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -182,6 +183,15 @@ def closed_loop_windows(
     return timeline
 
 
+def first_held(
+    timeline: Sequence[Mapping[str, Any]], phase: str, counts: Mapping[str, int], since: float
+) -> float | None:
+    """Seconds from `since` to the end of the first window of `phase` (closed_loop_windows)
+    that ran on `counts` (None: never)."""
+    held = next((w for w in timeline if w["phase"] == phase and w["instances"] == counts), None)
+    return round(held["t_s"] - since, 2) if held else None
+
+
 # The sweep's configurations measured again: those within this share of its best, at most
 # RECHECKED of them.
 CONTENDER_SHARE = 0.9
@@ -215,8 +225,8 @@ def best_static_rechecked(
             time.monotonic(), None, "static", model, models,
         )  # fmt: skip
         rates = [w["throughput_rps"] for w in windows]
-        mean = sum(rates) / len(rates)
-        spread = (sum((r - mean) ** 2 for r in rates) / max(len(rates) - 1, 1)) ** 0.5
+        mean = statistics.mean(rates)
+        spread = statistics.stdev(rates) if len(rates) > 1 else 0.0
         rechecked.append(
             {
                 "instances": dict(counts),

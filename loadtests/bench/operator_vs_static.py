@@ -296,9 +296,8 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
         "operator_ends_at_best_static": operator["instances_at_end_of_high_load"]
         == rechecked["instances"],
         # From the load step until the operator first held that configuration.
-        "seconds_to_best_static_configuration": next(
-            (w["t_s"] for w in operator["timeline"] if w["instances"] == rechecked["instances"]),
-            None,
+        "seconds_to_best_static_configuration": common.first_held(
+            operator["timeline"], "high load", rechecked["instances"], 0.0
         ),
         "operator": operator,
     }

@@ -153,17 +153,6 @@ def _tail_rps(windows: list[dict[str, Any]]) -> float | None:
     return round(sum(w["throughput_rps"] for w in tail) / len(tail), 2) if tail else None
 
 
-def _first_held(
-    timeline: list[dict[str, Any]], phase: str, best: dict[str, Any], since: float
-) -> float | None:
-    """Seconds from `since` to the end of the first window of `phase` that ran on `best`'s
-    counts (None: never)."""
-    held = next(
-        (w for w in timeline if w["phase"] == phase and w["instances"] == best["instances"]), None
-    )
-    return round(held["t_s"] - since, 2) if held else None
-
-
 def _static(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "instances": row["instances"],
@@ -254,11 +243,11 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
         # From each half's start until the operator first held that half's best configuration
         # (as measured again).
         "seconds_to_best_static_configuration": {
-            "first_half": _first_held(
-                operator["timeline"], "first half", rechecked["first_half"], 0.0
+            "first_half": common.first_held(
+                operator["timeline"], "first half", rechecked["first_half"]["instances"], 0.0
             ),
-            "second_half": _first_held(
-                operator["timeline"], "second half", rechecked["second_half"], shifted
+            "second_half": common.first_held(
+                operator["timeline"], "second half", rechecked["second_half"]["instances"], shifted
             ),
         },
         "operator_vs_first_half_best_kept": {

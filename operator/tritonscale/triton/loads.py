@@ -102,7 +102,7 @@ class LoadsInFlight:
             return True
         if self._clock() - read.at >= max_age_s:
             return True
-        changed = self._changed_at.get((pod, model))
+        changed = self.changed_at(pod, model)
         return changed is not None and changed >= read.at
 
     def _changed(self, key: tuple[str, str]) -> None:
