@@ -191,7 +191,7 @@ def _tick(model: str, at: float, before: int, after: int, reason: str) -> Simple
 
 
 @pytest.mark.unit
-def test_reversals_count_flaps_and_not_a_no_gain_give_back() -> None:
+def test_reversals_count_flaps_and_no_gain_give_backs_apart() -> None:
     row = PhaseRow(Phase("high", 1.4, 100), start=0.0, end=100.0, rate=100.0)
     ticks = [
         # up in the reaction, down after it: a reversal, whatever the first change's time
@@ -206,8 +206,13 @@ def test_reversals_count_flaps_and_not_a_no_gain_give_back() -> None:
         # down within the reaction after an up within it: the reaction's own business
         ("d", _tick("d", 5, 1, 2, "HighUtilization")),
         ("d", _tick("d", 10, 2, 1, "LowUtilization")),
+        # given back by the gain check within the reaction, then up again after it: the
+        # give-back counts whenever it came, and the rise after it is a reversal
+        ("e", _tick("e", 8, 1, 4, "HighUtilization")),
+        ("e", _tick("e", 20, 4, 1, NO_GAIN)),
+        ("e", _tick("e", 32, 1, 4, "HighUtilization")),
     ]
-    assert _reversals(ticks, [row]) == ({"a": 1}, {"b": 1})
+    assert _reversals(ticks, [row]) == ({"a": 1, "e": 1}, {"b": 1, "e": 1})
 
 
 @pytest.mark.unit

@@ -470,7 +470,9 @@ def _reversals(
     Within a phase the load is steady. A reversal is an applied change, after the phase's
     first 30 s (the reaction), against the model's previous change in the phase (that one may
     fall within the reaction): flapping. A NoGain revert, an increase that bought nothing
-    given back once by design (tritonscale.core.gain), is counted apart.
+    given back once by design (tritonscale.core.gain), is counted apart, whenever in the
+    phase it came: it is the check's verdict, not the reaction's. An increase after it is
+    counted as a reversal like any other (the verdict did not hold).
     """
     reversals: dict[str, int] = {}
     given_back: dict[str, int] = {}
@@ -484,10 +486,10 @@ def _reversals(
                     continue
                 direction = 1 if pod.after > pod.before else -1
                 model = result.model
-                if result.at >= row.start + 30 and last.get(model, direction) != direction:
-                    no_gain = result.decision is not None and result.decision.reason == NO_GAIN
-                    counted = given_back if no_gain else reversals
-                    counted[model] = counted.get(model, 0) + 1
+                if result.decision is not None and result.decision.reason == NO_GAIN:
+                    given_back[model] = given_back.get(model, 0) + 1
+                elif result.at >= row.start + 30 and last.get(model, direction) != direction:
+                    reversals[model] = reversals.get(model, 0) + 1
                 last[model] = direction
     return reversals, given_back
 
