@@ -48,7 +48,7 @@ from types import TracebackType
 from typing import Any
 
 from hack import dns, netpol, node, registry
-from tritonscale.local.ports import free_port, port_is_taken
+from tritonscale.local.ports import free_ports, port_is_taken
 
 GO_MODULE_DIR = Path(__file__).resolve().parent / "controlplane"
 # Binary name -> Go package, as `go build` takes it from inside GO_MODULE_DIR.
@@ -639,10 +639,11 @@ class ControlPlane:
 
     def _pick_ports(self) -> None:
         self.ports = {}
+        drawn = iter(free_ports(sum(not port for port in self.requested_ports.values())))
         for role, port in self.requested_ports.items():
             if port and port_is_taken(port):
                 raise ClusterError(f"port {port} ({role}) is already in use on 127.0.0.1")
-            self.ports[role] = port or free_port()
+            self.ports[role] = port or next(drawn)
 
     def _commands(self, paths: dict[str, Path]) -> dict[str, list[str]]:
         pki, ports = self.pki, self.ports

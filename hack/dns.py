@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hack import cluster, node
-from tritonscale.local.ports import free_port
+from tritonscale.local.ports import LOOPBACK, free_ports
 
 COREDNS_VERSION = "v1.15.0"
 COREDNS_MODULE = "github.com/coredns/coredns"
@@ -202,7 +202,9 @@ def deploy(
     if not archive.is_file():
         node.build_scratch_image(archive, IMAGE, {"/coredns": binary(tools_dir)}, ["/coredns"])
     node.import_image(state_dir, archive)
-    ports = {"dns": free_port(address), "health": free_port(), "ready": free_port()}
+    ports = dict(
+        zip(("dns", "health", "ready"), free_ports(3, [address, LOOPBACK, LOOPBACK]), strict=True)
+    )
     plane = cluster.ControlPlane(state_dir)
     plane.ports = {"apiserver": int(server.rsplit(":", 1)[1])}
     context = plane._ssl_context()

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from hack import cluster, images, registry
-from tritonscale.local.ports import free_port
+from tritonscale.local.ports import LOOPBACK, free_ports
 
 NODE_NAME = "tritonscale-node"
 # Names and addresses of our own, apart from the usual CNI defaults (cni0, 10.244.0.0/16).
@@ -402,15 +402,17 @@ def start_node(
     _make_certificates(pki, address)
     for user in ("kubelet", "kube-scheduler", "kube-proxy"):
         cluster._kubeconfig(paths["config"] / f"{user}.kubeconfig", server, pki, user)
-    ports = {
-        "kubelet": free_port(address),
-        "kubelet-healthz": free_port(),
-        "kube-proxy-healthz": free_port(),
-        "kube-proxy-metrics": free_port(),
-        "kube-scheduler": free_port(),
-        "registry": free_port(),
-        "registry-debug": free_port(),
-    }
+    roles = (
+        "kubelet",
+        "kubelet-healthz",
+        "kube-proxy-healthz",
+        "kube-proxy-metrics",
+        "kube-scheduler",
+        "registry",
+        "registry-debug",
+    )
+    hosts = [address] + [LOOPBACK] * (len(roles) - 1)
+    ports = dict(zip(roles, free_ports(len(roles), hosts), strict=True))
     config = paths["config"]
     (config / "containerd.toml").write_text(_containerd_config(paths))
     (paths["cni-conf"] / "10-tritonscale.conflist").write_text(

@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tritonscale.drivers import admission
 from tritonscale.drivers import kopf_operator as kopf_driver
-from tritonscale.local.ports import free_port
+from tritonscale.local.ports import free_ports
 
 IGA = "tritonscale.io/v1alpha1/instancegroupautoscalers"
 PODS = "v1/pods"
@@ -233,7 +233,7 @@ async def running_operator(
     """`kopf_driver.run` in a thread of its own; stopped and joined on exit. Its pods' status
     patches (the readinessGate) go to the emulator too, never to a kubeconfig's cluster."""
     stop, ready = threading.Event(), threading.Event()
-    metrics_port, liveness_port = free_port(), free_port()
+    metrics_port, liveness_port = free_ports(2)
     errors: list[BaseException] = []
 
     def target() -> None:

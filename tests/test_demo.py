@@ -36,7 +36,7 @@ from tritonscale.local.demo import (
     run_demo,
     summary_lines,
 )
-from tritonscale.local.ports import free_port
+from tritonscale.local.ports import free_ports
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
 from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
@@ -102,7 +102,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
             Phase(HIGH, 1.6, 40),
             Phase(LOW, 0.1, 36),
         ),
-        ports=(free_port(), free_port(), free_port()),
+        ports=tuple(free_ports(3)),
         metrics_port=0,
         prometheus_port=0,
         policies=policies,
@@ -340,5 +340,6 @@ def test_a_taken_port_is_one_clear_error(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        http_port, metrics_port = free_ports(2)
         with pytest.raises(DemoError, match=f"port {port} is in use"):
-            run_demo(tmp_path, ports=(free_port(), port, free_port()), echo=lambda line: None)
+            run_demo(tmp_path, ports=(http_port, port, metrics_port), echo=lambda line: None)

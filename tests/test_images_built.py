@@ -25,7 +25,7 @@ from hack import images
 from tests.containers import Bundle, Runc, runc_spec, unpack
 from tests.tooling import require_tool
 from tests.venvs import REPO_ROOT, clean_environment
-from tritonscale.local.ports import LOOPBACK, free_port
+from tritonscale.local.ports import LOOPBACK, free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -146,7 +146,7 @@ def test_the_triton_image_serves_the_repository_models_as_the_chart_runs_it(
 ) -> None:
     bundle = bundles["tritonscale-triton-cpu"]
     user = CHART_USERS["tritonscale-triton-cpu"]
-    http, grpc, metrics = (free_port(LOOPBACK) for _ in range(3))
+    http, grpc, metrics = free_ports(3, LOOPBACK)
     key = "test-repository-key"
     # The chart's command and arguments (templates/triton-deployment.yaml), on free loopback
     # ports of the host's network instead of 8000-8002 in a pod's own.

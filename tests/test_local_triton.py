@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
-from tritonscale.local.ports import free_port
+from tritonscale.local.ports import free_ports
 from tritonscale.local.triton_server import LocalTriton, LocalTritonError
 
 ECHO_CONFIG = """
@@ -109,6 +109,59 @@ class TestStartup:
             server = LocalTriton(tmp_path, http_port=port, grpc_port=0, metrics_port=0)
             with pytest.raises(LocalTritonError, match=f"HTTP port {port} is already in use"):
                 server.start()
+
+    @pytest.mark.unit
+    @pytest.mark.parametrize(
+        ("addresses", "message"),
+        [
+            pytest.param({}, "the gRPC and metrics ports are both {port}", id="one address"),
+            pytest.param(
+                {"grpc_address": "0.0.0.0"},
+                "the gRPC and metrics ports are both {port}",
+                id="every address and one of them",
+            ),
+        ],
+    )
+    def test_two_listeners_on_one_port_are_refused_before_starting(
+        self, tmp_path: Path, addresses: dict[str, str], message: str
+    ) -> None:
+        """Triton would exit with its usage and the reason last; this says it in one line."""
+        write_model(tmp_path, "echo")
+        http_port, port = free_ports(2)
+        server = LocalTriton(
+            tmp_path, http_port=http_port, grpc_port=port, metrics_port=port, **addresses
+        )
+        with pytest.raises(LocalTritonError) as raised:
+            server.start()
+        assert str(raised.value) == (
+            message.format(port=port) + "; each needs its own (--grpc-port, --metrics-port)"
+        )
+
+    @pytest.mark.parametrize(
+        ("extra_args", "reason"),
+        [
+            pytest.param(
+                ["--no-such-option=1"],
+                "tritonserver: unrecognized option '--no-such-option=1'",
+                id="an option it does not know (named before its usage)",
+            ),
+            pytest.param(
+                ["--http-thread-count=zero"],
+                "Invalid option value. Got zero",
+                id="a value it rejects (named after its usage)",
+            ),
+        ],
+    )
+    def test_a_command_line_tritonserver_refuses_is_named_by_its_reason(
+        self, tmp_path: Path, extra_args: list[str], reason: str
+    ) -> None:
+        write_model(tmp_path, "echo")
+        server = LocalTriton(
+            tmp_path, http_port=0, grpc_port=0, metrics_port=0, extra_args=extra_args
+        )
+        with pytest.raises(LocalTritonError) as raised:
+            server.start()
+        assert str(raised.value) == f"tritonserver exited with code 1: {reason}"
 
     @pytest.mark.unit
     @pytest.mark.parametrize(
@@ -306,12 +359,12 @@ class TestServeCommand:
 
     def test_serve_says_ready_serves_and_stops_cleanly_on_sigterm(self, tmp_path: Path) -> None:
         write_model(tmp_path, "echo")
-        http_port = free_port()
+        http_port, grpc_port, metrics_port = free_ports(3)
         serve = self.run_serve(
             f"--model-repository={tmp_path}",
             f"--http-port={http_port}",
-            f"--grpc-port={free_port()}",
-            f"--metrics-port={free_port()}",
+            f"--grpc-port={grpc_port}",
+            f"--metrics-port={metrics_port}",
             env={REPOSITORY_KEY_ENV: "from-the-environment"},
         )
         lines: list[str] = []
@@ -340,11 +393,12 @@ class TestServeCommand:
             busy.bind(("0.0.0.0", 0))
             busy.listen()
             port = busy.getsockname()[1]
+            http_port, metrics_port = free_ports(2)
             serve = self.run_serve(
                 f"--model-repository={tmp_path}",
-                f"--http-port={free_port()}",
+                f"--http-port={http_port}",
                 f"--grpc-port={port}",
-                f"--metrics-port={free_port()}",
+                f"--metrics-port={metrics_port}",
             )
             output, _ = serve.communicate(timeout=60)
         assert serve.returncode != 0

@@ -38,7 +38,7 @@ from tests.operator_harness import (
 )
 from tests.tooling import missing
 from tritonscale import cli
-from tritonscale.local.ports import free_port
+from tritonscale.local.ports import free_ports
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 
@@ -93,7 +93,7 @@ async def test_the_charts_command_and_environment_run_the_operator_until_sigterm
     options = {name: value for name, value in env.items() if name.startswith("TRITONSCALE_")}
     assert options["TRITONSCALE_OPERATOR_LIVENESS"] == "http://0.0.0.0:8080/healthz"
     assert options["TRITONSCALE_OPERATOR_METRICS_PORT"] == "9102"
-    liveness_port, metrics_port = free_port(), free_port()
+    liveness_port, metrics_port = free_ports(2)
     options["TRITONSCALE_OPERATOR_LIVENESS"] = f"http://127.0.0.1:{liveness_port}/healthz"
     options["TRITONSCALE_OPERATOR_METRICS_PORT"] = str(metrics_port)
 

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from tests import netstat
-from tritonscale.local.ports import free_port, port_is_taken
+from tritonscale.local.ports import LOOPBACK, free_port, free_ports, port_is_taken
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +77,18 @@ def test_a_free_port_is_not_taken() -> None:
 def test_an_address_of_another_machine_is_an_error_not_a_taken_port() -> None:
     with pytest.raises(OSError, match="Cannot assign requested address"):
         port_is_taken(free_port(), "192.0.2.7")  # TEST-NET-1: never this machine's
+
+
+def test_ports_drawn_together_are_never_the_same() -> None:
+    """One after the other, the kernel may hand out again a port it just handed out (a server
+    with two ports that came out the same would not start); drawn together, it cannot."""
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    assert all(not port_is_taken(port) for port in ports)  # released once drawn
+
+
+def test_ports_are_drawn_on_each_hosts_address() -> None:
+    ports = free_ports(3, [LOOPBACK, "0.0.0.0", LOOPBACK])
+    assert len(set(ports)) == 3
+    with pytest.raises(ValueError, match="3 ports asked for 2 hosts"):
+        free_ports(3, [LOOPBACK, LOOPBACK])

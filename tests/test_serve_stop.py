@@ -25,7 +25,7 @@ import pytest
 from tests import netstat
 from tests.test_local_triton import write_model
 from tests.tooling import require_local_triton
-from tritonscale.local.ports import free_port, port_is_taken
+from tritonscale.local.ports import free_ports, port_is_taken
 from tritonscale.local.triton_server import SHARED_MEMORY
 
 MODELS = ("echo", "echo_two")
@@ -81,7 +81,7 @@ def serve_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
     repository = tmp_path_factory.mktemp("repository")
     for name in MODELS:
         write_model(repository, name)
-    ports = {name: free_port() for name in ("http", "grpc", "metrics")}
+    ports = dict(zip(("http", "grpc", "metrics"), free_ports(3), strict=True))
     process = subprocess.Popen(
         [
             sys.executable,

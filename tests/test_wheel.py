@@ -27,7 +27,8 @@ from tests.test_local_triton import stub_processes
 from tests.tooling import require_local_triton
 from tests.venvs import REPO_ROOT, Environment, clean_environment, megabytes
 from tritonscale import REPOSITORY_KEY_ENV
-from tritonscale.local.triton_server import LocalTriton, free_port
+from tritonscale.local.ports import free_ports
+from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint
 
@@ -234,11 +235,11 @@ def test_serve_from_another_directory_answers_and_stops_cleanly(
 ) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    http_port = free_port()
+    http_port, grpc_port, metrics_port = free_ports(3)
     command = (
         [serve_install.bin("tritonscale"), "serve"]
         + ["--model-repository", str(model_repository), "--http-port", str(http_port)]
-        + ["--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
+        + ["--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
         + [f"--model={name}" for name in models]
     )
     if stop_signal == signal.SIGINT:

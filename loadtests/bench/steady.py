@@ -27,7 +27,7 @@ from typing import Any
 
 from loadtests.bench import common
 from tritonscale.local.demo import MODELS, POLICIES, Phase, run_demo
-from tritonscale.local.ports import free_port
+from tritonscale.local.ports import free_ports
 
 LOAD = 1.4  # the demo's high phase, as a multiple of the capacity at one instance each
 REACTION_S = 30.0  # as the demo counts reversals
@@ -37,12 +37,13 @@ QUICK = {"seconds": 45.0, "capacity_seconds": 2.0}
 
 def run(settings: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     phase = Phase("steady", LOAD, settings["seconds"])
+    *triton_ports, prometheus_port = free_ports(4)
     result = run_demo(
         out_dir,
         phases=(phase,),
-        ports=(free_port(), free_port(), free_port()),
+        ports=tuple(triton_ports),
         metrics_port=0,
-        prometheus_port=free_port(),
+        prometheus_port=prometheus_port,
         policies=common.REPO_ROOT / POLICIES,
         capacity_seconds=settings["capacity_seconds"],
         echo=common.progress,

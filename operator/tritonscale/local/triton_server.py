@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 
 from tritonscale import GRPC_REPOSITORY_KEY_HEADER, REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
-from tritonscale.local.ports import LOOPBACK, free_port, port_is_taken
+from tritonscale.local.ports import LOOPBACK, free_port, free_ports, port_is_taken
 from tritonscale.triton.client import TritonClient, TritonError
 from tritonscale.triton.endpoints import Endpoint
 
@@ -45,6 +45,7 @@ DEFAULT_MODEL_REPOSITORY = Path("models")
 START_ATTEMPTS = 3
 # What a crashed tritonserver or stub leaves at the end of its log: C++'s terminate handler.
 CRASH_MARKERS = ("terminate called", "what():")
+WILDCARDS = {"0.0.0.0", "::"}  # listening on every address overlaps with any one of them
 
 
 class LocalTritonError(RuntimeError):
@@ -172,9 +173,13 @@ class LocalTriton:
         # Ports asked as 0 (all three) are this object's choice, and may be chosen again
         # (start()); ports the caller named are the caller's to change.
         self._free_ports = not (http_port or grpc_port or metrics_port)
-        self.http_port = http_port or free_port(http_address)
-        self.grpc_port = grpc_port or free_port(grpc_address)
-        self.metrics_port = metrics_port or free_port(metrics_address)
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        if self._free_ports:
+            self._choose_ports()
+        else:
+            self.http_port = http_port or free_port(http_address)
+            self.grpc_port = grpc_port or free_port(grpc_address)
+            self.metrics_port = metrics_port or free_port(metrics_address)
         self.repository_key = (
             repository_key or os.environ.get(REPOSITORY_KEY_ENV) or secrets.token_urlsafe(24)
         )
@@ -253,6 +258,9 @@ class LocalTriton:
             raise LocalTritonError(f"model repository not found: {self.model_repository}")
         if not any(entry.is_dir() for entry in self.model_repository.iterdir()):
             raise LocalTritonError(f"model repository has no models: {self.model_repository}")
+        clash = self._port_clash()
+        if clash:
+            raise LocalTritonError(clash)
         install = TritonInstall()
         for name, address, port in (
             ("HTTP", self.http_address, self.http_port),
@@ -297,9 +305,26 @@ class LocalTriton:
         raise AssertionError("unreachable")
 
     def _choose_ports(self) -> None:
-        self.http_port = free_port(self.http_address)
-        self.grpc_port = free_port(self.grpc_address)
-        self.metrics_port = free_port(self.metrics_address)
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(
+            3, [self.http_address, self.grpc_address, self.metrics_address]
+        )
+
+    def _port_clash(self) -> str | None:
+        """Why two of the three would listen on one port, which Triton refuses; else None."""
+        listeners = [
+            ("HTTP", self.http_address, self.http_port),
+            ("gRPC", self.grpc_address, self.grpc_port),
+            ("metrics", self.metrics_address, self.metrics_port),
+        ]
+        for i, (name, address, port) in enumerate(listeners):
+            for other, other_address, other_port in listeners[i + 1 :]:
+                overlap = address == other_address or {address, other_address} & WILDCARDS
+                if port == other_port and overlap:
+                    return (
+                        f"the {name} and {other} ports are both {port}; each needs its own "
+                        f"(--{name.lower()}-port, --{other.lower()}-port)"
+                    )
+        return None
 
     def _launch(self, install: TritonInstall, append_log: bool) -> None:
         """Start tritonserver on this object's ports and wait until its models are ready."""
@@ -397,6 +422,21 @@ class LocalTriton:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "no log"
+        usage = next(
+            (i for i, line in enumerate(lines[:5]) if line.startswith("Usage: tritonserver")), None
+        )
+        if usage is not None:
+            # A command line Triton refused. An option it does not know is named before its
+            # usage, a value it rejects after it; the usage's own lines are indented or are
+            # headings ending in ':' (and hold words like "error" the patterns below would pick).
+            before = [line.strip() for line in lines[:usage] if line.strip()]
+            after = [
+                line.strip()
+                for line in lines[usage + 1 :]
+                if line.strip() and not line[0].isspace() and not line.rstrip().endswith(":")
+            ]
+            reason = (after or before or ["tritonserver refused its command line"])[-1]
+            return re.sub(r"^\S*/tritonserver:", "tritonserver:", reason)
         crash = [line.strip() for line in lines if any(m in line for m in CRASH_MARKERS)]
         if crash:
             return " ".join(crash[-2:])
