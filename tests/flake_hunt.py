@@ -79,6 +79,12 @@ def run_once(
         f"--junitxml={junit}",
     ]
     command += pytest_args + selection
+    # A run takes minutes and prints nothing until it ends: say which one is under way.
+    print(
+        f"run {index}/{total}{' (other core busy)' if busy else ''}: started "
+        f"{time.strftime('%H:%M:%S')}",
+        flush=True,
+    )
     hogs = start_hogs() if busy else []
     started = time.monotonic()
     try:
