@@ -173,7 +173,6 @@ class LocalTriton:
         # Ports asked as 0 (all three) are this object's choice, and may be chosen again
         # (start()); ports the caller named are the caller's to change.
         self._free_ports = not (http_port or grpc_port or metrics_port)
-        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         if self._free_ports:
             self._choose_ports()
         else:
@@ -262,11 +261,7 @@ class LocalTriton:
         if clash:
             raise LocalTritonError(clash)
         install = TritonInstall()
-        for name, address, port in (
-            ("HTTP", self.http_address, self.http_port),
-            ("gRPC", self.grpc_address, self.grpc_port),
-            ("metrics", self.metrics_address, self.metrics_port),
-        ):
+        for name, address, port in self._listeners():
             try:
                 taken = port_is_taken(port, address)
             except OSError as error:
@@ -309,13 +304,17 @@ class LocalTriton:
             3, [self.http_address, self.grpc_address, self.metrics_address]
         )
 
-    def _port_clash(self) -> str | None:
-        """Why two of the three would listen on one port, which Triton refuses; else None."""
-        listeners = [
+    def _listeners(self) -> list[tuple[str, str, int]]:
+        """(name, address, port) of the three servers Triton starts."""
+        return [
             ("HTTP", self.http_address, self.http_port),
             ("gRPC", self.grpc_address, self.grpc_port),
             ("metrics", self.metrics_address, self.metrics_port),
         ]
+
+    def _port_clash(self) -> str | None:
+        """Why two of the three would listen on one port, which Triton refuses; else None."""
+        listeners = self._listeners()
         for i, (name, address, port) in enumerate(listeners):
             for other, other_address, other_port in listeners[i + 1 :]:
                 overlap = address == other_address or {address, other_address} & WILDCARDS
