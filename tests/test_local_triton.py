@@ -186,6 +186,18 @@ class TestStartup:
             LocalTriton(tmp_path, http_port=0, grpc_port=0, metrics_port=0, **addresses)
         assert str(raised.value) == message
 
+    @pytest.mark.unit
+    def test_ports_left_at_0_beside_a_named_one_are_drawn_together(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Drawn one by one, the kernel may hand out one port twice; here it always would."""
+        monkeypatch.setattr("tritonscale.local.triton_server.free_port", lambda address: 40000)
+        http_port = free_ports(1)[0]
+        server = LocalTriton(tmp_path, http_port=http_port, grpc_port=0, metrics_port=0)
+        ports = [server.http_port, server.grpc_port, server.metrics_port]
+        assert ports[0] == http_port
+        assert len(set(ports)) == 3 and 0 not in ports, ports
+
     @pytest.mark.parametrize("seen", ["before starting", "by tritonserver"])
     def test_a_port_of_its_own_choice_taken_meanwhile_is_chosen_again(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seen: str

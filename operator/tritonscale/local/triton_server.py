@@ -176,9 +176,17 @@ class LocalTriton:
         if self._free_ports:
             self._choose_ports()
         else:
-            self.http_port = http_port or free_port(http_address)
-            self.grpc_port = grpc_port or free_port(grpc_address)
-            self.metrics_port = metrics_port or free_port(metrics_address)
+            # The ones left at 0 beside a named one are drawn together too (free_ports).
+            asked = [
+                (http_port, self.http_address),
+                (grpc_port, self.grpc_address),
+                (metrics_port, self.metrics_address),
+            ]
+            missing = [address for port, address in asked if not port]
+            drawn = iter(free_ports(len(missing), missing))
+            self.http_port, self.grpc_port, self.metrics_port = (
+                port or next(drawn) for port, _ in asked
+            )
         self.repository_key = (
             repository_key or os.environ.get(REPOSITORY_KEY_ENV) or secrets.token_urlsafe(24)
         )
