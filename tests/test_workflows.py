@@ -1,6 +1,7 @@
-"""The GitHub workflows: actionlint (with shellcheck) finds nothing in them, and the release
-workflow's own scripts, run here as GitHub runs them, check the tag and package a chart
-that points at the images the release pushed."""
+"""The GitHub workflows: actionlint (with shellcheck) finds nothing in them, every action is
+pinned by commit SHA with its tag beside it and Dependabot keeps the pins current, and the
+release workflow's own scripts, run here as GitHub runs them, check the tag and package a
+chart that points at the images the release pushed."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ ACTIONLINT = "github.com/rhysd/actionlint/cmd/actionlint"
 ACTIONLINT_VERSION = "v1.7.12"
 TOOLS_BIN = REPO_ROOT / ".tools" / "bin"
 WORKFLOWS = sorted((REPO_ROOT / ".github" / "workflows").glob("*.yaml"))
+DEPENDABOT = REPO_ROOT / ".github" / "dependabot.yml"
 RELEASE = REPO_ROOT / ".github" / "workflows" / "release.yaml"
 CHART = REPO_ROOT / "charts" / "tritonscale"
 # GitHub runs a step's `run` with this shell on Linux runners.
@@ -85,6 +87,108 @@ def test_actionlint_flags_a_careless_workflow(actionlint: str, tmp_path: Path) -
     assert done.returncode != 0
     assert "SC2086" in done.stdout  # shellcheck ran: an unquoted expansion
     assert "steps.nope" in done.stdout  # an output of no step
+
+
+# ---- pinned actions ------------------------------------------------------------------------
+
+# `uses: owner/repo[/path]@<40 hex> # <tag>`, the value optionally quoted.
+_USES_LINE = re.compile(r"""^\s*(?:-\s+)?uses:\s*["']?(?P<value>[^"'\s]+)["']?(?P<rest>.*)$""")
+_PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
+_TAG_COMMENT = re.compile(r"^\s+#\s*v?\d[\w.+-]*\s*$")
+_DOCKER_DIGEST = re.compile(r"^docker://\S+@sha256:[0-9a-f]{64}$")
+
+
+def uses_values(workflow_text: str) -> list[str]:
+    """Every `uses:` of a workflow as YAML reads it: each job's (a reusable workflow) and each step's."""
+    jobs = (yaml.safe_load(workflow_text) or {}).get("jobs", {})
+    found = []
+    for job in jobs.values():
+        found += [job["uses"]] if "uses" in job else []
+        found += [step["uses"] for step in job.get("steps", []) if "uses" in step]
+    return found
+
+
+def unpinned_uses(workflow_text: str) -> list[str]:
+    """One line per `uses:` that a moved tag or branch could change: not a commit SHA (a digest
+    for docker://), or a SHA without the tag it stands for in a comment. Local actions (./)
+    come from the same commit as the workflow."""
+    problems, seen = [], []
+    for number, line in enumerate(workflow_text.splitlines(), start=1):
+        if not (match := _USES_LINE.match(line)):
+            continue
+        value, rest = match["value"], match["rest"]
+        seen.append(value)
+        if value.startswith("./"):
+            continue
+        if value.startswith("docker://"):
+            if not _DOCKER_DIGEST.match(value):
+                problems.append(f"line {number}: {value} is not pinned by digest (@sha256:...)")
+        elif not _PINNED.match(value):
+            problems.append(f"line {number}: {value} is not pinned by a 40-hex commit SHA")
+        elif not _TAG_COMMENT.match(rest):
+            problems.append(f"line {number}: {value} has no `# <tag>` comment naming its version")
+    # Flow style or a multi-line scalar would hide a `uses:` from the line scan.
+    if sorted(seen) != sorted(uses_values(workflow_text)):
+        problems.append(f"uses: read line by line {seen} != as YAML {uses_values(workflow_text)}")
+    return problems
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda path: path.name)
+def test_every_action_is_pinned_by_commit_sha_with_its_tag(workflow: Path) -> None:
+    text = workflow.read_text()
+    assert uses_values(text), f"{workflow.name} uses no action: is the pin check reading it?"
+    assert unpinned_uses(text) == []
+
+
+@pytest.mark.unit
+def test_the_pin_check_flags_tags_branches_and_bare_shas() -> None:
+    sha = "11d5960a326750d5838078e36cf38b85af677262"
+    careless = (
+        "on: push\n"
+        "jobs:\n"
+        "  build:\n"
+        "    runs-on: ubuntu-24.04\n"
+        "    steps:\n"
+        "      - uses: actions/checkout@v4\n"
+        "      - uses: docker/login-action@master # v3.7.0\n"
+        f"      - uses: 'actions/setup-go@{sha}'\n"
+        f"      - uses: actions/cache@{sha} # the cache\n"
+        "      - uses: docker://alpine:3.20\n"
+        f"      - uses: actions/checkout@{sha} # v4.4.0\n"
+        "      - uses: ./.github/actions/local\n"
+        "  reuse:\n"
+        "    uses: octo/workflows/.github/workflows/build.yaml@main\n"
+    )
+    assert unpinned_uses(careless) == [
+        "line 6: actions/checkout@v4 is not pinned by a 40-hex commit SHA",
+        "line 7: docker/login-action@master is not pinned by a 40-hex commit SHA",
+        f"line 8: actions/setup-go@{sha} has no `# <tag>` comment naming its version",
+        f"line 9: actions/cache@{sha} has no `# <tag>` comment naming its version",
+        "line 10: docker://alpine:3.20 is not pinned by digest (@sha256:...)",
+        "line 14: octo/workflows/.github/workflows/build.yaml@main is not pinned by a 40-hex commit SHA",
+    ]
+
+
+@pytest.mark.unit
+def test_the_pin_check_notices_a_uses_it_cannot_read_line_by_line() -> None:
+    hidden = "jobs:\n  build:\n    steps: [{uses: actions/checkout@v4}]\n"
+    (problem,) = unpinned_uses(hidden)
+    assert problem.startswith("uses: read line by line [] != as YAML ['actions/checkout@v4']")
+
+
+@pytest.mark.unit
+def test_dependabot_watches_the_actions_and_every_pinned_requirements_file() -> None:
+    updates = yaml.safe_load(DEPENDABOT.read_text())["updates"]
+    watched = {(update["package-ecosystem"], update["directory"]) for update in updates}
+    assert ("github-actions", "/") in watched
+    pinned = {
+        f"/{path.parent.name}"
+        for path in REPO_ROOT.glob("*/requirements.txt")
+        if not path.parent.name.startswith(".")  # .venv, .tools: not the project's
+    }
+    assert pinned, "no requirements.txt found: has the layout changed?"
+    assert {directory for ecosystem, directory in watched if ecosystem == "pip"} == pinned
 
 
 def test_the_package_chart_and_images_share_one_version() -> None:
