@@ -352,6 +352,66 @@ class TestOperator:
         assert "TRITONSCALE_OPERATOR_PEERING" not in env  # standalone
         assert env["TRITONSCALE_OPERATOR_NAMESPACES"] == NAMESPACE
 
+    def test_replicas_get_a_budget_and_spread_over_nodes(self, render) -> None:
+        objects = render("peering-values.yaml").objects
+        deployment = one(objects, "Deployment", "-operator")
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        pdb = one(objects, "PodDisruptionBudget", "-operator")
+        # A drain evicts one replica at a time: a standby is left to take over.
+        assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        triton_labels = one(objects, "Deployment", "-triton")["spec"]["template"]["metadata"]
+        assert not pdb["spec"]["selector"]["matchLabels"].items() <= triton_labels["labels"].items()
+        anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        (preferred,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        term = preferred["podAffinityTerm"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+        assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+
+    def test_one_replica_gets_no_budget_or_anti_affinity(self, render) -> None:
+        objects = render().objects
+        assert [p["metadata"]["name"] for p in by_kind(objects, "PodDisruptionBudget")] == [
+            "demo-tritonscale-triton"
+        ]
+        assert "affinity" not in one(objects, "Deployment", "-operator")["spec"]["template"]["spec"]
+
+    def test_replicas_can_be_kept_apart_and_a_quorum_kept_up(self, render) -> None:
+        objects = render("operator-ha-values.yaml").objects
+        pdb = one(objects, "PodDisruptionBudget", "-operator")
+        assert pdb["spec"]["minAvailable"] == 2 and "maxUnavailable" not in pdb["spec"]
+        spec = one(objects, "Deployment", "-operator")["spec"]["template"]["spec"]
+        (required,) = spec["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert required["topologyKey"] == "kubernetes.io/hostname"
+
+    def test_budget_and_anti_affinity_can_be_turned_off(self, render) -> None:
+        objects = render(
+            "peering-values.yaml", sets=("operator.pdb.enabled=false", "operator.podAntiAffinity=")
+        ).objects
+        budgets = [p["metadata"]["name"] for p in by_kind(objects, "PodDisruptionBudget")]
+        assert budgets == ["demo-tritonscale-triton"]
+        assert "affinity" not in one(objects, "Deployment", "-operator")["spec"]["template"]["spec"]
+
+    def test_an_affinity_of_the_users_own_replaces_the_anti_affinity(self, render) -> None:
+        required = "operator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        objects = render(
+            "peering-values.yaml",
+            sets=(
+                f"{required}.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+                f"{required}.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+            ),
+        ).objects
+        spec = one(objects, "Deployment", "-operator")["spec"]["template"]["spec"]
+        term = {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}
+        assert spec["affinity"] == {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+            }
+        }
+
     def test_operator_pod_runs_the_cli_non_root_read_only_with_probes_and_metrics(
         self, render
     ) -> None:

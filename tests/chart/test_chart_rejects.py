@@ -55,6 +55,12 @@ SCHEMA_CASES = [
         "autoscalers.defaults.instanceKind must be one of the following",
     ),
     (
+        "unknown operator anti-affinity",
+        ("operator.podAntiAffinity=soft",),
+        "at '/operator/podAntiAffinity': value must be one of 'preferred', 'required', ''",
+        'operator.podAntiAffinity must be one of the following: "preferred", "required", ""',
+    ),
+    (
         "unknown monitor kind",
         ("monitoring.monitor.kind=Probe",),
         "at '/monitoring/monitor/kind': value must be one of 'ServiceMonitor', 'PodMonitor'",
@@ -140,6 +146,26 @@ COMBINATION_CASES = [
         "two pdb limits",
         ("triton.pdb.minAvailable=1",),
         "tritonscale: set only one of triton.pdb.minAvailable (1) and triton.pdb.maxUnavailable (1).",
+    ),
+    (
+        "two operator pdb limits",
+        (
+            "operator.replicaCount=2",
+            "operator.peering.enabled=true",
+            "operator.pdb.minAvailable=1",
+        ),
+        "tritonscale: set only one of operator.pdb.minAvailable (1) and "
+        "operator.pdb.maxUnavailable (1).",
+    ),
+    (
+        "an operator pdb with no limit",
+        (
+            "operator.replicaCount=2",
+            "operator.peering.enabled=true",
+            "operator.pdb.maxUnavailable=",
+        ),
+        "tritonscale: operator.pdb.enabled is true but neither operator.pdb.minAvailable nor "
+        "operator.pdb.maxUnavailable is set.",
     ),
     (
         "two operators without peering",

@@ -125,6 +125,61 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (include "tritonscale.fullname" .) .Values.operator.peering.name -}}
 {{- end -}}
 
+{{/* "true" when the operator gets a PodDisruptionBudget: several replicas (a budget over one pod
+either blocks every drain of its node or allows nothing a drain does not) and operator.pdb.enabled. */}}
+{{- define "tritonscale.operatorPdbEnabled" -}}
+{{- and .Values.operator.enabled .Values.operator.pdb.enabled (gt (int .Values.operator.replicaCount) 1) | toString -}}
+{{- end -}}
+
+{{/* The operator pods' affinity: operator.affinity when set; otherwise, with several replicas,
+a pod anti-affinity by node (operator.podAntiAffinity), so that losing or draining one node
+leaves a standby elsewhere to take over. Empty when there is none. */}}
+{{- define "tritonscale.operatorAffinity" -}}
+{{- $operator := .Values.operator -}}
+{{- if $operator.affinity -}}
+{{- toYaml $operator.affinity -}}
+{{- else if and $operator.podAntiAffinity (gt (int $operator.replicaCount) 1) -}}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "tritonscale.componentSelectorLabels" (list . "operator") | fromYaml)) -}}
+podAntiAffinity:
+{{- if eq $operator.podAntiAffinity "required" }}
+  requiredDuringSchedulingIgnoredDuringExecution:
+    {{- toYaml (list $term) | nindent 4 }}
+{{- else }}
+  preferredDuringSchedulingIgnoredDuringExecution:
+    {{- toYaml (list (dict "weight" 100 "podAffinityTerm" $term)) | nindent 4 }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* A PodDisruptionBudget over one component's pods from its pdb values (minAvailable or
+maxUnavailable, unhealthyPodEvictionPolicy). Call with (list . "component" $pdb). */}}
+{{- define "tritonscale.podDisruptionBudget" -}}
+{{- $root := index . 0 -}}
+{{- $component := index . 1 -}}
+{{- $pdb := index . 2 -}}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "tritonscale.componentName" (list $root $component) }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "tritonscale.componentLabels" (list $root $component) | nindent 4 }}
+spec:
+  {{- if ne (toString $pdb.minAvailable) "" }}
+  minAvailable: {{ $pdb.minAvailable }}
+  {{- else }}
+  maxUnavailable: {{ $pdb.maxUnavailable }}
+  {{- end }}
+  {{- with $pdb.unhealthyPodEvictionPolicy }}
+  # A running pod that is not Ready must not block drains: with AlwaysAllow it may be evicted
+  # whatever the budget (a Triton pod the readiness gate holds while the operator is down).
+  unhealthyPodEvictionPolicy: {{ . }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "tritonscale.componentSelectorLabels" (list $root $component) | nindent 6 }}
+{{- end -}}
+
 {{/* Every model's autoscaler spec: defaults overridden key by key, disabled entries left out. Returns JSON {model: spec}. */}}
 {{- define "tritonscale.autoscalerSpecs" -}}
 {{- $specs := dict -}}
@@ -213,11 +268,21 @@ tritonscale: triton.preStopSleepSeconds ({{ $t.preStopSleepSeconds }}) must be a
 {{- end -}}
 
 {{- define "tritonscale.validateValues.pdb" -}}
-{{- $pdb := .Values.triton.pdb -}}
+{{- $lines := list (include "tritonscale.validateValues.onePdb" (list .Values.triton.pdb "triton.pdb")) -}}
+{{- if eq (include "tritonscale.operatorPdbEnabled" .) "true" -}}
+{{- $lines = append $lines (include "tritonscale.validateValues.onePdb" (list .Values.operator.pdb "operator.pdb")) -}}
+{{- end -}}
+{{- join "\n" (without $lines "") -}}
+{{- end -}}
+
+{{/* One PodDisruptionBudget's values: exactly one of its limits. Call with (list $pdb "path.to.pdb"). */}}
+{{- define "tritonscale.validateValues.onePdb" -}}
+{{- $pdb := index . 0 -}}
+{{- $path := index . 1 -}}
 {{- if and $pdb.enabled (ne (toString $pdb.minAvailable) "") (ne (toString $pdb.maxUnavailable) "") -}}
-tritonscale: set only one of triton.pdb.minAvailable ({{ $pdb.minAvailable }}) and triton.pdb.maxUnavailable ({{ $pdb.maxUnavailable }}).
+tritonscale: set only one of {{ $path }}.minAvailable ({{ $pdb.minAvailable }}) and {{ $path }}.maxUnavailable ({{ $pdb.maxUnavailable }}).
 {{- else if and $pdb.enabled (eq (toString $pdb.minAvailable) "") (eq (toString $pdb.maxUnavailable) "") -}}
-tritonscale: triton.pdb.enabled is true but neither triton.pdb.minAvailable nor triton.pdb.maxUnavailable is set.
+tritonscale: {{ $path }}.enabled is true but neither {{ $path }}.minAvailable nor {{ $path }}.maxUnavailable is set.
 {{- end -}}
 {{- end -}}
 
