@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from hack import cluster, images, node, registry
+from hack import cluster, images, kubernetes_build, node, registry
 from tritonscale.triton.actuator import instance_count
 
 # The demo runs from a checkout: its files, relative to the current directory.
@@ -396,7 +396,7 @@ def merged(*layers: dict[str, Any]) -> dict[str, Any]:
 
 
 def run() -> None:
-    if not all(path.is_file() for path in cluster.binaries(TOOLS).values()):
+    if not all(path.is_file() for path in kubernetes_build.binaries(TOOLS).values()):
         say("building the cluster from source (once; 10 to 25 minutes on 2 cores)")
     say("building the images (reused when nothing changed)")
     images.build_all(python_image="")

@@ -24,7 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hack import cluster, node
+from hack import node
+from hack.gotools import go_install
+from hack.pki import AdminClient
 from tritonscale.local.ports import LOOPBACK, free_ports
 
 COREDNS_VERSION = "v1.15.0"
@@ -40,7 +42,7 @@ def binary(tools_dir: Path) -> Path:
 
 def build(tools_dir: Path, progress: Callable[[str], Any] = print) -> Path:
     """CoreDNS into TOOLS/coredns-vX.Y.Z/bin, or at once when it is there."""
-    return cluster.go_install(f"{COREDNS_MODULE}@{COREDNS_VERSION}", binary(tools_dir), progress)
+    return go_install(f"{COREDNS_MODULE}@{COREDNS_VERSION}", binary(tools_dir), progress)
 
 
 def corefile(address: str, ports: dict[str, int]) -> str:
@@ -205,15 +207,14 @@ def deploy(
     ports = dict(
         zip(("dns", "health", "ready"), free_ports(3, [address, LOOPBACK, LOOPBACK]), strict=True)
     )
-    plane = cluster.ControlPlane(state_dir)
-    plane.ports = {"apiserver": int(server.rsplit(":", 1)[1])}
-    context = plane._ssl_context()
-    for body in objects(address, plane.ports["apiserver"], ports):
+    admin = AdminClient(server, state_dir / "pki")
+    context = admin.ssl_context()
+    for body in objects(address, int(server.rsplit(":", 1)[1]), ports):
         create(server, context, body)
     path = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/coredns"
     deadline = started + timeout_s
     while True:
-        code, body = plane.get(path)
+        code, body = admin.get(path)
         if code == 200 and json.loads(body).get("status", {}).get("readyReplicas", 0) >= 1:
             break
         if time.monotonic() > deadline:

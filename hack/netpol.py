@@ -23,7 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hack import cluster, dns, node
+from hack import dns, node
+from hack.gotools import go_install
+from hack.pki import AdminClient, new_cert, write_kubeconfig
 from tritonscale.local.ports import free_port
 
 VERSION = "v2.1.0"
@@ -39,7 +41,7 @@ def binary(tools_dir: Path) -> Path:
 
 def build(tools_dir: Path, progress: Callable[[str], Any] = print) -> Path:
     """kube-router into TOOLS/kube-router-vX.Y.Z/bin, or at once when it is there."""
-    return cluster.go_install(f"{PACKAGE}@{VERSION}", binary(tools_dir), progress)
+    return go_install(f"{PACKAGE}@{VERSION}", binary(tools_dir), progress)
 
 
 def rbac() -> list[dict[str, Any]]:
@@ -79,7 +81,7 @@ def command(tools_dir: Path, kubeconfig: Path, health_port: int) -> list[str]:
         "--run-firewall=true",
         "--run-router=false",
         "--run-service-proxy=false",
-        f"--service-cluster-ip-range={cluster.SERVICE_CLUSTER_IP_RANGE}",
+        f"--service-cluster-ip-range={node.SERVICE_CLUSTER_IP_RANGE}",
         f"--health-port={health_port}",
         "--v=1",
     ]
@@ -99,12 +101,10 @@ def start(
         raise node.NodeError(f"no node runs in {state_dir}: start it first")
     started = time.monotonic()
     pki = state_dir / "pki"
-    cluster._new_cert(pki, NAME, USER, ca="ca", usage="clientAuth")
+    new_cert(pki, NAME, USER, ca="ca", usage="clientAuth")
     kubeconfig = state_dir / "node" / "config" / f"{NAME}.kubeconfig"
-    cluster._kubeconfig(kubeconfig, server, pki, NAME)
-    plane = cluster.ControlPlane(state_dir)
-    plane.ports = {"apiserver": int(server.rsplit(":", 1)[1])}
-    context = plane._ssl_context()
+    write_kubeconfig(kubeconfig, server, pki, NAME)
+    context = AdminClient(server, pki).ssl_context()
     for body in rbac():
         dns.create(server, context, body)
     port = free_port()

@@ -39,7 +39,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hack import cluster, images, registry
+from hack import images, kubernetes_build, registry
+from hack.pki import AdminClient, new_cert, write_kubeconfig
+from hack.processes import last_meaningful_line, stop_pids
 from tritonscale.local.ports import LOOPBACK, free_ports
 
 NODE_NAME = "tritonscale-node"
@@ -49,7 +51,10 @@ CNI_NETWORK = "tritonscale-node"
 POD_SUBNET = "10.88.0.0/24"
 POD_GATEWAY = "10.88.0.1"
 CLUSTER_DOMAIN = "cluster.local"
-# The kube-dns Service (hack.dns): in hack.cluster's service range, .10 as kubeadm picks.
+# The API server's Service addresses (hack.cluster's --service-cluster-ip-range).
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+SERVICE_CLUSTER_IP = "10.0.0.1"  # the `kubernetes` Service: first address of the range
+# The kube-dns Service (hack.dns): in the service range, .10 as kubeadm picks.
 CLUSTER_DNS_IP = "10.0.0.10"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 PAUSE_IMAGE = "tritonscale.local/pause:3.10.1"
@@ -77,8 +82,7 @@ READY_TIMEOUT_S = 120.0
 
 
 class NodeError(RuntimeError):
-    """The node could not be started or removed; one line for a person. (Not a ClusterError:
-    hack.cluster imports this module, so this one uses hack.cluster only at run time.)"""
+    """The node could not be started or removed; one line for a person."""
 
 
 def _run(*command: str, timeout_s: float = 60.0, check: bool = True) -> str:
@@ -139,7 +143,7 @@ def build_scratch_image(
 def pause_image(tools_dir: Path) -> Path:
     """The pause image as an OCI archive in TOOLS/images, built once from the pause.c of the
     k8s.io/kubernetes module that hack/controlplane requires."""
-    version = cluster.kubernetes_version()
+    version = kubernetes_build.kubernetes_version()
     archive = Path(tools_dir).resolve() / "images" / f"pause-{version}.tar"
     if archive.is_file():
         return archive
@@ -158,7 +162,7 @@ def _module_dir() -> str:
     """Where Go keeps k8s.io/kubernetes's sources (downloaded by the build)."""
     done = subprocess.run(
         ["go", "list", "-mod=mod", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"],
-        cwd=cluster.GO_MODULE_DIR,
+        cwd=kubernetes_build.GO_MODULE_DIR,
         env=dict(os.environ, GOWORK="off", GOFLAGS="-mod=mod"),
         capture_output=True,
         text=True,
@@ -353,13 +357,13 @@ def _kube_proxy_config(kubeconfig: Path, ports: dict[str, int]) -> dict:
 def _make_certificates(pki: Path, address: str) -> None:
     client = "clientAuth"
     # The Node authorizer and NodeRestriction know a kubelet by this name and group.
-    cluster._new_cert(pki, "kubelet", f"system:node:{NODE_NAME}", ca="ca", org="system:nodes",
-                      usage=client)  # fmt: skip
-    cluster._new_cert(pki, "kubelet-serving", NODE_NAME, ca="ca", usage="serverAuth",
-                      sans=f"IP:{address}, DNS:{NODE_NAME}")  # fmt: skip
+    new_cert(pki, "kubelet", f"system:node:{NODE_NAME}", ca="ca", org="system:nodes",
+             usage=client)  # fmt: skip
+    new_cert(pki, "kubelet-serving", NODE_NAME, ca="ca", usage="serverAuth",
+             sans=f"IP:{address}, DNS:{NODE_NAME}")  # fmt: skip
     # The default RBAC policy binds these users to the roles their components need.
-    cluster._new_cert(pki, "kube-scheduler", "system:kube-scheduler", ca="ca", usage=client)
-    cluster._new_cert(pki, "kube-proxy", "system:kube-proxy", ca="ca", usage=client)
+    new_cert(pki, "kube-scheduler", "system:kube-scheduler", ca="ca", usage=client)
+    new_cert(pki, "kube-proxy", "system:kube-proxy", ca="ca", usage=client)
 
 
 # ------------------------------------------------------------------------- start
@@ -381,7 +385,7 @@ def start_node(
     state_dir = Path(state_dir).resolve()
     paths = _paths(state_dir)
     pki = state_dir / "pki"
-    binaries = cluster.binaries(tools_dir)
+    binaries = kubernetes_build.binaries(tools_dir)
     missing = [name for name in COMPONENTS[1:] if not binaries[name].is_file()]
     if not registry.binary(tools_dir).is_file():
         missing.append("registry")
@@ -401,7 +405,7 @@ def start_node(
         paths[name].mkdir(parents=True, exist_ok=True)
     _make_certificates(pki, address)
     for user in ("kubelet", "kube-scheduler", "kube-proxy"):
-        cluster._kubeconfig(paths["config"] / f"{user}.kubeconfig", server, pki, user)
+        write_kubeconfig(paths["config"] / f"{user}.kubeconfig", server, pki, user)
     roles = (
         "kubelet",
         "kubelet-healthz",
@@ -456,7 +460,7 @@ def start_node(
                     log = paths["logs"] / f"{name}.log"
                     raise NodeError(
                         f"{name} exited during start (code {process.returncode}): "
-                        f"{cluster._last_meaningful_line(log)} (log: {log})"
+                        f"{last_meaningful_line(log)} (log: {log})"
                     )
             if time.monotonic() > deadline:
                 raise NodeError(
@@ -503,9 +507,8 @@ def start_node(
                 f"--node-ip={address}",
             ],
         )
-        plane = cluster.ControlPlane(state_dir)
-        plane.ports = {"apiserver": int(server.rsplit(":", 1)[1])}
-        wait(f"node {NODE_NAME} Ready", lambda: _node_ready(plane))
+        admin = AdminClient(server, pki)
+        wait(f"node {NODE_NAME} Ready", lambda: _node_ready(admin))
         wait(
             "kube-proxy's first sync (healthz)",
             lambda: http_ok(f"http://127.0.0.1:{ports['kube-proxy-healthz']}/healthz"),
@@ -546,7 +549,7 @@ SERVICE_RULE_PRIORITY = "1000"
 
 
 def _service_rule() -> list[str]:
-    return ["iif", BRIDGE, "to", cluster.SERVICE_CLUSTER_IP_RANGE,
+    return ["iif", BRIDGE, "to", SERVICE_CLUSTER_IP_RANGE,
             "priority", SERVICE_RULE_PRIORITY, "unreachable"]  # fmt: skip
 
 
@@ -604,8 +607,8 @@ def _containerd_version() -> str:
     return output[2] if len(output) > 2 else "?"
 
 
-def _node_ready(plane: cluster.ControlPlane) -> bool:
-    code, body = plane.get(f"/api/v1/nodes/{NODE_NAME}")
+def _node_ready(admin: AdminClient) -> bool:
+    code, body = admin.get(f"/api/v1/nodes/{NODE_NAME}")
     if code != 200:
         return False
     conditions = json.loads(body).get("status", {}).get("conditions", [])
@@ -807,7 +810,7 @@ def stop_node(state_dir: Path, progress: Callable[[str], Any] = print) -> dict[s
         return {}
     state = state or {"pids": {}, "binaries": {}}
     # The kubelet first, so that it restarts nothing while the rest goes.
-    stopped = cluster._stop_pids(
+    stopped = stop_pids(
         {n: p for n, p in state["pids"].items() if n != "containerd"},
         state["binaries"],
         grace_s=5.0,
@@ -821,7 +824,7 @@ def stop_node(state_dir: Path, progress: Callable[[str], Any] = print) -> dict[s
     ]
     killed = _kill_shims_and_containers(socket)
     stopped.update(
-        cluster._stop_pids(
+        stop_pids(
             {n: p for n, p in state["pids"].items() if n == "containerd"},
             state["binaries"],
             grace_s=5.0,

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hack import cluster, images
+from hack import images
+from hack.gotools import go_install
 
 REGISTRY_VERSION = "v3.1.2"
 REGISTRY_PACKAGE = "github.com/distribution/distribution/v3/cmd/registry"
@@ -32,7 +33,7 @@ def binary(tools_dir: Path) -> Path:
 
 def build(tools_dir: Path, progress: Callable[[str], Any] = print) -> Path:
     """The registry into TOOLS/registry-vX.Y.Z/bin, or at once when it is there."""
-    return cluster.go_install(f"{REGISTRY_PACKAGE}@{REGISTRY_VERSION}", binary(tools_dir), progress)
+    return go_install(f"{REGISTRY_PACKAGE}@{REGISTRY_VERSION}", binary(tools_dir), progress)
 
 
 def config(storage: Path, port: int, debug_port: int) -> dict[str, Any]:

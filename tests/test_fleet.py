@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hack import cluster
+from hack import cluster, kubernetes_build
 from hack.fleet import build, fleet, triton
 from loadtests.bench.fleet import lateness, percentile
 from tests.tooling import missing
@@ -106,7 +106,7 @@ def _require_fleet_tools() -> None:
         missing("the fleet needs root (a network namespace of its own)")
     if shutil.which("ip") is None:
         missing("ip not found on PATH (iproute2)")
-    if not all(path.is_file() for path in cluster.binaries(TOOLS_DIR).values()):
+    if not all(path.is_file() for path in kubernetes_build.binaries(TOOLS_DIR).values()):
         if shutil.which("go") is None:
             missing("the control plane is not built and go is not on PATH: make cluster-build")
         # In the whole suite this file runs after the cluster tests, by which time their

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from hack import cluster, dns, node, registry
+from hack import dns, node, registry
 
 pytestmark = pytest.mark.unit
 
@@ -144,5 +144,5 @@ def test_only_pods_untranslated_service_traffic_is_made_unreachable() -> None:
     # rules, whose routing decision comes before translation), to the Service range only.
     rule = node._service_rule()
     assert rule[rule.index("iif") + 1] == node.BRIDGE
-    assert rule[rule.index("to") + 1] == cluster.SERVICE_CLUSTER_IP_RANGE
+    assert rule[rule.index("to") + 1] == node.SERVICE_CLUSTER_IP_RANGE
     assert rule[-1] == "unreachable"

@@ -1,4 +1,4 @@
-"""hack/vegeta/build.py: hack.cluster.go_install builds the pinned release, and a built binary is
+"""hack/vegeta/build.py: hack.gotools.go_install builds the pinned release, and a built binary is
 found, not rebuilt."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hack import cluster
+from hack import gotools
 from hack.vegeta import build
 
 pytestmark = pytest.mark.unit
@@ -29,7 +29,7 @@ def test_go_install_builds_the_pinned_release_stamped_with_it(
         calls.append((package, target, ldflags))
         return target
 
-    monkeypatch.setattr(cluster, "go_install", go_install)
+    monkeypatch.setattr(gotools, "go_install", go_install)
     path = build.build(tmp_path, progress=lambda line: None)
     # `go install PACKAGE@VERSION` reads vegeta's own go.mod and go.sum: no module of ours.
     assert calls == [

@@ -2,7 +2,7 @@
 
     python -m hack.fleet.build      # prints the binary's path; a second run only finds it
 
-kwok (sigs.k8s.io/kwok) is a Go command. hack.cluster.go_install builds it the way it builds
+kwok (sigs.k8s.io/kwok) is a Go command. hack.gotools.go_install builds it the way it builds
 vegeta and the registry: `go install PACKAGE@VERSION`, with kwok's own go.mod and go.sum
 checked against the checksum database, into .tools/kwok-vX.Y.Z/kwok, ignored by git.
 Development tooling: neither the wheel nor the operator's image carries it.
@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from hack import cluster
+from hack.gotools import GoTool
+from hack.processes import ClusterError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = REPO_ROOT / ".tools"
@@ -28,7 +30,7 @@ class KwokBuildError(RuntimeError):
 
 
 # Stamped with the release, so that the binary's version command names it.
-TOOL = cluster.GoTool(
+TOOL = GoTool(
     "kwok",
     PACKAGE,
     VERSION,
@@ -55,7 +57,7 @@ def build_before_namespace(
     try:
         cluster.build(tools_dir, progress)
         build(tools_dir, progress)
-    except (cluster.ClusterError, KwokBuildError) as error:
+    except (ClusterError, KwokBuildError) as error:
         raise SystemExit(f"fleet: {error}") from None
 
 

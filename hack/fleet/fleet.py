@@ -41,6 +41,8 @@ import yaml
 
 from hack import cluster
 from hack.fleet import build, triton
+from hack.pki import new_cert, write_kubeconfig
+from hack.processes import dying_with_parent
 from tritonscale import REPOSITORY_KEY_ENV
 from tritonscale.local.prometheus_server import LocalPrometheus
 
@@ -185,9 +187,9 @@ class Fleet:
         assert self.plane is not None
         pki = self.plane.pki
         # Its own user, in system:masters: RBAC is not what the fleet measures.
-        cluster._new_cert(pki, OPERATOR_USER, OPERATOR_USER, ca="ca",  # noqa: SLF001
-                          org="system:masters", usage="clientAuth")  # fmt: skip
-        cluster._kubeconfig(self.operator_kubeconfig, self.plane.server, pki, OPERATOR_USER)  # noqa: SLF001
+        new_cert(pki, OPERATOR_USER, OPERATOR_USER, ca="ca", org="system:masters",
+                 usage="clientAuth")  # fmt: skip
+        write_kubeconfig(self.operator_kubeconfig, self.plane.server, pki, OPERATOR_USER)
 
     @property
     def operator_kubeconfig(self) -> Path:
@@ -197,7 +199,7 @@ class Fleet:
         log = self.workdir / f"{name}.log"
         with open(log, "ab") as out:
             self.processes[name] = subprocess.Popen(
-                cluster.dying_with_parent(command),
+                dying_with_parent(command),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import types
 
-from hack.cluster import dying_with_parent
+from hack.processes import dying_with_parent
 
 ENV = "TRITONSCALE_FLEET_NETNS"
 

@@ -2,7 +2,7 @@
 
     python -m hack.vegeta.build      # prints the binary's path; a second run only finds it
 
-vegeta (github.com/tsenart/vegeta/v12) is a Go command. hack.cluster.go_install builds it the
+vegeta (github.com/tsenart/vegeta/v12) is a Go command. hack.gotools.go_install builds it the
 way it builds CoreDNS and the registry: `go install PACKAGE@VERSION`, with vegeta's own go.mod
 and go.sum checked against the checksum database, into .tools/vegeta-vX.Y.Z/vegeta, ignored by
 git: one folder per release, so an upgrade never finds an older binary. Development tooling:
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hack import cluster
+from hack.gotools import GoTool
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = REPO_ROOT / ".tools"
@@ -31,9 +31,7 @@ class VegetaBuildError(RuntimeError):
 
 
 # Stamped with the release, so that the binary's version command names it.
-TOOL = cluster.GoTool(
-    "vegeta", PACKAGE, VERSION, f"-s -w -X main.Version={VERSION}", VegetaBuildError
-)
+TOOL = GoTool("vegeta", PACKAGE, VERSION, f"-s -w -X main.Version={VERSION}", VegetaBuildError)
 
 
 def binary(tools_dir: Path = TOOLS_DIR) -> Path:

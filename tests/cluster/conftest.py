@@ -33,6 +33,7 @@ import pytest
 from hack import cluster as control_plane
 from hack import dns as hack_dns
 from hack import images as hack_images
+from hack import kubernetes_build as hack_kubernetes
 from hack import netpol as hack_netpol
 from hack import node as hack_node
 from hack import registry as hack_registry
@@ -50,7 +51,7 @@ TIMINGS: dict[str, float] = {}
 
 def _built() -> bool:
     paths = [
-        *control_plane.binaries(TOOLS_DIR).values(),
+        *hack_kubernetes.binaries(TOOLS_DIR).values(),
         hack_dns.binary(TOOLS_DIR),
         hack_registry.binary(TOOLS_DIR),
         hack_netpol.binary(TOOLS_DIR),

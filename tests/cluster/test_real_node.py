@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 import pytest
 
-from hack import cluster as hack_cluster
 from hack import images as hack_images
 from hack import node as hack_node
 from hack import registry as hack_registry
@@ -259,7 +258,7 @@ def test_pods_reach_the_api_server_through_the_kubernetes_service(real: RealClus
     assert addresses == [hack_node.node_ip()], addresses
     # Plain HTTP to its TLS port: Go's server answers 400 "Client sent an HTTP request to an
     # HTTPS server", which only the API server's own socket can have said.
-    service = f"{hack_cluster.SERVICE_CLUSTER_IP} 443"
+    service = f"{hack_node.SERVICE_CLUSTER_IP} 443"
     request = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc {service}"
     answer = real.kubectl("exec", PODS[0], "--", "/bin/busybox", "sh", "-c", request)
     assert "HTTP request to an HTTPS server" in answer, answer

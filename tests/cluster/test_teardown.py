@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hack import cluster as hack_cluster
 from hack import node as hack_node
+from hack import processes as hack_processes
 from tests.cluster.conftest import TIMINGS, TOOLS_DIR
 from tests.cluster.harness import Cluster
 from tests.cluster.test_real_node import PODS, import_busybox, pod_manifest
@@ -49,7 +50,7 @@ def test_cluster_down_leaves_nothing(cluster: Cluster) -> None:
 
     pids = {**plane_state["pids"], **node_state["pids"]}
     binaries = {**plane_state["binaries"], **node_state["binaries"]}
-    running = [n for n, pid in pids.items() if hack_cluster._is_running(pid, binaries[n])]
+    running = [n for n, pid in pids.items() if hack_processes.is_running(pid, binaries[n])]
     assert running == [], f"still running after down: {running}"
     assert hack_node.shim_pids(socket) == [], "containerd shims outlived down"
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
