@@ -1,14 +1,15 @@
-"""The schedule of the control loop: which autoscalers tick now, and how long to sleep.
+"""The schedules of the control loop: when a pod set ticks, and how long to sleep between.
 
-    async for due in every(stopped, lambda: [("pipeline-async", spec.interval_seconds)]):
-        ...  # one tick (or one round) of the autoscalers named in `due`
+    await run_set(stopped, lambda: the_set, tick)   # tick(due members, now) at the set's phase
 
-Both drivers run their ticks through this one loop: the Kubernetes driver in one kopf daemon
-per InstanceGroupAutoscaler (`stopped` is kopf's `DaemonStopped`), the local driver
-(`tritonscale tune`) in one task per policy or budget (`stopped` is a `Stop`). Each wake asks
-`members` again, and so does the end of each tick, so an interval the tick read from a
-changed spec sets the sleep after it. The period is kept: the next tick is due one interval
-after this one was; a tick that overran its interval is followed one interval after it ended.
+Both drivers tick their pod sets (tritonscale.control.pod_sets) through `run_set`: the
+Kubernetes driver in the kopf daemon of each set's leader (`stopped` is kopf's
+`DaemonStopped`), the local driver (`tritonscale tune`) in one task (`stopped` is a `Stop`).
+A set ticks at its phase, one interval apart; each tick decides the members that are due.
+
+`every` is the plain per-name schedule, for work that is not a set's tick (the admission of
+waiting pods): the period is kept, the next run is due one interval after this one was; a run
+that overran its interval is followed one interval after it ended.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol
+
+from tritonscale.control.pod_sets import PodSet
 
 
 class Stopped(Protocol):
@@ -75,3 +78,34 @@ async def every(
         if not due:
             return
         await stopped.wait(max(0.0, min(due.values()) - clock()))
+
+
+async def run_set(
+    stopped: Stopped,
+    current: Callable[[], PodSet | None],
+    tick: Callable[[list[str], float], Awaitable[object]],
+    *,
+    idle_s: float = 15.0,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Tick the set `current()` gives, at its phase, until `stopped` is set: `tick(due, now)`
+    with the members due at `now` (unix seconds; all of them at the first tick).
+
+    `current()` is asked at every wake, so a member added, changed or removed joins or leaves
+    at the next tick. None means this loop does not run the set now (another member's loop
+    leads it): it looks again after `idle_s`, and decides every member at once when it leads.
+    """
+    last: dict[str, float] = {}
+    while not stopped.is_set():
+        pod_set = current()
+        if pod_set is None:
+            last.clear()
+            await stopped.wait(idle_s)
+            continue
+        last = {member: t for member, t in last.items() if member in pod_set.members}
+        now = clock()
+        due = pod_set.due(last, now)
+        if due:
+            await tick(due, now)
+            last.update(dict.fromkeys(due, now))
+        await stopped.wait(max(0.0, pod_set.next_tick(clock()) - clock()))

@@ -293,6 +293,93 @@ async def plan(
     """The first half of a tick: heal, read the counts and the metrics, decide.
 
     Returns the finished (failed) TickResult when no decision can be made: an invalid spec,
+    no ready pod, no pod that answers. (A set tick observes all its members first, then
+    reads the metrics of all of them at once: tritonscale.control.set_tick.)
+    """
+    observed = await observe(
+        spec,
+        endpoints,
+        actuator,
+        state,
+        now,
+        child_instances=child_instances,
+        healer=healer,
+    )
+    if isinstance(observed, TickResult):
+        return observed
+    return observed.planned(await read_snapshot(source, observed.pods, [observed.metrics]))
+
+
+@dataclass(frozen=True)
+class MetricsWanted:
+    """What one member needs of the metrics source: its models over its window."""
+
+    models: tuple[str, ...]  # the model and the models it calls
+    window_s: float
+    decoupled: frozenset[str]  # those of them whose live config is decoupled
+
+
+async def read_snapshot(
+    source: MetricsSource, pods: Sequence[Endpoint], wanted: Sequence[MetricsWanted]
+) -> MetricSnapshot | MetricsUnavailable:
+    """One snapshot of every model `wanted` on `pods` (the longest window asked): a set's
+    members share it. The source's failure is returned, not raised: each member reports it."""
+    models = sorted({model for w in wanted for model in w.models})
+    decoupled = {model for w in wanted for model in w.decoupled}
+    window_s = max(w.window_s for w in wanted)
+    try:
+        return await source.snapshot(models, pods, window_s, decoupled=decoupled)
+    except MetricsUnavailable as error:
+        return error
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A tick up to the metrics: the pods' counts and health; what `planned` turns into a Plan
+    once the snapshot is read."""
+
+    spec: AutoscalerSpec
+    tick: _Tick
+    endpoints: tuple[Endpoint, ...]
+    pods: tuple[Endpoint, ...]  # the pods that answered: the ones whose metrics are read
+    live: dict[str, int]
+    current: int
+    children: dict[str, int]
+    metrics: MetricsWanted
+    notes: tuple[str, ...]
+    healing: tuple[HealingResult, ...]
+
+    def planned(self, snapshot: MetricSnapshot | MetricsUnavailable) -> Plan:
+        errors: tuple[TickError, ...] = ()
+        if isinstance(snapshot, MetricsUnavailable):
+            errors, snapshot = (TickError(FAILED_GET_METRICS, str(snapshot)),), None
+        return Plan(
+            spec=self.spec,
+            tick=self.tick,
+            endpoints=self.endpoints,
+            live=dict(self.live),
+            current=self.current,
+            children=dict(self.children),
+            snapshot=snapshot,
+            errors=errors,
+            notes=self.notes,
+            healing=self.healing,
+        )
+
+
+async def observe(
+    spec: AutoscalerSpec | Mapping[str, Any],
+    endpoints: Sequence[Endpoint],
+    actuator: Actuator,
+    state: ReconcileState,
+    now: float,
+    *,
+    child_instances: Mapping[str, int] | None = None,
+    healer: Healer | None = None,
+) -> Observation | TickResult:
+    """Heal, and read the live counts of the model and its children on the ready pods.
+
+    Returns the finished (failed) TickResult when no decision can be made: an invalid spec,
     no ready pod, no pod that answers.
     """
     tick = _Tick(now=now, state=state, started=time.monotonic())
@@ -352,30 +439,20 @@ async def plan(
             for child in spec.calls
             if configs_of[child]
         }
-    children = dict(child_instances)
 
-    errors: list[TickError] = []
-    snapshot: MetricSnapshot | None = None
-    models = [spec.model, *spec.calls]
-    try:
-        snapshot = await source.snapshot(
-            models,
-            answered,
-            spec.metrics_window_seconds,
-            decoupled=_decoupled(configs_of, answered[0]),
-        )
-    except MetricsUnavailable as error:
-        errors.append(TickError(FAILED_GET_METRICS, str(error)))
-
-    return Plan(
+    return Observation(
         spec=spec,
         tick=tick,
         endpoints=tuple(endpoints),
+        pods=tuple(answered),
         live=dict(live),
         current=current,
-        children=children,
-        snapshot=snapshot,
-        errors=tuple(errors),
+        children=dict(child_instances),
+        metrics=MetricsWanted(
+            models=(spec.model, *spec.calls),
+            window_s=spec.metrics_window_seconds,
+            decoupled=frozenset(_decoupled(configs_of, answered[0])),
+        ),
         notes=tuple(notes),
         healing=tuple(healing),
     )

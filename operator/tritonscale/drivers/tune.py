@@ -15,14 +15,14 @@ with the InstanceGroupAutoscaler's `spec` shape (docs/instancegroupautoscaler.md
 
 Top-level keys starting with `x-` are ignored (a place for YAML anchors shared by the
 specs). `spec.selector` may be left out here (the URLs name the pods); it is ignored when given.
-Every policy runs every `spec.intervalSeconds` through the same tick as the Kubernetes driver
-(tritonscale.control.reconcile), on the schedule of the Kubernetes driver's daemons
-(tritonscale.control.loop). Each policy ticks in a task of its own, except the members
-of one budget (`spec.budget`), which share one task: one policy's slow tick (a load waiting
-for its deadline) never delays another's, and a budget's members are allocated jointly. The
-members due at the same moment form a round: each is planned (its decision), the round is
-allocated, and then each tick finishes, the ones that give instances back first, so that what
-they release is there for the others in the same round. Each tick prints one line;
+The URLs name the pods of every policy, so the policies are one pod set
+(tritonscale.control.pod_sets) and tick as the Kubernetes driver's sets do: at the set's phase,
+at the shortest interval of the policies, each policy decided on its own `spec.intervalSeconds`
+(tritonscale.control.loop.run_set). A tick (tritonscale.control.set_tick) reads each Triton's
+metrics once for every policy due, decides them, grants a budget's members (`spec.budget`)
+jointly, the ones that give instances back first, and sends the loads: a policy's load that
+waits for its deadline does not hold back the other policies' loads of the same tick. Each tick
+prints one line;
 `--decision-log` appends one JSON object per tick (`TickResult.to_dict()` plus `autoscaler`):
 time `t` (unix s) and `time`, `model`, `current`, `desired`, `recommended`, `direction`,
 `reason`, `message`, `observed`, `requestRate`, `live` (pod -> count), `children`, `applied`
@@ -37,7 +37,6 @@ import asyncio
 import json
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,10 +44,11 @@ from typing import IO, Any
 
 import yaml
 
-from tritonscale.control import reconcile
 from tritonscale.control.ledger import BudgetLedger
-from tritonscale.control.loop import Stop, every
+from tritonscale.control.loop import Stop, run_set
 from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.control.pod_sets import PodSet, set_name
+from tritonscale.control.set_tick import Member, tick_set
 from tritonscale.control.tick import ReconcileState, TickResult
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.prometheus import PrometheusSource
@@ -239,49 +239,32 @@ class Tuner:
         return (await self.round([policy], now))[0]
 
     async def round(self, policies: list[Policy], now: float) -> list[TickResult]:
-        """The ticks of the policies due at `now`, their budgets allocated jointly."""
+        """One tick of the set: the policies due at `now`, their budgets allocated jointly."""
         assert self.source is not None
-        planned: dict[str, reconcile.Plan | TickResult] = {}
-        for policy in policies:
-            planned[policy.name] = await reconcile.plan(
+        members = [
+            Member(
+                policy.name,
                 policy.spec,
-                self.config.endpoints,
-                self.source,
-                self.actuator,
                 self.states.get(policy.name, ReconcileState()),
-                now,
-                healer=self.healer,
+                self.config.endpoints,
             )
-        for name, plan in planned.items():
-            if isinstance(plan, reconcile.Plan) and plan.spec.budget is not None:
-                key = reconcile.budget_key(NAMESPACE, plan.spec)
-                self.ledger.claim(key, reconcile.budget_limits(plan.spec), plan.claim(name))
-            elif isinstance(plan, reconcile.Plan):
-                self.ledger.forget(NAMESPACE, name)
-
-        def releases_first(policy: Policy) -> int:
-            plan = planned[policy.name]
-            if not isinstance(plan, reconcile.Plan):
-                return 0
-            return plan.decision.desired_instances - plan.current
-
-        results = {}
-        for policy in sorted(policies, key=releases_first):
-            results[policy.name] = await self._finish(policy, planned[policy.name])
+            for policy in policies
+        ]
+        results = await tick_set(
+            members,
+            self.source,
+            self.actuator,
+            now,
+            namespace=NAMESPACE,
+            ledger=self.ledger,
+            healer=self.healer,
+            metrics=self.metrics,
+        )
+        for policy in policies:
+            self._report(policy, results[policy.name])
         return [results[policy.name] for policy in policies]
 
-    async def _finish(self, policy: Policy, plan: reconcile.Plan | TickResult) -> TickResult:
-        if isinstance(plan, TickResult):
-            result = plan
-        elif plan.spec.budget is None:
-            result = await reconcile.finish(plan, self.actuator)
-        else:
-            key = reconcile.budget_key(NAMESPACE, plan.spec)
-            grant = self.ledger.grant(key, policy.name)
-            result = await reconcile.finish(plan, self.actuator, grant)
-            self.ledger.settle(key, policy.name, result.holding)
-        if self.metrics is not None:
-            self.metrics.record(result, NAMESPACE, policy.name)
+    def _report(self, policy: Policy, result: TickResult) -> None:
         self.states[policy.name] = result.state
         self.echo(result.line())
         if self.on_tick is not None:
@@ -291,7 +274,6 @@ class Tuner:
                 json.dumps({"autoscaler": policy.name, **result.to_dict()}) + "\n"
             )
             self.decision_log.flush()
-        return result
 
     def run(self, duration_s: float | None = None, stop: threading.Event | None = None) -> None:
         """Tick every policy on its own schedule until `stop` is set or `duration_s` has passed
@@ -342,49 +324,41 @@ class Tuner:
     async def _run(self, duration_s: float | None, stop: threading.Event, stopping: Stop) -> None:
         # The caller's flag is a thread's: one waiter turns it (or the duration) into the loop's.
         waiter = asyncio.ensure_future(asyncio.to_thread(stop.wait, duration_s))
-        loops = {
-            asyncio.ensure_future(self._loop(group, stopping)): ", ".join(p.name for p in group)
-            for group in self.groups()
-        }
+        loop = asyncio.ensure_future(self._loop(stopping))
         try:
-            await asyncio.wait([waiter, *loops], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([waiter, loop], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.set()
             stopping.set()
-            # A round ends within the actuator's load deadline (per member) plus bounded reads.
+            # A tick ends within the actuator's load deadline (per budget member) plus bounded
+            # reads.
             join_s = self.actuator.load_deadline_s * max(len(self.config.policies), 1) + 60
-            _, late = await asyncio.wait(loops, timeout=join_s)
-            for loop in late:
-                self.echo(
-                    f"tune {loops[loop]}: its tick did not end within {join_s:g} s of the stop"
-                )
+            _, late = await asyncio.wait([loop], timeout=join_s)
+            if late:
+                self.echo(f"tune: its tick did not end within {join_s:g} s of the stop")
                 loop.cancel()
             await waiter
-        for loop in loops:
-            if loop.done() and not loop.cancelled() and (error := loop.exception()) is not None:
-                raise error
+        if loop.done() and not loop.cancelled() and (error := loop.exception()) is not None:
+            raise error
 
-    def groups(self) -> list[list[Policy]]:
-        """The policies that tick together: a budget's members, and each other policy alone."""
-        groups: dict[Any, list[Policy]] = {}
-        for policy in self.config.policies:
-            budget = policy.spec.budget
-            key = ("budget", budget.name) if budget is not None else ("policy", policy.name)
-            groups.setdefault(key, []).append(policy)
-        return list(groups.values())
+    def pod_set(self) -> PodSet:
+        """Every policy, as the config holds it now: the URLs name the same pods for all."""
+        policies = self.config.policies
+        return PodSet(
+            NAMESPACE,
+            set_name(NAMESPACE, [e.name for e in self.config.endpoints]),
+            tuple(p.name for p in policies),
+            tuple(float(p.spec.interval_seconds) for p in policies),
+        )
 
-    def _current(self, policy: Policy) -> Policy:
-        return next((p for p in self.config.policies if p.name == policy.name), policy)
-
-    async def _loop(self, group: list[Policy], stop: Stop) -> None:
-        def members() -> list[tuple[str, float]]:
+    async def _loop(self, stop: Stop) -> None:
+        async def tick(due: list[str], now: float) -> None:
             # The policies as the config holds them now: a config replaced while the loop
             # runs (the demo pauses and resumes its policies) applies from the next tick.
-            return [(p.name, p.spec.interval_seconds) for p in map(self._current, group)]
+            await self.round([p for p in self.config.policies if p.name in due], now)
 
         try:
-            async for due in every(stop, members):
-                await self.round([self._current(p) for p in group if p.name in due], time.time())
+            await run_set(stop, self.pod_set, tick)
         except Exception:
-            stop.set()  # a bug: the other policies stop too, and run() raises it
+            stop.set()  # a bug: run() raises it
             raise

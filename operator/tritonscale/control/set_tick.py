@@ -1,0 +1,164 @@
+"""One tick of a pod set: every due member observed, the metrics read once, decided together.
+
+    results = await tick_set(
+        [Member("pipeline-async", spec_a, state_a, endpoints), Member("branch-embed", ...)],
+        source, actuator, now=time.time(), namespace="ml", ledger=ledger, healer=healer,
+    )
+
+Both drivers run their ticks through here (tritonscale.control.pod_sets says what a set is).
+A set tick:
+
+1. observes every member (heal, the live counts of its model and children), together;
+2. reads the metrics once for the members that share pods and a window: one snapshot of all
+   their models (one read of each pod when scraping, one query per signal with Prometheus);
+3. decides every member (the policy, unchanged: tritonscale.core.policy);
+4. grants the budgets once: every member that names one claims first, then each is granted,
+   the ones that give instances back first, so that what they release is there for the
+   others in the same tick;
+5. issues the loads: members without a budget at once, together; a budget's members one
+   after another, in the grant's order (each settles what its pods then run).
+
+Errors are results, as in a single tick (tritonscale.control.reconcile): a member whose
+observation or metrics fail gets its own TickResult with the reason; the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tritonscale.control import reconcile
+from tritonscale.control.ledger import BudgetLedger
+from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.control.tick import BACKOFF_BASE_S, BACKOFF_CAP_S, ReconcileState, TickResult
+from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
+from tritonscale.core.spec import AutoscalerSpec
+from tritonscale.metrics.source import MetricsSource
+from tritonscale.triton.actuator import Actuator
+from tritonscale.triton.endpoints import Endpoint
+from tritonscale.triton.healing import Healer
+
+
+@dataclass(frozen=True)
+class Member:
+    """One autoscaler of the set, due at this tick."""
+
+    name: str
+    spec: AutoscalerSpec | Mapping[str, Any]  # the raw spec where it does not read
+    state: ReconcileState
+    endpoints: Sequence[Endpoint]  # the ready pods its selector matches
+    child_instances: Mapping[str, int] | None = None  # None: read from the pods
+
+
+async def tick_set(
+    members: Sequence[Member],
+    source: MetricsSource,
+    actuator: Actuator,
+    now: float,
+    *,
+    namespace: str = "local",
+    ledger: BudgetLedger | None = None,
+    healer: Healer | None = None,
+    metrics: OperatorMetrics | None = None,
+    backoff_base_s: float = BACKOFF_BASE_S,
+    backoff_cap_s: float = BACKOFF_CAP_S,
+) -> dict[str, TickResult]:
+    """Tick `members` as one; each member's result, by name. Never raises for Triton's or
+    Prometheus's troubles."""
+    observed = await asyncio.gather(
+        *(
+            reconcile.observe(
+                m.spec,
+                m.endpoints,
+                actuator,
+                m.state,
+                now,
+                child_instances=m.child_instances,
+                healer=healer,
+            )
+            for m in members
+        )
+    )
+    done: dict[str, TickResult] = {}
+    observations: dict[str, reconcile.Observation] = {}
+    for member, seen in zip(members, observed, strict=True):
+        if isinstance(seen, TickResult):
+            done[member.name] = seen
+        else:
+            observations[member.name] = seen
+    snapshots = await _read_metrics(source, observations)
+    plans = {name: seen.planned(snapshots[_reading(seen)]) for name, seen in observations.items()}
+
+    budgeted = {name: plan for name, plan in plans.items() if plan.spec.budget is not None}
+    if ledger is not None:
+        for name, plan in budgeted.items():
+            key = reconcile.budget_key(namespace, plan.spec)
+            ledger.claim(key, reconcile.budget_limits(plan.spec), plan.claim(name))
+        for name in plans.keys() - budgeted.keys():
+            for _namespace, budget in ledger.forget(namespace, name):
+                if metrics is not None:
+                    metrics.forget_budget(namespace, budget)
+    else:
+        budgeted = {}
+
+    async def finish(name: str, plan: reconcile.Plan) -> TickResult:
+        if name not in budgeted or ledger is None:
+            return await reconcile.finish(
+                plan, actuator, backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s
+            )
+        key = reconcile.budget_key(namespace, plan.spec)
+        result = await reconcile.finish(
+            plan,
+            actuator,
+            ledger.grant(key, name),
+            backoff_base_s=backoff_base_s,
+            backoff_cap_s=backoff_cap_s,
+        )
+        ledger.settle(key, name, result.holding)
+        return result
+
+    async def finish_budgeted() -> dict[str, TickResult]:
+        # Decreases first: what they release is there for the increases of this tick.
+        order = sorted(budgeted, key=lambda n: (_change(budgeted[n]), n))
+        return {name: await finish(name, budgeted[name]) for name in order}
+
+    alone = [name for name in plans if name not in budgeted]
+    results = await asyncio.gather(
+        finish_budgeted(), *(finish(name, plans[name]) for name in alone)
+    )
+    done.update(results[0])
+    done.update(zip(alone, results[1:], strict=True))
+    if metrics is not None:
+        for name, result in done.items():
+            metrics.record(result, namespace, name)
+    return {m.name: done[m.name] for m in members}
+
+
+def _change(plan: reconcile.Plan) -> int:
+    return plan.decision.desired_instances - plan.current
+
+
+def _reading(seen: reconcile.Observation) -> tuple[tuple[str, ...], float]:
+    """Members that read the same pods over the same window share one snapshot."""
+    return tuple(sorted(e.name for e in seen.endpoints)), seen.metrics.window_s
+
+
+async def _read_metrics(
+    source: MetricsSource, observations: Mapping[str, reconcile.Observation]
+) -> dict[tuple[tuple[str, ...], float], MetricSnapshot | MetricsUnavailable]:
+    """One snapshot per reading (pods, window) of the set, the readings together. The pods
+    read are those that answered any member sharing the reading."""
+    groups: dict[tuple[tuple[str, ...], float], list[reconcile.Observation]] = {}
+    for seen in observations.values():
+        groups.setdefault(_reading(seen), []).append(seen)
+
+    async def read(group: list[reconcile.Observation]) -> MetricSnapshot | MetricsUnavailable:
+        answered = {pod.name for seen in group for pod in seen.pods}
+        pods = [e for e in group[0].endpoints if e.name in answered]
+        return await reconcile.read_snapshot(source, pods, [seen.metrics for seen in group])
+
+    keys = list(groups)
+    snapshots = await asyncio.gather(*(read(groups[key]) for key in keys))
+    return dict(zip(keys, snapshots, strict=True))

@@ -1,0 +1,152 @@
+"""Pod sets: which autoscalers tick as one, where in the interval, and who is due."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tritonscale.control.loop import Stop, run_set
+from tritonscale.control.pod_sets import PodSet, pod_sets, set_of, stable_fraction
+from tritonscale.core.spec import AutoscalerSpec
+
+pytestmark = pytest.mark.unit
+
+
+def spec(
+    model: str, app: str = "triton", budget: str | None = None, **fields: Any
+) -> AutoscalerSpec:
+    raw: dict[str, Any] = {"selector": {"matchLabels": {"app": app}}, "model": model, **fields}
+    if budget is not None:
+        raw["budget"] = {"name": budget, "instancesPerPod": 8}
+    return AutoscalerSpec.from_dict(raw)
+
+
+def names(sets: list[PodSet]) -> list[tuple[str, ...]]:
+    return sorted(s.members for s in sets)
+
+
+def test_autoscalers_selecting_the_same_pods_are_one_set() -> None:
+    sets = pod_sets("ml", {"a": spec("a"), "b": spec("b"), "c": spec("c", app="other")})
+    assert names(sets) == [("a", "b"), ("c",)]
+
+
+def test_a_shared_budget_joins_sets_of_different_pods() -> None:
+    # b and c select different pods but share a budget; a selects b's pods: one chain.
+    sets = pod_sets(
+        "ml",
+        {"a": spec("a"), "b": spec("b", budget="room"), "c": spec("c", app="x", budget="room")},
+    )
+    assert names(sets) == [("a", "b", "c")]
+
+
+def test_a_spec_that_does_not_read_is_a_set_of_its_own() -> None:
+    sets = pod_sets("ml", {"a": spec("a"), "broken": None}, default_interval_s=7)
+    assert names(sets) == [("a",), ("broken",)]
+    broken = set_of(sets, "broken")
+    assert broken is not None and broken.interval_s == 7
+
+
+def test_the_name_follows_what_binds_the_set_not_its_members() -> None:
+    # A member added keeps the set's name (its phase and owner); another selector changes it.
+    before = pod_sets("ml", {"a": spec("a")})[0]
+    after = set_of(pod_sets("ml", {"a": spec("a"), "b": spec("b")}), "a")
+    elsewhere = pod_sets("ml", {"a": spec("a", app="other")})[0]
+    other_namespace = pod_sets("prod", {"a": spec("a")})[0]
+    assert after is not None and after.name == before.name
+    assert elsewhere.name != before.name and other_namespace.name != before.name
+
+
+def test_the_leader_is_the_first_member_by_name() -> None:
+    sets = pod_sets("ml", {"zeta": spec("z"), "alpha": spec("a")})
+    assert sets[0].leader == "alpha"
+
+
+def test_the_set_ticks_at_the_shortest_interval_of_its_members() -> None:
+    sets = pod_sets("ml", {"a": spec("a", intervalSeconds=30), "b": spec("b", intervalSeconds=10)})
+    assert sets[0].interval_s == 10
+
+
+def test_the_phase_is_stable_and_spreads_the_sets() -> None:
+    assert stable_fraction("set-1") == stable_fraction("set-1")
+    fractions = [stable_fraction(f"set-{i}") for i in range(1000)]
+    # A thousand sets over ten slices of the interval: none is empty, none holds a fifth.
+    slices = [sum(1 for f in fractions if i / 10 <= f < (i + 1) / 10) for i in range(10)]
+    assert min(slices) > 50 and max(slices) < 200
+
+
+def test_next_tick_is_at_the_phase_one_interval_apart() -> None:
+    pod_set = PodSet("ml", "set-x", ("a",), (15.0,))
+    phase = pod_set.phase_s
+    first = pod_set.next_tick(1000.0)
+    assert 1000.0 < first <= 1015.0
+    assert (first - phase) % 15 == pytest.approx(0) or (first - phase) % 15 == pytest.approx(15)
+    assert pod_set.next_tick(first) == pytest.approx(first + 15)
+
+
+def test_each_member_is_due_on_its_own_interval() -> None:
+    pod_set = PodSet("ml", "set-x", ("fast", "slow"), (10.0, 30.0))
+    last = {"fast": 100.0, "slow": 100.0}
+    assert pod_set.due(last, 110.0) == ["fast"]
+    assert pod_set.due(last, 120.0) == ["fast"]
+    # The set's tick nearest to 30 s after: within half the set's interval counts.
+    assert pod_set.due(last, 126.0) == ["fast", "slow"]
+    assert pod_set.due(last, 104.0) == []
+    # Never decided: due at once.
+    assert pod_set.due({"fast": 100.0}, 101.0) == ["slow"]
+
+
+class FakeClock(Stop):
+    """A stop signal whose waits advance a virtual clock instead of sleeping."""
+
+    def __init__(self, start: float) -> None:
+        super().__init__()
+        self.now = start
+
+    def clock(self) -> float:
+        return self.now
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        self.now += timeout or 0.0
+        return self.is_set()
+
+
+async def test_run_set_ticks_at_the_phase_and_decides_the_due_members() -> None:
+    pod_set = PodSet("ml", "set-x", ("fast", "slow"), (10.0, 20.0))
+    stop = FakeClock(1000.0)
+    ticks: list[tuple[float, list[str]]] = []
+
+    async def tick(due: list[str], now: float) -> None:
+        ticks.append((now, due))
+        if len(ticks) == 5:
+            stop.set()
+
+    await run_set(stop, lambda: pod_set, tick, clock=stop.clock)
+    assert ticks[0] == (1000.0, ["fast", "slow"])  # the first tick decides every member
+    later = ticks[1:]
+    for (at, _), (after, _) in zip(later, later[1:], strict=False):
+        assert after - at == pytest.approx(10.0)
+    for at, _ in later:
+        assert (at - pod_set.phase_s) % 10 == pytest.approx(0, abs=1e-6) or (
+            at - pod_set.phase_s
+        ) % 10 == pytest.approx(10, abs=1e-6)
+    assert [due for _, due in later].count(["fast", "slow"]) == 2  # slow every other tick
+
+
+async def test_a_loop_that_does_not_lead_waits_and_then_decides_every_member() -> None:
+    pod_set = PodSet("ml", "set-x", ("a", "b"), (10.0, 10.0))
+    stop = FakeClock(0.0)
+    leading = iter([None, None, pod_set, pod_set])
+    ticks: list[tuple[float, list[str]]] = []
+
+    def current() -> PodSet | None:
+        found = next(leading, None)
+        if found is None and len(ticks) >= 1:
+            stop.set()
+        return found
+
+    async def tick(due: list[str], now: float) -> None:
+        ticks.append((now, due))
+
+    await run_set(stop, current, tick, idle_s=5.0, clock=stop.clock)
+    assert ticks[0] == (10.0, ["a", "b"])
