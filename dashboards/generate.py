@@ -3,11 +3,12 @@
     python dashboards/generate.py          # rewrite every output
     python dashboards/generate.py --check  # exit 1 when a committed file differs
 
-(run it with the project's environment, .venv/bin/python, where tritonscale is installed).
-The outputs:
+(run it with the project's environment, .venv/bin/python, where tritonscale and the reports
+extra are installed). The outputs:
 
-- the Grafana dashboards, dashboards/*.json, from the readable description below; Grafana,
-  the Helm chart (through links in its files/) and `tritonscale dashboards preview` read them;
+- the Grafana dashboards, dashboards/*.json, built with Grafana's own dashboards-as-code
+  library, grafana-foundation-sdk, from the readable description below; Grafana, the Helm
+  chart (through links in its files/) and `tritonscale dashboards preview` read them;
 - the recording rules of dashboards/rules/tritonscale.rules.yaml, between its
   `generated:start` and `generated:end` lines (the alerts around them are written by hand);
 - the prometheus-adapter rule of charts/tritonscale/README.md, between its
@@ -33,11 +34,30 @@ import yaml
 from tritonscale.metrics import queries
 from tritonscale.metrics.queries import Scope
 
+try:
+    from grafana_foundation_sdk.builders import common as sdk_common
+    from grafana_foundation_sdk.builders import dashboard as sdk
+    from grafana_foundation_sdk.builders import prometheus as sdk_prometheus
+    from grafana_foundation_sdk.builders import stat as sdk_stat
+    from grafana_foundation_sdk.builders import timeseries as sdk_timeseries
+    from grafana_foundation_sdk.cog.builder import Builder
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import common as viz
+    from grafana_foundation_sdk.models import dashboard as model
+except ImportError:
+    # pyproject.toml installs the SDK only where it runs (Python 3.11+, the reports extra).
+    sys.exit(
+        "generate: grafana-foundation-sdk needs Python 3.11+, this is "
+        f"{'.'.join(map(str, sys.version_info[:2]))}; run it with a newer Python"
+        if sys.version_info < (3, 11)
+        else "generate: grafana-foundation-sdk is not installed: pip install -e '.[reports]'"
+    )
+
 HERE = Path(__file__).resolve().parent
 RULES = HERE / "rules" / "tritonscale.rules.yaml"
 CHART_README = HERE.parent / "charts" / "tritonscale" / "README.md"
-SCHEMA_VERSION = 41  # Grafana 12's classic dashboard JSON model
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+GRID_COLUMNS = 24
 RATE = "[$__rate_interval]"
 
 # Label matchers. Triton's per-model series, Triton's per-pod series (CPU, GPU: no model
@@ -66,45 +86,59 @@ def per_execution(rate_of: str, scope: Scope = PER_MODEL) -> str:
     return f"{rate_of}\n  / {queries.execution_rate(scope)}"
 
 
-# ---- Grafana JSON helpers --------------------------------------------------------------
-def target(expr: str, legend: str) -> dict[str, Any]:
-    return {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "range": True}
+# ---- Grafana panels, variables and annotations, through the SDK's builders ------------
+PanelBuilder = Builder[model.Panel] | Builder[model.RowPanel]
+
+
+def target(expr: str, legend: str) -> sdk_prometheus.Dataquery:
+    """A range query; its refId is set by the panel, in the order of its queries."""
+    return (
+        sdk_prometheus.Dataquery().datasource(DATASOURCE).expr(expr).legend_format(legend).range()
+    )
+
+
+def _queries_in_order(targets: list[sdk_prometheus.Dataquery]) -> list[sdk_prometheus.Dataquery]:
+    return [query.ref_id(chr(ord("A") + index)) for index, query in enumerate(targets)]
 
 
 def timeseries(
     title: str,
     description: str,
     unit: str,
-    targets: list[dict[str, Any]],
+    targets: list[sdk_prometheus.Dataquery],
     *,
     width: int = 12,
     min_value: float | None = 0,
-) -> dict[str, Any]:
-    defaults: dict[str, Any] = {
-        "unit": unit,
-        "custom": {
-            "drawStyle": "line",
-            "lineWidth": 1,
-            "fillOpacity": 10,
-            "showPoints": "never",
-            "spanNulls": False,
-        },
-    }
-    if min_value is not None:
-        defaults["min"] = min_value
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "gridPos": {"w": width, "h": 8},
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {
-            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["mean", "max"]},
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
-        "targets": targets,
-    }
+) -> sdk_timeseries.Panel:
+    panel = (
+        sdk_timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(width)
+        .height(8)
+        .unit(unit)
+        .draw_style(viz.GraphDrawStyle.LINE)
+        .line_width(1)
+        .fill_opacity(10)
+        .show_points(viz.VisibilityMode.NEVER)
+        .span_nulls(False)
+        .legend(
+            sdk_common.VizLegendOptions()
+            # The SDK writes showLegend false unless told: the legend tables are the point.
+            .show_legend(True)
+            .display_mode(viz.LegendDisplayMode.TABLE)
+            .placement(viz.LegendPlacement.BOTTOM)
+            .calcs(["mean", "max"])
+        )
+        .tooltip(
+            sdk_common.VizTooltipOptions()
+            .mode(viz.TooltipDisplayMode.MULTI)
+            .sort(viz.SortOrder.DESCENDING)
+        )
+        .targets(_queries_in_order(targets))
+    )
+    return panel if min_value is None else panel.min(min_value)
 
 
 def stat(
@@ -114,177 +148,181 @@ def stat(
     expr: str,
     *,
     thresholds: list[tuple[str, float | None]] = (("green", None),),
-) -> dict[str, Any]:
-    return {
-        "type": "stat",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "gridPos": {"w": 6, "h": 4},
-        "fieldConfig": {
-            "defaults": {
-                "unit": unit,
-                "thresholds": {
-                    "mode": "absolute",
-                    "steps": [{"color": color, "value": value} for color, value in thresholds],
-                },
-            },
-            "overrides": [],
-        },
-        "options": {
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "colorMode": "value",
-            "graphMode": "area",
-        },
-        "targets": [target(expr, title)],
-    }
+) -> sdk_stat.Panel:
+    return (
+        sdk_stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(6)
+        .height(4)
+        .unit(unit)
+        .thresholds(
+            sdk.ThresholdsConfig()
+            .mode(model.ThresholdsMode.ABSOLUTE)
+            .steps([model.Threshold(color=color, value=value) for color, value in thresholds])
+        )
+        .reduce_options(
+            sdk_common.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
+        )
+        .color_mode(viz.BigValueColorMode.VALUE)
+        .graph_mode(viz.BigValueGraphMode.AREA)
+        .targets(_queries_in_order([target(expr, title)]))
+    )
 
 
-def row(title: str) -> dict[str, Any]:
-    return {
-        "type": "row",
-        "title": title,
-        "collapsed": False,
-        "panels": [],
-        "gridPos": {"w": 24, "h": 1},
-    }
+def row(title: str) -> sdk.Row:
+    return sdk.Row(title).collapsed(False)
 
 
-def layout(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Place panels left to right, wrapping at Grafana's 24 columns; ids and refIds in order."""
-    x = y = line_height = 0
-    for panel_id, panel in enumerate(panels, start=1):
-        grid = panel["gridPos"]
-        if panel["type"] == "row" or x + grid["w"] > 24:
-            x, y, line_height = 0, y + line_height, 0
-        grid.update(x=x, y=y)
-        x += grid["w"]
-        line_height = max(line_height, grid["h"])
-        panel["id"] = panel_id
-        for index, query in enumerate(panel.get("targets", [])):
-            query["refId"] = chr(ord("A") + index)
-    return panels
-
-
-def datasource_variable() -> dict[str, Any]:
-    return {
-        "name": "datasource",
-        "label": "Data source",
-        "type": "datasource",
-        "query": "prometheus",
-        "current": {},
-        "hide": 0,
-        "refresh": 1,
-        "regex": "",
-    }
+def datasource_variable() -> sdk.DatasourceVariable:
+    return (
+        sdk.DatasourceVariable("datasource")
+        .label("Data source")
+        .type("prometheus")
+        .hide(model.VariableHide.DONT_HIDE)
+        .regex("")
+    )
 
 
 def query_variable(
     name: str, label: str, query: str, *, default: list[str] | None = None
-) -> dict[str, Any]:
+) -> sdk.QueryVariable:
     """A multi-value variable from label_values(); "All" means `.*`, which also matches no label."""
-    values = default or ["$__all"]
-    texts = default or ["All"]
-    return {
-        "name": name,
-        "label": label,
-        "type": "query",
-        "datasource": DATASOURCE,
-        "definition": query,
-        "query": {"query": query, "refId": f"{name}-values", "qryType": 1},
-        "includeAll": True,
-        "allValue": ".*",
-        "multi": True,
-        "current": {"selected": True, "text": texts, "value": values},
-        "refresh": 2,
-        "sort": 1,
-        "hide": 0,
-        "regex": "",
-        "options": [],
-    }
+    return (
+        sdk.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query({"query": query, "refId": f"{name}-values", "qryType": 1})
+        .include_all(True)
+        .all_value(".*")
+        .multi(True)
+        .current(
+            model.VariableOption(
+                selected=True, text=default or ["All"], value=default or ["$__all"]
+            )
+        )
+        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(model.VariableSort.ALPHABETICAL_ASC)
+        .hide(model.VariableHide.DONT_HIDE)
+        .regex("")
+        .options([])
+    )
 
 
-def custom_variable(name: str, label: str, values: list[str]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "label": label,
-        "type": "custom",
-        "query": ",".join(values),
-        "includeAll": True,
-        "allValue": ".*",
-        "multi": True,
-        "current": {"selected": True, "text": list(values), "value": list(values)},
-        "options": [{"selected": True, "text": v, "value": v} for v in values],
-        "hide": 0,
-    }
+def custom_variable(name: str, label: str, values: list[str]) -> sdk.CustomVariable:
+    return (
+        sdk.CustomVariable(name)
+        .label(label)
+        .values(",".join(values))
+        .include_all(True)
+        .all_value(".*")
+        .multi(True)
+        .current(model.VariableOption(selected=True, text=list(values), value=list(values)))
+        .options([model.VariableOption(selected=True, text=v, value=v) for v in values])
+        .hide(model.VariableHide.DONT_HIDE)
+    )
 
 
-def annotations() -> list[dict[str, Any]]:
+COUNT_CHANGES = "Instance count changes"
+
+
+def annotations() -> list[sdk.AnnotationQuery]:
     """Grafana's own annotations, and a mark wherever the autoscaler changed a count."""
     return [
-        {
-            "builtIn": 1,
-            "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-            "enable": True,
-            "hide": True,
-            "iconColor": "rgba(0, 211, 255, 1)",
-            "name": "Annotations & Alerts",
-            "type": "dashboard",
-        },
-        {
-            "name": "Instance count changes",
-            "datasource": DATASOURCE,
-            "enable": True,
-            "hide": False,
-            "iconColor": "orange",
-            "expr": (f"changes(tritonscale_current_instances{{{OPERATOR_SEL}}}{RATE}) > 0"),
-            "titleFormat": "{{model}}: instance count changed",
-            "textFormat": "autoscaler {{namespace}}/{{autoscaler}}",
-            "useValueForTime": False,
-        },
+        sdk.AnnotationQuery()
+        .built_in(1)
+        .datasource(model.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+        .enable(True)
+        .hide(True)
+        .icon_color("rgba(0, 211, 255, 1)")
+        .name("Annotations & Alerts")
+        .type("dashboard"),
+        sdk.AnnotationQuery()
+        .name(COUNT_CHANGES)
+        .datasource(DATASOURCE)
+        .enable(True)
+        .hide(False)
+        .icon_color("orange")
+        .expr(f"changes(tritonscale_current_instances{{{OPERATOR_SEL}}}{RATE}) > 0"),
     ]
+
+
+# What Grafana reads that the SDK's types (Grafana 11.6's schema) cannot hold, added to the
+# JSON they write: the Prometheus annotation's title and text (fields of that data source's
+# annotation support, not of the generic AnnotationQuery), and a query variable's
+# `definition`, the query text Grafana lists on the dashboard's variables page.
+ANNOTATION_TEXTS = {
+    COUNT_CHANGES: {
+        "titleFormat": "{{model}}: instance count changed",
+        "textFormat": "autoscaler {{namespace}}/{{autoscaler}}",
+    }
+}
+
+
+def add_what_the_sdk_cannot_express(board: dict[str, Any]) -> dict[str, Any]:
+    for annotation in board["annotations"]["list"]:
+        annotation.update(ANNOTATION_TEXTS.get(annotation["name"], {}))
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            variable["definition"] = variable["query"]["query"]
+    return board
+
+
+def check_the_grid(board: model.Dashboard) -> None:
+    """The SDK places panels left to right but lets one run past the grid's right edge."""
+    for panel in board.panels or []:
+        if panel.grid_pos.x + panel.grid_pos.w > GRID_COLUMNS:
+            raise GenerationError(
+                f"{board.uid}: panel {panel.title!r} runs past column {GRID_COLUMNS} "
+                "(its line of panels is wider than the grid)"
+            )
 
 
 def dashboard(
     uid: str,
     title: str,
     description: str,
-    variables: list[dict[str, Any]],
-    panels: list[dict[str, Any]],
+    variables: list[Builder[model.VariableModel]],
+    panels: list[PanelBuilder],
 ) -> dict[str, Any]:
-    return {
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": ["tritonscale", "triton"],
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "editable": True,
-        "graphTooltip": 1,  # shared crosshair: one moment across every panel
-        "refresh": "30s",
-        "time": {"from": "now-1h", "to": "now"},
-        "timepicker": {},
-        "timezone": "browser",
-        "fiscalYearStartMonth": 0,
-        "liveNow": False,
-        "weekStart": "",
-        "links": [
-            {
-                "title": "Tritonscale dashboards",
-                "type": "dashboards",
-                "tags": ["tritonscale"],
-                "asDropdown": True,
-                "includeVars": True,
-                "keepTime": True,
-            }
-        ],
-        "annotations": {"list": annotations()},
-        "templating": {"list": [datasource_variable(), *variables]},
-        "panels": layout(panels),
-    }
+    builder = (
+        sdk.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["tritonscale", "triton"])
+        .version(1)
+        .editable()
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)  # one moment across every panel
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .fiscal_year_start_month(0)
+        .live_now(False)
+        .week_start("")
+        .link(
+            sdk.DashboardLink("Tritonscale dashboards")
+            .type(model.DashboardLinkType.DASHBOARDS)
+            .tags(["tritonscale"])
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+        )
+        .annotations(annotations())
+        .variables([datasource_variable(), *variables])
+    )
+    # Ids in order, rows included: the SDK leaves them unset, and Grafana keys panels by id.
+    for panel_id, panel in enumerate(panels, start=1):
+        if isinstance(panel, sdk.Row):
+            builder.with_row(panel.id(panel_id))
+        else:
+            builder.with_panel(panel.id(panel_id))
+    board = builder.build()
+    check_the_grid(board)
+    return add_what_the_sdk_cannot_express(json.loads(json.dumps(board, cls=JSONEncoder)))
 
 
-def triton_variables(model_default: list[str] | None = None) -> list[dict[str, Any]]:
+def triton_variables(model_default: list[str] | None = None) -> list[sdk.QueryVariable]:
     return [
         query_variable("namespace", "Namespace", "label_values(nv_inference_count, namespace)"),
         query_variable(

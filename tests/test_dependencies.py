@@ -42,7 +42,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "charts/tools": (),
     # Development tooling (the local cluster, the demo on it): run from a checkout's .venv.
     "hack": (),
-    "dashboards": (),
+    # The dashboards' generator (grafana-foundation-sdk), run from a checkout's .venv.
+    "dashboards": ("reports",),
     # The chart's links to models/ and loadtests/, and its pod scripts, which run in the
     # operator's image.
     "charts/tritonscale/files/models": ("server",),
