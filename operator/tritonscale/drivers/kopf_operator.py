@@ -1,31 +1,33 @@
-"""The Kubernetes driver: one kopf daemon per InstanceGroupAutoscaler runs its control ticks.
+"""The Kubernetes driver: the autoscalers' pod sets tick in kopf daemons.
 
     tritonscale operator --namespace ml --liveness http://0.0.0.0:8080/healthz
 
-kopf starts a daemon (`reconcile`) for each object when it appears (or when the operator
-starts) and stops it when the object goes. The daemon ticks, then sleeps on kopf's `stopped`
-for the spec's `intervalSeconds` (tritonscale.control.loop, the loop `tritonscale tune` runs
-too): the ready Triton pods its selector matches (from kopf's index of pods), then
-`reconcile.reconcile` (snapshot, policy, actuator), then the result into `status` and
-Kubernetes events. The daemon reads the object as kopf last saw it, so a changed spec applies
-from the next wake. The handlers only move data between kopf and `reconcile`; the arithmetic
-lives in the policy.
+The autoscalers that select the same pods or share a budget form a pod set
+(tritonscale.control.pod_sets) and tick as one (tritonscale.control.set_tick): one read of
+each pod, or one Prometheus query per signal, serves every member. kopf starts a daemon
+(`reconcile`) for each object when it appears (or when the operator starts) and stops it when
+the object goes; the daemon of the set's leader (its first member by name) runs the set's
+ticks at the set's phase (tritonscale.control.loop.run_set), the others look every interval
+whether they lead now (the leader was deleted, or the set split). Sets and their members come
+from kopf's index of the autoscalers (`autoscalers`), so a member added, changed or deleted
+joins or leaves its set at the next tick. The handlers only move data between kopf and the
+control loop; the arithmetic lives in the policy.
 
-State lives in the object's status (`status.policyState`, `status.backoff`,
+State lives in each object's status (`status.policyState`, `status.backoff`,
 `status.loadInFlight`, the conditions), so a restarted or failed-over operator carries on
-where the last one stopped. A daemon writes its status itself after every tick (kopf applies
-a daemon's `patch` only when the daemon returns). An invalid spec is a status condition
-(ScalingActive False, InvalidSpec) and one Warning event, never an exception: kopf would
-retry it forever, and a fixed spec is picked up on the next wake.
+where the last one stopped. The leader writes each member's status after the set's tick
+(tritonscale.drivers.status: only what changed, the signals that move with time at most once
+a minute), and remembers what it wrote: kopf's view of an object catches up with a write only
+when its watch event arrives, and the next tick must not read the old state. An invalid spec
+is a status condition (ScalingActive False, InvalidSpec) and one Warning event, never an
+exception: kopf would retry it forever, and a fixed spec is picked up on the next wake.
 
-Objects tick independently: each daemon is an asyncio task on kopf's event loop, and a tick
-waits on Triton and Prometheus through asyncio clients (no thread is held while a pod is
+Sets tick independently: each leader's daemon is an asyncio task on kopf's event loop, and a
+tick waits on Triton and Prometheus through asyncio clients (no thread is held while a pod is
 slow). A tick is bounded: a load waits at most the actuator's deadline (`--load-deadline`),
 and a load still in flight from an earlier tick is not waited for again (the tick reports
-ReloadTimeout and sends nothing more to that pod). So one object's hung reload delays its own
-next tick by at most the deadline, once, and never delays another object's tick. Writes to
-the API server (status, the pods' gate) go through the `kubernetes` client, one short call
-in a worker thread each.
+ReloadTimeout and sends nothing more to that pod). Writes to the API server (status, the
+pods' gate) go through the `kubernetes` client, one short call in a worker thread each.
 
 New Triton pods wait at the readinessGate `tritonscale.io/instances-ready` until they run
 their peers' counts. A second daemon per autoscaler (`admit`), apart from its ticks, brings
@@ -33,36 +35,50 @@ the waiting pods it selects to its count and opens the gate once every autoscale
 the pod is matched; a watch of the pods opens it at once for a pod that no autoscaler selects
 (tritonscale.drivers.admission).
 
-Autoscalers that name a budget (`spec.budget`) share it through one `BudgetLedger` in the
-operator process (kopf's peering keeps one operator active): each tick claims and is granted
-under its lock, so the grants never exceed the budget although the ticks run apart. After a
-restart the ledger is seeded from the other members' status (the index of the autoscalers),
-so a member that ticks first cannot take the room the others hold.
+A budget (`spec.budget`) is granted once per tick of its set, through one `BudgetLedger` in
+the operator process (kopf's peering keeps one operator active). After a restart the ledger
+is seeded from the other members' status (the index of the autoscalers), so a member that
+ticks first cannot take the room the others hold.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import json
 import logging
 import random
 import time
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import kopf
 
+from tritonscale.control import set_tick
 from tritonscale.control.ledger import BudgetKey, BudgetLedger
-from tritonscale.control.loop import every
+from tritonscale.control.loop import every, run_set
 from tritonscale.control.operator_metrics import OperatorMetrics
-from tritonscale.control.reconcile import budget_key, budget_limits, reconcile
-from tritonscale.control.tick import FAILED_RESCALE, RELOAD_TIMEOUT, ReconcileState, TickResult
-from tritonscale.core.budget import BUDGET_EXHAUSTED, Claim
+from tritonscale.control.pod_sets import PodSet, pod_sets, set_of
+from tritonscale.control.reconcile import budget_key, budget_limits
+from tritonscale.control.tick import ReconcileState, TickResult, iso_time
+from tritonscale.core.budget import Claim
+from tritonscale.core.selectors import selector_to_string
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.drivers import admission, pods
+from tritonscale.drivers.status import (
+    GROUP,
+    HEARTBEAT,
+    PLURAL,
+    VERSION,
+    Reported,
+    StatusWriter,
+    changed,
+    post_events,
+    reference,
+)
 from tritonscale.metrics.prometheus import PrometheusSource
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.metrics.source import MetricsSource
@@ -70,8 +86,6 @@ from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.connections import Connections
 from tritonscale.triton.healing import Healer
 from tritonscale.triton.loads import DEFAULT_LOAD_DEADLINE_S
-
-GROUP, VERSION, PLURAL = "tritonscale.io", "v1alpha1", "instancegroupautoscalers"
 
 
 class OperatorError(RuntimeError):
@@ -104,30 +118,6 @@ class Health:
     last_tick_at: float | None = None
 
 
-class StatusWriter:
-    """Merge-patches an autoscaler's status with the `kubernetes` client (credentials and
-    client as the pods' writer has them: tritonscale.drivers.admission.PodStatusWriter)."""
-
-    def __init__(self, pod_status: admission.PodStatusWriter) -> None:
-        self._pod_status = pod_status
-
-    def patch(self, namespace: str, name: str, status: Mapping[str, Any]) -> str | None:
-        """Write the fields of `status`; the reason it failed, in one line, or None."""
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
-        api = client.CustomObjectsApi(self._pod_status.api_client)
-        try:
-            api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
-            )
-        except ApiException as error:
-            return f"patching {namespace}/{name}'s status failed: {error.status} {error.reason}"
-        except Exception as error:  # noqa: BLE001 - the connection's trouble, reported by the caller
-            return f"patching {namespace}/{name}'s status failed: {error}"
-        return None
-
-
 @dataclass
 class Runtime:
     """The operator-wide objects the handlers use; built once at start-up."""
@@ -141,10 +131,22 @@ class Runtime:
     health: Health = field(default_factory=Health)
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
     pod_status: admission.PodStatusWriter = field(default_factory=admission.PodStatusWriter)
+    # Per (namespace, autoscaler): the status as this operator last wrote it, and what its
+    # events last announced.
+    written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    reported: dict[tuple[str, str], Reported] = field(default_factory=dict)
+    # Per namespace: its pod sets, worked out at most once a second (monotonic seconds, sets).
+    sets: dict[str, tuple[float, list[PodSet]]] = field(default_factory=dict)
 
     @property
     def status(self) -> StatusWriter:
         return StatusWriter(self.pod_status)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """What the driver kept of an autoscaler that is gone."""
+        self.written.pop((namespace, name), None)
+        self.reported.pop((namespace, name), None)
+        self.sets.pop(namespace, None)
 
 
 def make_runtime(
@@ -206,12 +208,24 @@ def parse_spec(spec: Mapping[str, Any]) -> AutoscalerSpec:
 
 @dataclass(frozen=True)
 class Member:
-    """One autoscaler as the index holds it: what admission and the budgets need of it."""
+    """One autoscaler as the index holds it: what its set's ticks, admission and the budgets
+    need of it."""
 
-    autoscaler: admission.Autoscaler
-    instance_kind: str
-    budget: BudgetKey | None  # None: it names no budget
-    claim: Claim | None  # what its status last said it holds (with a budget)
+    name: str
+    uid: str | None
+    raw_spec: Mapping[str, Any]
+    spec: AutoscalerSpec | None  # None: the spec does not read
+    status: Mapping[str, Any]
+    generation: int | None
+    autoscaler: admission.Autoscaler | None  # None: the spec does not read
+    instance_kind: str = ""
+    budget: BudgetKey | None = None  # None: it names no budget
+    claim: Claim | None = None  # what its status last said it holds (with a budget)
+
+
+def autoscalers_of(members: Collection[Member]) -> list[admission.Autoscaler]:
+    """The members whose spec reads, as admission sees them."""
+    return [m.autoscaler for m in members if m.autoscaler is not None]
 
 
 # ---------------------------------------------------------------------------------------
@@ -236,24 +250,36 @@ async def waiting_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, p
 
 @kopf.index(GROUP, VERSION, PLURAL)
 async def autoscalers(
-    spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, **_: Any
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    name: str,
+    namespace: str,
+    uid: str,
+    **_: Any,
 ) -> dict[str, Member]:
-    """Every autoscaler whose spec reads, by namespace: which pods a new pod must match, and
-    what each budget's members hold."""
+    """Every autoscaler, by namespace: the sets' members, which pods a new pod must match,
+    and what each budget's members hold."""
+    raw_spec, raw_status = copy.deepcopy(dict(spec)), copy.deepcopy(dict(status))
+    generation = meta.get("generation")
+    generation = generation if isinstance(generation, int) else None
     try:
-        parsed = parse_spec(spec)
+        parsed = parse_spec(raw_spec)
     except InvalidSpec:
-        return {}
-    desired = status.get("desiredInstances")
+        return {namespace: Member(name, uid, raw_spec, None, raw_status, generation, None)}
+    desired = raw_status.get("desiredInstances")
     found = admission.Autoscaler.of(name, parsed, desired if isinstance(desired, int) else None)
+    member = Member(
+        name, uid, raw_spec, parsed, raw_status, generation, found, parsed.instance_kind
+    )
     if parsed.budget is None:
-        return {namespace: Member(found, parsed.instance_kind, None, None)}
+        return {namespace: member}
     held = max(
-        (n for n in (status.get("currentInstances"), status.get("desiredInstances")) if n),
+        (n for n in (raw_status.get("currentInstances"), desired) if isinstance(n, int) and n),
         default=parsed.min_instances,
     )
     claim = Claim(name, parsed.model, int(held), int(held), parsed.min_instances)
-    return {namespace: Member(found, parsed.instance_kind, budget_key(namespace, parsed), claim)}
+    return {namespace: replace(member, budget=budget_key(namespace, parsed), claim=claim)}
 
 
 @kopf.on.event("pods", when=lambda body, **_: pods.waits_for_instances(body))
@@ -268,7 +294,7 @@ async def admit_unselected_pods(
     """A pod waiting at the gate that no autoscaler selects joins at once (the `admit`
     daemons of its autoscalers admit the others: tritonscale.drivers.admission)."""
     pod = pods.TritonPod.from_body(body)
-    if admission.selecting(pod, [m.autoscaler for m in autoscalers.get(namespace, [])]):
+    if admission.selecting(pod, autoscalers_of(autoscalers.get(namespace, []))):
         return
     await _set_gate(memo.runtime, pod, admission.judge(pod, [], {}), logger)
 
@@ -295,111 +321,159 @@ async def forget_deleted_pods(uid: str, memo: kopf.Memo, **_: Any) -> None:
 CANCELLATION_S = 10.0
 
 
+# How long a namespace's pod sets, once worked out, serve the daemons that ask.
+SETS_MAX_AGE_S = 1.0
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=CANCELLATION_S)
 async def reconcile_daemon(
     stopped: kopf.DaemonStopped,
-    body: kopf.Body,
+    name: str,
+    namespace: str,
+    spec: kopf.Spec,
     memo: kopf.Memo,
     triton_pods: kopf.Index[str, pods.TritonPod],
     autoscalers: kopf.Index[str, Member],
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    """Tick every `spec.intervalSeconds` until kopf stops the daemon."""
+    """Run the ticks of this autoscaler's pod set while it leads the set, until kopf stops
+    the daemon."""
     runtime: Runtime = memo.runtime
-    # kopf stops every daemon while a peer holds this operator paused, and that peer may
-    # change the pods' counts meanwhile: what this operator read of them before is void.
-    runtime.actuator.forget_configs()
-    name, namespace = body.metadata.name or "", body.metadata.namespace or ""
-    # The status as this daemon last wrote it: kopf's view of the body catches up with a
-    # write only when its watch event arrives, and the next tick must not read the old state.
-    status = dict(body.get("status") or {})
-    reported = _Reported()
-    # The interval each tick read from the spec (the spec is parsed once per tick).
-    schedule = {name: runtime.config.invalid_spec_recheck_s}
+
+    def leading() -> PodSet | None:
+        pod_set = set_of(namespace_sets(runtime, namespace, autoscalers), name)
+        return pod_set if pod_set is not None and pod_set.leader == name else None
+
+    async def tick(due: list[str], now: float) -> None:
+        pod_set = leading()
+        if pod_set is not None:
+            await tick_set(runtime, pod_set, due, now, triton_pods, autoscalers, logger)
+
     try:
-        async for _due in every(stopped, lambda: list(schedule.items())):
-            # The spec and its generation as they are now: the status says which one it ran.
-            raw_spec, generation = dict(body.spec), body.metadata.get("generation")
-            try:
-                parsed: AutoscalerSpec | None = parse_spec(raw_spec)
-            except InvalidSpec:
-                parsed = None
-            if parsed is not None:
-                schedule[name] = parsed.interval_seconds
-            else:
-                schedule[name] = runtime.config.invalid_spec_recheck_s
-            status = await _tick(
-                runtime,
-                body,
-                parsed or raw_spec,
-                generation,
-                {**body.status, **status},
-                triton_pods,
-                autoscalers,
-                reported,
-                logger,
-            )
+        parsed: AutoscalerSpec | None = parse_spec(spec)
+    except InvalidSpec:
+        parsed = None
+    idle_s = parsed.interval_seconds if parsed else runtime.config.invalid_spec_recheck_s
+    try:
+        await run_set(stopped, leading, tick, idle_s=idle_s)
     finally:
-        deleted = kopf.DaemonStoppingReason.RESOURCE_DELETED
-        if stopped.reason is not None and stopped.reason & deleted:
+        reason = stopped.reason or kopf.DaemonStoppingReason(0)
+        if reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
             # A tick that ended after the deletion handler ran recorded the series again.
-            _forget(runtime, namespace, name, str(body.spec.get("model", "?")))
+            _forget(runtime, namespace, name, str(spec.get("model", "?")))
+        if reason & kopf.DaemonStoppingReason.OPERATOR_PAUSING:
+            # A peer holds this operator paused and may change the pods' counts and the
+            # statuses meanwhile: what this operator read and wrote of them before is void.
+            runtime.actuator.forget_configs()
+            runtime.written.clear()
 
 
-async def _tick(
+def namespace_sets(
+    runtime: Runtime, namespace: str, autoscalers: kopf.Index[str, Member]
+) -> list[PodSet]:
+    """The namespace's pod sets as the index holds its autoscalers (worked out at most once
+    per `SETS_MAX_AGE_S`: every daemon of the namespace asks at every wake)."""
+    now = time.monotonic()
+    kept = runtime.sets.get(namespace)
+    if kept is not None and now - kept[0] < SETS_MAX_AGE_S:
+        return kept[1]
+    members = {m.name: m.spec for m in autoscalers.get(namespace, [])}
+    sets = pod_sets(namespace, members, runtime.config.invalid_spec_recheck_s)
+    runtime.sets[namespace] = (now, sets)
+    return sets
+
+
+async def tick_set(
     runtime: Runtime,
-    body: kopf.Body,
-    spec: AutoscalerSpec | dict[str, Any],
-    generation: Any,
-    status: Mapping[str, Any],
+    pod_set: PodSet,
+    due: Sequence[str],
+    now: float,
     triton_pods: kopf.Index[str, pods.TritonPod],
     autoscalers: kopf.Index[str, Member],
-    reported: _Reported,
     logger: Any,
-) -> dict[str, Any]:
-    """One tick of one object (`spec` the raw one where it does not read); the status it has
-    after it."""
-    name, namespace = body.metadata.name or "", body.metadata.namespace or ""
-    parsed = spec if isinstance(spec, AutoscalerSpec) else None
-    if parsed is not None and parsed.budget is not None:
-        key = budget_key(namespace, parsed)
-        members = [m.claim for m in autoscalers.get(namespace, []) if m.budget == key and m.claim]
-        runtime.ledger.seed(key, budget_limits(parsed), members)
-    endpoints = []
-    if parsed is not None:
-        endpoints = pods.ready_endpoints(
-            triton_pods.get(namespace, []),
-            parsed.selector,
-            runtime.config.triton_http_port,
-            runtime.config.triton_metrics_port,
+) -> None:
+    """One tick of a pod set: its due members decided together, then each one's status and
+    events written."""
+    namespace = pod_set.namespace
+    found = {m.name: m for m in autoscalers.get(namespace, [])}
+    entries = [found[name] for name in due if name in found]
+    for key, limits in {
+        budget_key(namespace, m.spec): budget_limits(m.spec)
+        for m in entries
+        if m.spec is not None and m.spec.budget is not None
+    }.items():
+        seeds = [m.claim for m in found.values() if m.budget == key and m.claim]
+        runtime.ledger.seed(key, limits, seeds)
+    namespace_pods = triton_pods.get(namespace, [])
+    endpoints_of: dict[str, list[Any]] = {}  # by selector: the members of a set share one
+    members = []
+    for entry in entries:
+        endpoints: list[Any] = []
+        if entry.spec is not None:
+            selector = selector_to_string(entry.spec.selector)
+            if selector not in endpoints_of:
+                endpoints_of[selector] = pods.ready_endpoints(
+                    namespace_pods,
+                    entry.spec.selector,
+                    runtime.config.triton_http_port,
+                    runtime.config.triton_metrics_port,
+                )
+            endpoints = endpoints_of[selector]
+        members.append(
+            set_tick.Member(
+                entry.name,
+                entry.spec or entry.raw_spec,
+                ReconcileState.from_status(_status(runtime, namespace, entry)),
+                endpoints,
+            )
         )
-    result = await reconcile(
-        spec,
-        endpoints,
+    results = await set_tick.tick_set(
+        members,
         runtime.source,
         runtime.actuator,
-        ReconcileState.from_status(status),
-        time.time(),
-        metrics=runtime.metrics,
+        now,
         namespace=namespace,
-        autoscaler=name,
-        healer=runtime.healer,
         ledger=runtime.ledger,
+        healer=runtime.healer,
+        metrics=runtime.metrics,
     )
-    runtime.health.ticks += 1
-    runtime.health.last_tick_at = result.finished_at
+    runtime.health.ticks += len(results)
+    runtime.health.last_tick_at = max((r.finished_at for r in results.values()), default=None)
+    await asyncio.gather(
+        *(
+            _write(runtime, pod_set, entry, results[entry.name], logger)
+            for entry in entries
+            if entry.name in results
+        )
+    )
 
+
+def _status(runtime: Runtime, namespace: str, entry: Member) -> dict[str, Any]:
+    """The member's status as this operator last wrote it, over the index's view."""
+    return {**entry.status, **runtime.written.get((namespace, entry.name), {})}
+
+
+async def _write(
+    runtime: Runtime, pod_set: PodSet, entry: Member, result: TickResult, logger: Any
+) -> None:
+    """A member's status (what changed) and events after its set's tick."""
+    namespace = pod_set.namespace
+    before = _status(runtime, namespace, entry)
     new_status = result.status()
-    if generation is not None:
-        new_status["observedGeneration"] = generation
-    changed = _changed(status, new_status)
-    if changed:
-        problem = await asyncio.to_thread(runtime.status.patch, namespace, name, changed)
+    new_status[HEARTBEAT] = iso_time(result.at)
+    new_status["podSet"] = pod_set.to_dict()
+    if entry.generation is not None:
+        new_status["observedGeneration"] = entry.generation
+    fields = changed(before, new_status)
+    if fields:
+        problem = await asyncio.to_thread(runtime.status.patch, namespace, entry.name, fields)
         if problem is not None:
             logger.warning(problem)
-    _post_events(body, result, reported, logger)
-    return {**status, **new_status}
+        else:
+            runtime.written[(namespace, entry.name)] = {**before, **fields}
+    reported = runtime.reported.setdefault((namespace, entry.name), Reported())
+    post_events(reference(namespace, entry.name, entry.uid), result, reported, logger)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="admit", cancellation_timeout=CANCELLATION_S)
@@ -417,17 +491,16 @@ async def admit_daemon(
     the gate of those that run every count they must (apart from the ticks: a pod's load
     never delays them)."""
     runtime: Runtime = memo.runtime
-    runtime.actuator.forget_configs()  # as the reconcile daemon does: a pause voids them
     async for _due in every(stopped, lambda: [(name, runtime.config.admission_interval_s)]):
         # A copy: the index changes under the loop while a pod is being admitted.
         waiting = list(waiting_pods.get(namespace, []))
         if not waiting:
             continue  # the common second: a fleet's daemons cost no walk of its autoscalers
         members = autoscalers.get(namespace, [])
-        this = next((m for m in members if m.autoscaler.name == name), None)
+        this = next((m for m in members if m.name == name and m.autoscaler), None)
         if this is None:
             continue  # its spec does not read: it selects nothing
-        others = [m.autoscaler for m in members if m.autoscaler.name != name]
+        others = [a for a in autoscalers_of(members) if a.name != name]
         for pod in waiting:
             if pod.waiting_for_instances and admission.selecting(pod, [this.autoscaler]):
                 await _admit(runtime, pod, this, others, logger)
@@ -444,6 +517,7 @@ async def _admit(
     autoscaler that selects it is matched (tritonscale.drivers.admission)."""
     endpoint = pod.endpoint(runtime.config.triton_http_port, runtime.config.triton_metrics_port)
     actuator, autoscaler = runtime.actuator, this.autoscaler
+    assert autoscaler is not None
     if autoscaler.acting and autoscaler.desired is not None:
         counts, _ = await actuator.live_counts([endpoint], autoscaler.model)
         if counts.get(pod.name) != autoscaler.desired and not actuator.in_flight(
@@ -485,6 +559,7 @@ async def forget_autoscaler(
 
 
 def _forget(runtime: Runtime, namespace: str, name: str, model: str) -> None:
+    runtime.forget(namespace, name)
     runtime.metrics.forget(namespace, name, model)
     for _namespace, budget in runtime.ledger.forget(namespace, name):
         runtime.metrics.forget_budget(namespace, budget)
@@ -501,57 +576,6 @@ async def ticks_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     """In kopf's liveness answer: how many ticks ran, and when the last one ended."""
     health: Health = memo.runtime.health
     return {"count": health.ticks, "lastTickAt": health.last_tick_at}
-
-
-def _changed(status: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """Only the fields that differ: a tick that learnt nothing new writes nothing."""
-    return {key: value for key, value in new.items() if status.get(key) != value}
-
-
-@dataclass
-class _Reported:
-    """What one object's events last announced (kept by its daemon)."""
-
-    failing: frozenset[str] = frozenset()
-    budget_exhausted: bool = False
-
-
-def _post_events(body: kopf.Body, result: TickResult, reported: _Reported, logger: Any) -> None:
-    """A Normal event per change of count, a Warning per failure.
-
-    A failure that persists (no pods, Prometheus down, a bad spec, a load still in flight)
-    is reported when it starts, not on every tick: kopf's events are not aggregated as the
-    kubelet's are, and a Warning every interval would flood the namespace's events. Each
-    failed load, and each load that outlived its deadline, is new.
-    """
-    logger.debug(result.line())
-    if result.applied_ok and result.decision is not None:
-        kopf.info(body, reason="SucceededRescale", message=result.decision.message)
-        logger.info(result.line())
-    previous: Collection[str] = reported.failing
-    new_this_tick = {
-        FAILED_RESCALE: any(not pod.ok and not pod.pending for pod in result.applied),
-        RELOAD_TIMEOUT: any(pod.pending for pod in result.applied),
-    }
-    for error in result.errors:
-        if error.reason not in previous or new_this_tick.get(error.reason, False):
-            kopf.warn(body, reason=error.reason, message=error.message)
-            logger.warning(result.line())
-    reported.failing = frozenset(error.reason for error in result.errors)
-    # The budget refusing instances is a Warning when it starts: more pods are the answer.
-    exhausted = result.reason == BUDGET_EXHAUSTED
-    if exhausted and not reported.budget_exhausted and result.decision is not None:
-        kopf.warn(body, reason=BUDGET_EXHAUSTED, message=result.decision.message)
-        logger.warning(result.line())
-    reported.budget_exhausted = exhausted
-    # Healing results are events of their own; the Healer's back-off and attempt limit
-    # bound how often a sick model can post one.
-    for healing in result.healing_actions:
-        if healing.event_type == "Normal":
-            kopf.info(body, reason=healing.reason, message=healing.message)
-        else:
-            kopf.warn(body, reason=healing.reason, message=healing.message)
-        logger.warning(healing.message)
 
 
 # ---------------------------------------------------------------------------------------
