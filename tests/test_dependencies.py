@@ -39,6 +39,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "loadtests": ("load",),
     "loadtests/soak.py": ("server", "load", "reports"),
     "loadtests/bench": ("server", "load", "reports"),
+    # The simulator runs the policy in virtual time and draws its summary: no server, no load.
+    "loadtests/sim": ("reports",),
     "charts/tools": (),
     # Development tooling (the local cluster, the demo on it): run from a checkout's .venv.
     "hack": (),

@@ -1,0 +1,75 @@
+"""`python -m loadtests.sim`: every scenario under one controller, summary JSON and PNG.
+
+python -m loadtests.sim                          # all scenarios, today's policy
+python -m loadtests.sim --controller static      # another controller, by name
+python -m loadtests.sim --family step --scenarios 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from loadtests.sim import controllers, scenarios, summary
+from loadtests.sim.runner import run_scenario
+from loadtests.sim.static import StaticSearch
+
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "reports" / "sim"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtests.sim", description=__doc__)
+    parser.add_argument(
+        "--controller",
+        default="policy",
+        choices=sorted(controllers.CONTROLLERS),
+        help="the controller to judge (default: policy, today's operator)",
+    )
+    parser.add_argument("--scenarios", type=int, default=None, help="run only the first N")
+    parser.add_argument(
+        "--family",
+        action="append",
+        default=[],
+        choices=list(scenarios.FAMILIES),
+        help="run only this family (repeatable)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "summary.json")
+    args = parser.parse_args(argv)
+    if args.scenarios is not None and args.scenarios < 1:
+        parser.error(f"--scenarios must be at least 1, got {args.scenarios}")
+
+    chosen = scenarios.generate(tuple(args.family), args.scenarios)
+    make_controller = controllers.CONTROLLERS[args.controller]
+    search = StaticSearch()
+    started = time.monotonic()
+    rows = []
+    print(f"sim: {len(chosen)} scenarios under controller {args.controller}", flush=True)
+    for number, scenario in enumerate(chosen, start=1):
+        rows.append(run_scenario(scenario, make_controller, search))
+        if number % 10 == 0 or number == len(chosen):
+            phases = [p for row in rows for p in row["phases"]]
+            at_best = sum(p["at_098_of_best"] for p in phases) / len(phases)
+            print(
+                f"  [{number}/{len(chosen)}] {time.monotonic() - started:5.1f} s, "
+                f"{at_best:.0%} of phases at 0.98 of best so far",
+                flush=True,
+            )
+    result = summary.summarize(rows, args.controller, time.monotonic() - started)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    summary.plot(result, args.out.with_suffix(".png"))
+    print(
+        f"sim: {result['phases']} phases of {result['scenarios']} scenarios: "
+        f"{result['share_of_phases_at_098_of_best']:.1%} at 0.98 of the best static, "
+        f"{result['budget_overruns']} budget overruns, {result['steady_reversals']} steady "
+        f"reversals, {result['seconds']:.0f} s; {args.out} and {args.out.with_suffix('.png')}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""The queues in virtual time: a discrete-event simulation of one pod serving a pipeline.
+
+Each model is `count` instances (servers) behind one FIFO queue. A free instance takes the
+queue's head and, with a dynamic batcher, the requests behind it up to `max_batch_rows`; the
+execution takes the shape's time for those rows. A BLS parent keeps its instance until the
+calls it made have answered (pipeline.py), so its busy time includes the wait, as Triton
+measures it. Requests come open-loop (arrival times given in advance, `offer`) or closed-loop
+(`closed_loop`: each client sends again as soon as it is answered).
+
+Counters follow Triton's (tritonscale.metrics.queries): on completion, a request adds one
+success, its queue time (arrival to the start of its execution) and its execution's whole
+duration (Triton charges a batch's compute to each request in it); an execution adds one to
+the execution count. `pending` is what waits in the queue, not what executes. A request older
+than the client's timeout when an instance would take it is dropped as a failure (its client
+gave up; pipeline_async answers it CANCELLED without work).
+
+A change of count takes effect when its load completes (`set_count(..., at=...)`): an added
+instance takes work at once; a removed one finishes what it executes first.
+
+Nothing sleeps: `run_until(t)` processes the events up to virtual time `t`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from loadtests.sim.pipeline import ModelShape, Pipeline
+
+CLIENT_TIMEOUT_S = 30.0  # tritonscale.local.loadgen's default request deadline
+
+
+@dataclass
+class Counters:
+    """One model's cumulative counters, as Triton exports them."""
+
+    success: float = 0.0
+    failure: float = 0.0
+    executions: float = 0.0
+    compute_s: float = 0.0
+    queue_s: float = 0.0
+
+    def copy(self) -> Counters:
+        return Counters(self.success, self.failure, self.executions, self.compute_s, self.queue_s)
+
+
+def _service(shape: ModelShape, rng: random.Random) -> Callable[[int], float]:
+    """Seconds an execution of so many rows takes: fixed, or drawn around that mean."""
+    if shape.service == "exponential":
+        return lambda rows: rng.expovariate(1.0 / shape.execute_s(rows))
+    return shape.execute_s
+
+
+class _Model:
+    """A model's instances, queue and counters inside one simulation."""
+
+    def __init__(self, shape: ModelShape, count: int, rng: random.Random) -> None:
+        self.shape = shape
+        self.count = count  # instances that take new work
+        self.busy = 0  # instances executing
+        self.queue: deque = deque()
+        self.counters = Counters()
+        self.rows_per_request = 1
+        self.service_s = _service(shape, rng)
+        # Open-loop arrivals not yet queued (sorted), and the index of the next one.
+        self.arrivals: list[float] = []
+        self.next_arrival = 0
+        self.wake_at: float | None = None
+        self.closed_loop = False
+        self.entry = False  # takes the clients' requests (else: the calls of BLS parents)
+
+
+class Simulation:
+    """One pod serving `pipeline` with `counts` instances, from virtual time 0."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        counts: Mapping[str, int],
+        *,
+        rows_per_request: int = 8,
+        seed: int = 0,
+        client_timeout_s: float = CLIENT_TIMEOUT_S,
+    ) -> None:
+        self.pipeline = pipeline
+        self.now = 0.0
+        self.client_timeout_s = client_timeout_s
+        self._rng = random.Random(seed)
+        self._models = {
+            name: _Model(shape, counts[name], self._rng) for name, shape in pipeline.models.items()
+        }
+        for entry in pipeline.entries:
+            self._models[entry].rows_per_request = rows_per_request
+            self._models[entry].entry = True
+        self._events: list = []
+        self._sequence = itertools.count()
+
+    # ---- what a driver does ------------------------------------------------------------
+
+    def offer(self, model: str, arrival_times: Sequence[float]) -> None:
+        """Open-loop requests to an entry model at these (sorted) virtual times."""
+        state = self._models[model]
+        state.arrivals = list(arrival_times)
+        state.next_arrival = 0
+        self._wake(state)
+
+    def closed_loop(self, model: str, clients: int) -> None:
+        """`clients` requests in flight from now on: each answer sends the next at once."""
+        state = self._models[model]
+        state.closed_loop = True
+        state.queue.extend([self.now] * clients)
+        self._start(state)
+
+    def set_count(self, model: str, count: int, at: float | None = None) -> None:
+        """The model's count becomes `count` at `at` (default now), when its load completes."""
+        if count < 1:
+            raise ValueError(f"{model}: a count below 1 ({count}) cannot serve")
+        if at is None or at <= self.now:
+            self._apply_count(self._models[model], count)
+        else:
+            self._push(at, self._count_event, (model, count))
+
+    def set_shape(self, shape: ModelShape) -> None:
+        """The model's cost changes now (executions already under way keep theirs)."""
+        state = self._models[shape.name]
+        state.shape = replace(shape, calls=state.shape.calls)
+        state.service_s = _service(state.shape, self._rng)
+
+    def run_until(self, t: float) -> None:
+        """Process every event up to virtual time `t`."""
+        events = self._events
+        pop = heapq.heappop
+        while events and events[0][0] <= t:
+            when, _, handler, argument = pop(events)
+            self.now = when
+            handler(argument)
+        self.now = t
+        for state in self._models.values():
+            self._feed(state)
+
+    def count(self, model: str) -> int:
+        return self._models[model].count
+
+    def counts(self) -> dict[str, int]:
+        return {name: state.count for name, state in self._models.items()}
+
+    def counters(self) -> dict[str, Counters]:
+        """Every model's cumulative counters now (copies)."""
+        return {name: state.counters.copy() for name, state in self._models.items()}
+
+    def pending(self, model: str) -> int:
+        """Requests queued for an instance now (nv_inference_pending_request_count)."""
+        state = self._models[model]
+        self._feed(state)
+        return len(state.queue)
+
+    # ---- the machinery -----------------------------------------------------------------
+
+    def _push(self, when: float, handler: Callable, argument: object) -> None:
+        heapq.heappush(self._events, (when, next(self._sequence), handler, argument))
+
+    def _count_event(self, argument: tuple[str, int]) -> None:
+        model, count = argument
+        self._apply_count(self._models[model], count)
+
+    def _apply_count(self, state: _Model, count: int) -> None:
+        state.count = count
+        self._feed(state)
+        self._start(state)
+
+    def _feed(self, state: _Model) -> None:
+        """Queue the open-loop arrivals that have come by now."""
+        arrivals = state.arrivals
+        if state.next_arrival < len(arrivals) and arrivals[state.next_arrival] <= self.now:
+            upto = bisect_right(arrivals, self.now, state.next_arrival)
+            state.queue.extend(arrivals[state.next_arrival : upto])
+            state.next_arrival = upto
+
+    def _wake(self, state: _Model) -> None:
+        """With an instance idle and nothing queued, be back at the next arrival."""
+        if state.next_arrival >= len(state.arrivals):
+            return
+        when = state.arrivals[state.next_arrival]
+        if state.wake_at is not None and state.wake_at <= when:
+            return
+        state.wake_at = when
+        self._push(when, self._woken, state)
+
+    def _woken(self, state: _Model) -> None:
+        if state.wake_at == self.now:
+            state.wake_at = None
+        self._feed(state)
+        self._start(state)
+
+    def _start(self, state: _Model) -> None:
+        """Free instances take work from the queue."""
+        if state.entry:
+            self._start_requests(state)
+        else:
+            self._start_calls(state)
+
+    def _start_requests(self, state: _Model) -> None:
+        """An entry model: batches of client requests (arrival times)."""
+        queue = state.queue
+        shape = state.shape
+        per_batch = max(1, shape.max_batch_rows // state.rows_per_request)
+        now = self.now
+        oldest = now - self.client_timeout_s
+        while state.busy < state.count:
+            while queue and queue[0] < oldest:
+                queue.popleft()
+                state.counters.failure += 1
+                if state.closed_loop:
+                    queue.append(now)
+            if not queue:
+                self._wake(state)
+                return
+            taken = min(per_batch, len(queue))
+            arrivals = [queue.popleft() for _ in range(taken)]
+            rows = taken * state.rows_per_request
+            state.busy += 1
+            execution = [state, now, arrivals, 0, rows]
+            own = state.service_s(rows)
+            if not shape.calls:
+                self._push(now + own, self._finish_execution, execution)
+            else:
+                self._push(now + own, self._call_children, execution)
+
+    def _call_children(self, execution: list) -> None:
+        """A parent's own work is done: its BLS calls go out (together, or the first one)."""
+        state = execution[0]
+        calls = state.shape.calls
+        if state.shape.sequential:
+            order = [child for child, times in calls.items() for _ in range(times)]
+            execution.append(order)
+            execution[3] = 1
+            self._call(order[0], execution)
+            return
+        execution[3] = sum(calls.values())
+        for child, times in calls.items():
+            for _ in range(times):
+                self._call(child, execution)
+
+    def _call(self, child: str, execution: list) -> None:
+        state = self._models[child]
+        state.queue.append((self.now, execution[4], execution))
+        if state.busy < state.count:
+            self._start_calls(state)
+
+    def _start_calls(self, state: _Model) -> None:
+        """A called model: batches of calls (arrival, rows, the caller's execution)."""
+        queue = state.queue
+        limit = state.shape.max_batch_rows
+        now = self.now
+        while state.busy < state.count and queue:
+            batch = [queue.popleft()]
+            rows = batch[0][1]
+            while queue and rows + queue[0][1] <= limit:
+                call = queue.popleft()
+                batch.append(call)
+                rows += call[1]
+            state.busy += 1
+            self._push(now + state.service_s(rows), self._calls_done, (state, now, batch))
+
+    def _calls_done(self, argument: tuple) -> None:
+        state, started, batch = argument
+        now = self.now
+        counters = state.counters
+        duration = now - started
+        counters.executions += 1
+        counters.success += len(batch)
+        counters.compute_s += duration * len(batch)
+        for arrived, _, _ in batch:
+            counters.queue_s += started - arrived
+        state.busy -= 1
+        self._start_calls(state)
+        for _, _, execution in batch:
+            execution[3] -= 1
+            if execution[3] == 0:
+                order = execution[5] if len(execution) > 5 else None
+                if order is not None and len(order) > 1:
+                    order.pop(0)
+                    execution[3] = 1
+                    self._call(order[0], execution)
+                else:
+                    self._finish_execution(execution)
+
+    def _finish_execution(self, execution: list) -> None:
+        state, started, arrivals, _, _ = execution[:5]
+        now = self.now
+        counters = state.counters
+        taken = len(arrivals)
+        counters.executions += 1
+        counters.success += taken
+        counters.compute_s += (now - started) * taken
+        counters.queue_s += started * taken - sum(arrivals)
+        state.busy -= 1
+        if state.closed_loop:
+            state.queue.extend([now] * taken)
+        self._feed(state)
+        self._start_requests(state)

@@ -1,0 +1,108 @@
+"""The summary of a run over many scenarios: one JSON and one PNG.
+
+    share_of_phases_at_098_of_best   phases whose configuration held at the end serves at
+                                     least 0.98 of that phase's best static configuration
+    budget_overruns                  ticks, over all scenarios, at which the counts asked for
+                                     or held exceeded the budget
+    steady_reversals                 reversals in phases of constant load
+    seconds                          wall-clock seconds the run took
+
+and per family the same, the mean served ratio (measured served rate over the best static's),
+the median seconds to 0.98 of the best, and instance-seconds against the best's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def summarize(rows: Sequence[dict], controller: str, seconds: float) -> dict[str, Any]:
+    """The JSON document: totals, per family, and every scenario's row."""
+    families: dict[str, list[dict]] = {}
+    for row in rows:
+        families.setdefault(row["family"], []).append(row)
+    return {
+        "controller": controller,
+        **_totals(rows),
+        "seconds": round(seconds, 1),
+        "families": {name: _totals(members) for name, members in families.items()},
+        "rows": list(rows),
+    }
+
+
+def _totals(rows: Sequence[dict]) -> dict[str, Any]:
+    phases = [phase for row in rows for phase in row["phases"]]
+    reached = [p["seconds_to_098"] for p in phases if p["seconds_to_098"] is not None]
+    ratios = [p["served_ratio"] for p in phases if p["served_ratio"] is not None]
+    instance_seconds = sum(p["instance_seconds"] for p in phases)
+    best_instance_seconds = sum(p["best_instance_seconds"] for p in phases)
+    return {
+        "scenarios": len(rows),
+        "phases": len(phases),
+        "share_of_phases_at_098_of_best": _share(p["at_098_of_best"] for p in phases),
+        "mean_served_ratio": round(statistics.fmean(ratios), 4) if ratios else None,
+        "share_of_phases_reaching_098": _share(p["seconds_to_098"] is not None for p in phases),
+        "median_seconds_to_098": statistics.median(reached) if reached else None,
+        "budget_overruns": sum(p["budget_overruns"] for p in phases),
+        "steady_reversals": sum(p["reversals"] for p in phases if p["steady"]),
+        "reversals": sum(p["reversals"] for p in phases),
+        "instance_seconds": round(instance_seconds, 1),
+        "instance_seconds_over_best": (
+            round(instance_seconds / best_instance_seconds, 4) if best_instance_seconds else None
+        ),
+    }
+
+
+def _share(flags: Iterable[bool]) -> float | None:
+    flags = list(flags)
+    return round(sum(flags) / len(flags), 4) if flags else None
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    """Four panels: share at 0.98 per family, served ratios, seconds to 0.98, reversals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = summary["families"]
+    names = list(families)
+    phases = [phase for row in summary["rows"] for phase in row["phases"]]
+    figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+    share = axes[0][0]
+    share.bar(names, [families[n]["share_of_phases_at_098_of_best"] or 0 for n in names])
+    share.set_ylim(0, 1.05)
+    share.set_title("phases ending at >= 0.98 of the best static configuration")
+    share.tick_params(axis="x", rotation=30)
+
+    ratios = axes[0][1]
+    ratios.hist([p["served_ratio"] for p in phases if p["served_ratio"] is not None], bins=40)
+    ratios.axvline(0.98, color="black", linestyle="--", linewidth=1)
+    ratios.set_title("served rate over the best static's, per phase")
+
+    reach = axes[1][0]
+    reach.hist([p["seconds_to_098"] for p in phases if p["seconds_to_098"] is not None], bins=30)
+    reach.set_title("seconds until a configuration at >= 0.98 of the best was held")
+
+    flips = axes[1][1]
+    flips.bar(names, [families[n]["steady_reversals"] for n in names], label="steady reversals")
+    flips.bar(
+        names,
+        [families[n]["budget_overruns"] for n in names],
+        bottom=[families[n]["steady_reversals"] for n in names],
+        label="budget overruns",
+    )
+    flips.legend()
+    flips.set_title("steady reversals and budget overruns")
+    flips.tick_params(axis="x", rotation=30)
+
+    figure.suptitle(
+        f"controller {summary['controller']}: {summary['scenarios']} scenarios, "
+        f"{summary['phases']} phases, {summary['share_of_phases_at_098_of_best']:.0%} at 0.98 of best"
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
