@@ -1,0 +1,369 @@
+"""The counts of every model of a pod set, chosen together from the pipeline model.
+
+What it maximises, under what:
+
+- a stage's capacity is its count times what one instance serves (`Stage.capacity_per_instance_rps`,
+  its hold per request undone); the set serves its load as many times over as its slowest
+  stage does: `headroom = min over the stages of capacity / demand`, demand counting the
+  calls per request down the pipeline. The set's capacity is the roots' arrival rate times it;
+- the constraints: each model's minInstances and maxInstances (and a lower ceiling the
+  verifier learnt, `ceilings`), and each budget (`AutoscalerSpec.budget`): the instances of its
+  members together per pod, and their GPU memory at a cost per instance;
+- when the budget holds every model under its target utilization (`spec.targets.utilization`),
+  the answer is the fewest instances that do: each model's own count, with the policy's
+  tolerance and scale-down margin (tritonscale.core.sizing), so that a steady load keeps it;
+- when it cannot, the answer is the split with the most headroom, and among equals the fewest
+  instances; a split within `switch_margin` of the best one that holds today's counts is
+  kept (a configuration can only be told from a better one by more than the noise).
+  Instances may move from one model to another.
+
+The search is exact at any size: each stage's capacity grows with its own count alone, so the
+fewest instances that reach a headroom are each stage's own fewest, and the best headroom is
+the largest of the finitely many stage capacities (count x capacity per instance / demand)
+whose fewest instances fit. That is a search over at most models x maxInstances levels, not
+over splits (tests/test_allocator.py checks it against every split of small sets). A model
+that is quiet, unmeasured or `held` keeps its count, and its instances count in the budget.
+
+Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tritonscale.core import sizing
+from tritonscale.core.budget import Limits, strictest
+from tritonscale.core.pipeline_model import MIN_REQUESTS_PER_WINDOW, PipelineModel, Stage
+from tritonscale.core.spec import AutoscalerSpec
+
+HIGH_UTILIZATION = sizing.HIGH_UTILIZATION
+LOW_UTILIZATION = sizing.LOW_UTILIZATION
+WITHIN_TOLERANCE = sizing.WITHIN_TOLERANCE
+MAX_THROUGHPUT = "MaxThroughput"  # the budget is short: this split serves the most
+REALLOCATED = "Reallocated"  # instances taken back for a stage that serves the set more
+LOW_TRAFFIC = "LowTraffic"
+UNMEASURED = "Unmeasured"
+HELD = "Held"
+
+HOLD_TARGETS = "HoldTargets"  # every model under its target utilization, fewest instances
+MOST_HEADROOM = "MostHeadroom"  # the budget is short: the most the set can serve
+
+# Two floats of a headroom that differ by less than this are equal.
+_EQUAL = 1e-9
+
+
+@dataclass(frozen=True)
+class Target:
+    model: str
+    current: int
+    count: int
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the chosen counts should serve, in requests per second at the set's roots."""
+
+    capacity_rps: float  # the most the set serves at today's mix
+    offered_rps: float  # the roots' arrival rate (a floor when a stage is saturated)
+    expected_rps: float  # min(offered, capacity); capacity when a stage is saturated
+    bottleneck: str | None  # the stage whose capacity over demand is least
+    stage_capacity_rps: Mapping[str, float] = field(hash=False)  # per model, at its count
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "capacityRps": self.capacity_rps,
+            "offeredRps": self.offered_rps,
+            "expectedRps": self.expected_rps,
+            "bottleneck": self.bottleneck,
+            "stageCapacityRps": dict(self.stage_capacity_rps),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Prediction:
+        return cls(
+            float(d["capacityRps"]),
+            float(d["offeredRps"]),
+            float(d["expectedRps"]),
+            None if d.get("bottleneck") is None else str(d["bottleneck"]),
+            {str(m): float(v) for m, v in d.get("stageCapacityRps", {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class Allocation:
+    targets: Mapping[str, Target] = field(hash=False)
+    prediction: Prediction
+    objective: str  # HOLD_TARGETS or MOST_HEADROOM
+    problem: str | None  # the budget cannot hold the models' minimums (one line)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {model: target.count for model, target in self.targets.items()}
+
+
+@dataclass(frozen=True)
+class Room:
+    """The budgets of a set: each holds its members' instances (and GPU memory) per pod."""
+
+    budgets: tuple[tuple[str, Limits, Mapping[str, int]], ...]  # name, limits, member -> MiB
+
+    @classmethod
+    def of(cls, specs: Mapping[str, AutoscalerSpec]) -> Room:
+        """The specs' budgets; members that disagree on a budget's limits get the strictest."""
+        by_name: dict[str, dict[str, AutoscalerSpec]] = {}
+        for model, spec in specs.items():
+            if spec.budget is not None:
+                by_name.setdefault(spec.budget.name, {})[model] = spec
+        budgets = []
+        for name, members in sorted(by_name.items()):
+            limits = strictest(
+                [
+                    Limits(s.budget.instances_per_pod, s.budget.gpu_memory_per_pod_mib)
+                    for s in members.values()
+                    if s.budget is not None
+                ]
+            )
+            memory = {
+                model: s.budget.gpu_memory_per_instance_mib
+                for model, s in members.items()
+                if s.budget is not None
+            }
+            budgets.append((name, limits, memory))
+        return cls(tuple(budgets))
+
+    def fits(self, counts: Mapping[str, int]) -> bool:
+        return self.overflow(counts) is None
+
+    def overflow(self, counts: Mapping[str, int]) -> str | None:
+        """Which budget the counts overrun, in words; None when they fit."""
+        for name, limits, memory in self.budgets:
+            used = sum(counts.get(model, 0) for model in memory)
+            if used > limits.instances:
+                return f"the budget {name} holds {limits.instances} instances per pod, {used} asked"
+            if limits.gpu_memory_mib > 0:
+                mib = sum(counts.get(model, 0) * cost for model, cost in memory.items())
+                if mib > limits.gpu_memory_mib:
+                    return (
+                        f"the budget {name} holds {limits.gpu_memory_mib} MiB of GPU memory per "
+                        f"pod, {mib} asked"
+                    )
+        return None
+
+
+def allocate(
+    pipeline: PipelineModel,
+    specs: Mapping[str, AutoscalerSpec],
+    current: Mapping[str, int],
+    *,
+    held: Mapping[str, int] | None = None,
+    ceilings: Mapping[str, int] | None = None,
+    switch_margin: float = 0.0,
+) -> Allocation:
+    """Every model's count (see the module's docstring for the objective).
+
+    `current`: each model's live count per pod. `held`: models that keep a given count
+    whatever the load (paused, or out of their bounds). `ceilings`: the most instances that
+    help a model (the verifier's corrections). `switch_margin`: relative headroom a better
+    split must gain over today's before the counts move (the estimates' noise).
+    """
+    held = dict(held or {})
+    ceilings = ceilings or {}
+    room = Room.of(specs)
+    active = pipeline.active
+    fixed: dict[str, Target] = {}
+    for model, spec in specs.items():
+        count = current[model]
+        if model in held:
+            fixed[model] = Target(model, count, held[model], HELD, "held by an earlier stage")
+        elif model in pipeline.unmeasured:
+            kept = _within(count, spec.min_instances, spec.max_instances)
+            fixed[model] = Target(model, count, kept, UNMEASURED, pipeline.unmeasured[model])
+        elif model not in active:
+            kept = _within(count, spec.min_instances, spec.max_instances)
+            fixed[model] = Target(
+                model,
+                count,
+                kept,
+                LOW_TRAFFIC,
+                f"too little traffic to measure (fewer than "
+                f"{MIN_REQUESTS_PER_WINDOW:g} requests in the window): keeps its count",
+            )
+    sized = {m: stage for m, stage in active.items() if m not in fixed}
+    lower = {m: specs[m].min_instances for m in sized}
+    upper = {m: max(lower[m], min(specs[m].max_instances, ceilings.get(m, 1 << 30))) for m in sized}
+    fixed_counts = {m: t.count for m, t in fixed.items()}
+
+    def fits(counts: Mapping[str, int]) -> bool:
+        return room.fits({**fixed_counts, **counts})
+
+    at_target = {m: _count_at_target(stage, specs[m], current[m]) for m, stage in sized.items()}
+    at_target = {m: _within(n, lower[m], upper[m]) for m, n in at_target.items()}
+    problem = None
+    if fits(at_target):
+        objective, counts = HOLD_TARGETS, at_target
+    else:
+        objective = MOST_HEADROOM
+        demand = {m: stage.demand_rps for m, stage in sized.items()}
+        per_instance = {m: stage.capacity_per_instance_rps for m, stage in sized.items()}
+        best = best_split(demand, per_instance, lower, upper, fits)
+        if best is None:
+            counts = dict(lower)
+            problem = room.overflow({**fixed_counts, **counts})
+        else:
+            counts = best
+            today = {m: _within(current[m], lower[m], upper[m]) for m in sized}
+            kept = headroom(today, demand, per_instance)
+            most = headroom(best, demand, per_instance)
+            if fits(today) and most * (1 - switch_margin) <= kept < most * (1 - _EQUAL):
+                # Today's split serves about as much: within the noise, a move is no gain.
+                counts = today
+    prediction = predict(pipeline, sized, counts)
+    targets = dict(fixed)
+    for model, stage in sized.items():
+        targets[model] = _target(
+            stage, specs[model], current[model], counts[model], objective, prediction
+        )
+    return Allocation(targets, prediction, objective, problem)
+
+
+def headroom(
+    counts: Mapping[str, int], demand: Mapping[str, float], per_instance: Mapping[str, float]
+) -> float:
+    """How many times over the stages serve their demand: the least of capacity / demand."""
+    levels = [counts[m] * per_instance[m] / demand[m] for m in counts if demand[m] > 0]
+    return min(levels, default=math.inf)
+
+
+def fewest_for(
+    level: float,
+    demand: Mapping[str, float],
+    per_instance: Mapping[str, float],
+    lower: Mapping[str, int],
+    upper: Mapping[str, int],
+) -> dict[str, int] | None:
+    """Each stage's fewest instances that serve `level` times its demand; None if one cannot."""
+    counts = {}
+    for model in lower:
+        need = (
+            0
+            if demand[model] <= 0
+            else math.ceil(level * demand[model] / per_instance[model] - _EQUAL)
+        )
+        count = max(lower[model], need)
+        if count > upper[model]:
+            return None
+        counts[model] = count
+    return counts
+
+
+def best_split(
+    demand: Mapping[str, float],
+    per_instance: Mapping[str, float],
+    lower: Mapping[str, int],
+    upper: Mapping[str, int],
+    fits: Callable[[Mapping[str, int]], bool],
+) -> dict[str, int] | None:
+    """The counts with the most headroom that fit, the fewest instances among equals; None
+    when even the lower bounds do not fit. `fits` must be monotone: fewer instances of any
+    model never break a budget that more fit in."""
+    if not fits(dict(lower)):
+        return None
+    levels = sorted(
+        {
+            count * per_instance[m] / demand[m]
+            for m in lower
+            if demand[m] > 0
+            for count in range(lower[m], upper[m] + 1)
+        }
+    )
+    best = dict(lower)
+    # The fewest instances of a level grow with the level, so the levels that fit are a prefix.
+    low, high = 0, len(levels) - 1
+    while low <= high:
+        middle = (low + high) // 2
+        counts = fewest_for(levels[middle], demand, per_instance, lower, upper)
+        if counts is not None and fits(counts):
+            best, low = counts, middle + 1
+        else:
+            high = middle - 1
+    return best
+
+
+def predict(
+    pipeline: PipelineModel, sized: Mapping[str, Stage], counts: Mapping[str, int]
+) -> Prediction:
+    """What the counts should serve: the roots' demand times the stages' least headroom."""
+    capacity = {m: counts[m] * stage.capacity_per_instance_rps for m, stage in sized.items()}
+    ratios = {
+        m: capacity[m] / stage.demand_rps for m, stage in sized.items() if stage.demand_rps > 0
+    }
+    bottleneck = min(ratios, key=lambda m: (ratios[m], m)) if ratios else None
+    level = ratios[bottleneck] if bottleneck is not None else 0.0
+    offered = sum(sized[m].demand_rps for m in pipeline.roots if m in sized)
+    saturated = any(stage.saturated for stage in sized.values())
+    capacity_rps = offered * level
+    expected = capacity_rps if saturated else min(offered, capacity_rps)
+    return Prediction(capacity_rps, offered, expected, bottleneck, capacity)
+
+
+def _count_at_target(stage: Stage, spec: AutoscalerSpec, current: int) -> int:
+    """The fewest instances that hold the stage under its target utilization, with the
+    policy's tolerance (a ratio within it keeps the count) and scale-down margin (down only
+    to a count where the load reads clearly below the target)."""
+    target = spec.targets.utilization
+    needed = stage.demand_rps / (target * stage.capacity_per_instance_rps)
+    ratio = needed / current
+    if round(abs(1.0 - ratio), 9) <= spec.tolerance:
+        return current
+    if ratio > 1:
+        return math.ceil(round(needed, 9))
+    return min(current, math.ceil(round(needed / (1 - sizing.SCALE_DOWN_MARGIN), 9)))
+
+
+def _target(
+    stage: Stage,
+    spec: AutoscalerSpec,
+    current: int,
+    count: int,
+    objective: str,
+    prediction: Prediction,
+) -> Target:
+    utilization_then = stage.demand_rps / (count * stage.capacity_per_instance_rps)
+    seen = (
+        f"demand {stage.demand_rps:.1f} req/s, {1000 * stage.hold_per_request_s.value:.1f} ms "
+        f"of an instance per request: busy {utilization_then:.2f} per instance at "
+        f"{_instances(count)} (target {spec.targets.utilization:.2f})"
+    )
+    if objective == HOLD_TARGETS:
+        reason = (
+            HIGH_UTILIZATION
+            if count > current
+            else LOW_UTILIZATION
+            if count < current
+            else WITHIN_TOLERANCE
+        )
+        return Target(stage.model, current, count, reason, seen)
+    where = (
+        "the set's bottleneck"
+        if stage.model == prediction.bottleneck
+        else f"bottleneck {prediction.bottleneck}"
+    )
+    share = (
+        f"the budget cannot hold every model under its target; this split serves the most, "
+        f"{prediction.capacity_rps:.1f} req/s ({where})"
+    )
+    reason = REALLOCATED if count < current else MAX_THROUGHPUT
+    return Target(stage.model, current, count, reason, f"{share}: {seen}")
+
+
+def _within(count: int, lowest: int, highest: int) -> int:
+    return max(lowest, min(count, highest))
+
+
+def _instances(count: int) -> str:
+    return f"{count} instance" if count == 1 else f"{count} instances"

@@ -1,0 +1,477 @@
+"""The pipeline model of a pod set: each model's load and service time, measured live.
+
+From the metric snapshots of one pod set (the latest, and a short history the caller keeps in
+`PipelineHistory` and passes back), per model of the set:
+
+- arrival rate: requests finished per second, successes and failures, over the window;
+- busy seconds per execution and per request. Triton adds a batch's whole compute time to
+  each request in it, so compute seconds per request is the time of the batch a request ran
+  in (per execution); dividing by the mean batch (requests per execution) gives the instance
+  seconds one request costs. The gap between the two is what batching buys;
+- utilization per instance: instance seconds per second over pods x instances;
+- for a BLS parent (its spec's `calls`), the calls it makes to each child per request: the
+  child's request rate over its callers' (one value shared by a child's callers);
+- demand propagated down the pipeline: a root's demand is its arrival rate, a child's is its
+  callers' demand times their calls per request;
+- the hold per request: the instance seconds one request will cost at the allocator's counts.
+  A BLS parent's busy time includes its wait for its children (a parent in front of a
+  saturated child reads 99 % busy), and that wait shrinks when the children get instances.
+  So its own work is its execution time less the longest time a call spends in a child
+  (queue + compute: the calls of an async parent run together; a parent that calls in
+  sequence keeps part of its wait in its own work, which understates its capacity, the safe
+  side), and it holds an instance for its own work plus the children's execution time,
+  without their queue. A leaf holds an instance for its busy time per request.
+
+Each estimate carries its windows and spread (`Estimate`): service times are averaged over
+the windows that do not overlap, at the counts the model (and its children) run now; the
+arrival rate is the latest window's, its spread that of the same windows. A model with fewer
+than `MIN_REQUESTS_PER_WINDOW` requests in the latest window is `quiet`: its estimates are
+noise, and it keeps its count.
+
+Pure: no clock (the snapshot carries its time), no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tritonscale.core import sizing
+from tritonscale.core.signals import MetricSnapshot, ModelSignals
+from tritonscale.core.spec import AutoscalerSpec
+
+# Fewer requests than this in a window and a model's rates and times are noise: it holds.
+MIN_REQUESTS_PER_WINDOW = 20.0
+# How far back the history reaches, and how many windows it keeps at most.
+HISTORY_S = 600.0
+MAX_WINDOWS = 16
+# An estimate's relative noise: NOISE_SIGMAS standard deviations of its windows, at least
+# NOISE_FLOOR; with one window its spread is unknown and UNKNOWN_NOISE stands for it (the
+# policy's NoGain bar, what a window's noise makes of a steady load).
+NOISE_SIGMAS = 2.0
+NOISE_FLOOR = 0.03
+UNKNOWN_NOISE = 0.25
+# At or above this busy fraction per instance a model is saturated: what it serves is what it
+# can, and its arrival rate understates what is offered to it.
+SATURATED_UTILIZATION = 0.95
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One model's counters over one window (the fields of ModelSignals the model uses)."""
+
+    request_rate: float
+    failure_rate: float
+    execution_rate: float
+    compute_seconds_per_second: float
+    queue_seconds_per_second: float
+    pods: int
+
+    @classmethod
+    def of(cls, signals: ModelSignals) -> Reading:
+        return cls(
+            signals.request_rate,
+            signals.failure_rate,
+            signals.execution_rate,
+            signals.compute_seconds_per_second,
+            signals.queue_seconds_per_second,
+            signals.pods_reporting,
+        )
+
+    @property
+    def arrival_rate(self) -> float:
+        return self.request_rate + self.failure_rate
+
+    @property
+    def execution_s(self) -> float:
+        """Busy seconds per execution (the batch a request ran in), request-weighted."""
+        return self.compute_seconds_per_second / self.request_rate
+
+    @property
+    def mean_batch(self) -> float:
+        if self.execution_rate <= 0:
+            return 1.0  # no executions reported: no batching correction (as core.sizing)
+        return max(1.0, self.request_rate / self.execution_rate)
+
+    @property
+    def time_in_model_s(self) -> float:
+        """What a caller waits per request: queue plus the execution it ran in."""
+        return (self.queue_seconds_per_second + self.compute_seconds_per_second) / (
+            self.request_rate
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requestRate": self.request_rate,
+            "failureRate": self.failure_rate,
+            "executionRate": self.execution_rate,
+            "computeSecondsPerSecond": self.compute_seconds_per_second,
+            "queueSecondsPerSecond": self.queue_seconds_per_second,
+            "pods": self.pods,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Reading:
+        return cls(
+            float(d["requestRate"]),
+            float(d["failureRate"]),
+            float(d["executionRate"]),
+            float(d["computeSecondsPerSecond"]),
+            float(d["queueSecondsPerSecond"]),
+            int(d["pods"]),
+        )
+
+
+@dataclass(frozen=True)
+class Window:
+    """One snapshot as the history keeps it: its window, the counts then, each model's reading."""
+
+    taken_at: float
+    window_s: float
+    counts: Mapping[str, int] = field(hash=False)
+    readings: Mapping[str, Reading] = field(hash=False)
+
+    @property
+    def starts_at(self) -> float:
+        return self.taken_at - self.window_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "takenAt": self.taken_at,
+            "windowS": self.window_s,
+            "counts": dict(self.counts),
+            "readings": {model: r.to_dict() for model, r in self.readings.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Window:
+        return cls(
+            float(d["takenAt"]),
+            float(d["windowS"]),
+            {str(model): int(count) for model, count in d["counts"].items()},
+            {str(model): Reading.from_dict(r) for model, r in d["readings"].items()},
+        )
+
+
+@dataclass(frozen=True)
+class PipelineHistory:
+    """The recent windows of a pod set, oldest first; the caller stores it between ticks."""
+
+    windows: tuple[Window, ...] = ()
+
+    def observed(self, snapshot: MetricSnapshot, counts: Mapping[str, int]) -> PipelineHistory:
+        """Add the snapshot (unless the history holds it or a later one already) and prune."""
+        if self.windows and snapshot.taken_at <= self.windows[-1].taken_at:
+            return self
+        readings = {
+            model: Reading.of(signals)
+            for model, signals in snapshot.models.items()
+            if model in counts and sizing.unusable_field(signals) is None
+        }
+        window = Window(snapshot.taken_at, snapshot.window_s, dict(counts), readings)
+        kept = [w for w in self.windows if w.taken_at > snapshot.taken_at - HISTORY_S]
+        if len(kept) >= 2 and _overlaps(kept[-1], kept[-2]):
+            if kept[-2].counts == kept[-1].counts == window.counts:
+                # Windows that overlap share their requests and add nothing to the spread: keep
+                # the chain of those that do not, and the newest (where the counts changed,
+                # every window, for the time of the change).
+                kept.pop()
+        return PipelineHistory((*kept, window)[-MAX_WINDOWS:])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"windows": [window.to_dict() for window in self.windows]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> PipelineHistory:
+        """Read `to_dict()`'s form back; None or {} is an empty history.
+
+        Raises ValueError on a malformed dict (a fresh history is then safe: it only makes the
+        first estimates noisier).
+        """
+        if not d:
+            return cls()
+        try:
+            return cls(tuple(Window.from_dict(w) for w in d.get("windows", [])))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"malformed pipeline history: {error!r}") from None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A value measured over `windows` windows that together span `span_s` seconds."""
+
+    value: float
+    spread: float  # standard deviation over the windows; 0 with one window
+    windows: int
+    span_s: float
+
+    @property
+    def noise(self) -> float:
+        """Relative noise: how far a new reading may stray from `value` by chance alone."""
+        if self.windows < 2 or self.value <= 0:
+            return UNKNOWN_NOISE
+        return max(NOISE_FLOOR, NOISE_SIGMAS * self.spread / self.value)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One model of the set as the latest windows show it."""
+
+    model: str
+    instances: int
+    pods: int
+    arrival_rps: Estimate  # requests finished per second, successes and failures
+    served_fraction: float  # successes over all requests finished, latest window
+    demand_rps: float  # arrival propagated down from the roots
+    utilization: float  # busy fraction per instance, latest window (batching undone)
+    execution_s: Estimate  # busy seconds per execution
+    busy_per_request_s: Estimate  # instance seconds per request (per execution / mean batch)
+    mean_batch: float
+    time_in_model_s: float  # queue + compute per request: what a caller waits, latest window
+    own_execution_s: Estimate  # per execution, net of the wait for its children
+    hold_per_request_s: Estimate  # instance seconds per request at the allocator's counts
+    calls: Mapping[str, Estimate] = field(hash=False)  # child -> calls per request
+    # The service times come from windows at today's counts (False: from earlier ones, until
+    # a window wholly after the last change exists).
+    measured_at_counts: bool
+    quiet: bool  # too few requests to measure: it keeps its count
+    saturated: bool  # busy at or above SATURATED_UTILIZATION
+
+    @property
+    def capacity_per_instance_rps(self) -> float:
+        """Requests per second one instance serves when it is busy all the time."""
+        return 1.0 / self.hold_per_request_s.value
+
+
+@dataclass(frozen=True)
+class PipelineModel:
+    """The pod set's stages, and the models that could not be measured (model -> why)."""
+
+    taken_at: float
+    stages: Mapping[str, Stage] = field(hash=False)
+    unmeasured: Mapping[str, str] = field(hash=False)
+    roots: tuple[str, ...] = ()  # measured models no other measured model of the set calls
+
+    @property
+    def active(self) -> dict[str, Stage]:
+        """The stages with enough traffic to size."""
+        return {model: stage for model, stage in self.stages.items() if not stage.quiet}
+
+
+def measure(
+    specs: Mapping[str, AutoscalerSpec],
+    counts: Mapping[str, int],
+    history: PipelineHistory,
+) -> PipelineModel:
+    """The pipeline model from `history` (its last window is the latest snapshot).
+
+    `specs` is keyed by model; `counts` holds each model's live instance count per pod.
+    """
+    if not history.windows:
+        return PipelineModel(0.0, {}, {model: "no metrics yet" for model in specs})
+    latest = history.windows[-1]
+    unmeasured: dict[str, str] = {}
+    readings: dict[str, Reading] = {}
+    for model in specs:
+        reading = latest.readings.get(model)
+        if reading is None:
+            unmeasured[model] = f"the metrics hold nothing usable for {model}"
+        elif reading.request_rate > 0 and reading.compute_seconds_per_second <= 0:
+            # A decoupled model whose execute returns at once: Triton's timings miss its work.
+            unmeasured[model] = f"{model} reports requests but no busy time"
+        else:
+            readings[model] = reading
+    callers = _callers(specs, readings)
+    stages = {
+        model: _stage(model, specs[model], counts, history, callers)
+        for model in readings
+        if model in counts
+    }
+    demand = _demand(stages, callers)
+    stages = {model: _with_demand(stage, demand[model]) for model, stage in stages.items()}
+    roots = tuple(model for model in stages if not callers.get(model))
+    return PipelineModel(latest.taken_at, stages, unmeasured, roots)
+
+
+def _callers(
+    specs: Mapping[str, AutoscalerSpec], readings: Mapping[str, Reading]
+) -> dict[str, tuple[str, ...]]:
+    """Each measured model's measured callers in the set."""
+    return {
+        model: tuple(
+            parent for parent, spec in specs.items() if model in spec.calls and parent in readings
+        )
+        for model in readings
+    }
+
+
+def _stage(
+    model: str,
+    spec: AutoscalerSpec,
+    counts: Mapping[str, int],
+    history: PipelineHistory,
+    callers: Mapping[str, tuple[str, ...]],
+) -> Stage:
+    latest = history.windows[-1]
+    reading = latest.readings[model]
+    instances = counts[model]
+    children = tuple(child for child in spec.calls if child in callers)
+    # Service times at today's counts: windows wholly after the last one that ran other counts
+    # of this model or its children (a window that saw the change may have started before it).
+    # Until one exists, the earlier windows stand for them: the hold per request does not
+    # depend on the counts where the model's assumption holds, and the verifier tests it.
+    serving = [
+        w for w in _windows_at_counts(history, (model, *children), counts) if _served(w, model)
+    ]
+    at_counts = bool(serving)
+    if not at_counts:
+        serving = [w for w in history.windows if _served(w, model)]
+    apart = _apart(serving)
+
+    execution = _estimate([(w, w.readings[model].execution_s) for w in apart])
+    busy = _estimate(
+        [(w, w.readings[model].execution_s / w.readings[model].mean_batch) for w in apart]
+    )
+    own = _estimate([(w, _own_execution_s(w, model, children)) for w in apart])
+    hold = _estimate(
+        [
+            (
+                w,
+                (_own_execution_s(w, model, children) + _children_execution_s(w, children))
+                / w.readings[model].mean_batch,
+            )
+            for w in apart
+        ]
+    )
+    arrivals = _apart([w for w in history.windows if model in w.readings])
+    arrival = _estimate([(w, w.readings[model].arrival_rate) for w in arrivals])
+    arrival = Estimate(reading.arrival_rate, arrival.spread, arrival.windows, arrival.span_s)
+    calls = {}
+    for child in children:
+        ratios = [
+            (w, _calls_per_request(w, child, callers[child]))
+            for w in arrivals
+            if _served(w, child) and all(_served(w, parent) for parent in callers[child])
+        ]
+        calls[child] = _estimate([(w, ratio) for w, ratio in ratios if ratio is not None])
+    busy_now = 0.0
+    if reading.request_rate > 0:
+        busy_now = reading.execution_s / reading.mean_batch * reading.request_rate
+    utilization = busy_now / (reading.pods * instances) if reading.pods > 0 else 0.0
+    return Stage(
+        model=model,
+        instances=instances,
+        pods=reading.pods,
+        arrival_rps=arrival,
+        served_fraction=(
+            reading.request_rate / reading.arrival_rate if reading.arrival_rate > 0 else 1.0
+        ),
+        demand_rps=reading.arrival_rate,
+        utilization=utilization,
+        execution_s=execution,
+        busy_per_request_s=busy,
+        mean_batch=reading.mean_batch,
+        time_in_model_s=reading.time_in_model_s if reading.request_rate > 0 else 0.0,
+        own_execution_s=own,
+        hold_per_request_s=hold,
+        calls=calls,
+        measured_at_counts=at_counts,
+        quiet=(reading.request_rate * latest.window_s < MIN_REQUESTS_PER_WINDOW or hold.value <= 0),
+        saturated=utilization >= SATURATED_UTILIZATION,
+    )
+
+
+def _overlaps(later: Window, earlier: Window) -> bool:
+    return later.starts_at < earlier.taken_at
+
+
+def _served(window: Window, model: str) -> bool:
+    reading = window.readings.get(model)
+    return reading is not None and reading.request_rate > 0
+
+
+def _windows_at_counts(
+    history: PipelineHistory, models: Sequence[str], counts: Mapping[str, int]
+) -> list[Window]:
+    def same(window: Window) -> bool:
+        return all(window.counts.get(model) == counts.get(model) for model in models)
+
+    changed_at = max((w.taken_at for w in history.windows if not same(w)), default=-math.inf)
+    return [w for w in history.windows if same(w) and w.starts_at >= changed_at]
+
+
+def _apart(windows: Sequence[Window]) -> list[Window]:
+    """The newest window, then each older one that ends before the last one kept begins:
+    overlapping windows share their requests, and their spread would understate the noise."""
+    kept: list[Window] = []
+    for window in reversed(windows):
+        if not kept or not _overlaps(kept[-1], window):
+            kept.append(window)
+    return kept[::-1]
+
+
+def _estimate(values: Sequence[tuple[Window, float]]) -> Estimate:
+    if not values:
+        return Estimate(0.0, 0.0, 0, 0.0)
+    numbers = [value for _, value in values]
+    spread = statistics.stdev(numbers) if len(numbers) > 1 else 0.0
+    span = values[-1][0].taken_at - min(w.starts_at for w, _ in values)
+    return Estimate(statistics.fmean(numbers), spread, len(numbers), span)
+
+
+def _own_execution_s(window: Window, model: str, children: Sequence[str]) -> float:
+    """The execution time less the longest wait for a child (at least 0)."""
+    wait = max(
+        (window.readings[c].time_in_model_s for c in children if _served(window, c)), default=0.0
+    )
+    return max(0.0, window.readings[model].execution_s - wait)
+
+
+def _children_execution_s(window: Window, children: Sequence[str]) -> float:
+    """What a call waits once the children queue no more: the longest child's execution."""
+    return max(
+        (window.readings[c].execution_s for c in children if _served(window, c)), default=0.0
+    )
+
+
+def _calls_per_request(window: Window, child: str, parents: Sequence[str]) -> float | None:
+    called = sum(window.readings[parent].arrival_rate for parent in parents)
+    if called <= 0:
+        return None
+    return window.readings[child].arrival_rate / called
+
+
+def _demand(
+    stages: Mapping[str, Stage], callers: Mapping[str, tuple[str, ...]]
+) -> dict[str, float]:
+    """Roots' arrival rates, carried down by the calls per request (a cycle keeps its own)."""
+    demand: dict[str, float] = {}
+
+    def of(model: str, visiting: frozenset[str]) -> float:
+        if model in demand:
+            return demand[model]
+        stage = stages[model]
+        parents = [p for p in callers.get(model, ()) if p in stages and p not in visiting]
+        if not parents or len(parents) < len(callers.get(model, ())):
+            value = stage.arrival_rps.value
+        else:
+            calls = 0.0
+            for parent in parents:
+                per_request = stages[parent].calls.get(model)
+                if per_request is None or per_request.windows == 0:
+                    return stage.arrival_rps.value
+                calls += of(parent, visiting | {model}) * per_request.value
+            value = calls
+        demand[model] = value
+        return value
+
+    for model in stages:
+        of(model, frozenset())
+    return demand
+
+
+def _with_demand(stage: Stage, demand: float) -> Stage:
+    return replace(stage, demand_rps=demand)

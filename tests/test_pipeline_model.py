@@ -1,0 +1,212 @@
+"""The pipeline model (tritonscale.core.pipeline_model): rates, service times, calls, demand,
+and their noise, from a pod set's windows.
+
+Most rows are the pipeline of tests/pipeline_load.py: pipeline_async fans out to three
+branches at once; branch_embed takes 20 ms of an instance per request, the others 5 ms; the
+parent works 4 ms per execution, in batches of four.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+
+import pytest
+
+from tests.pipeline_load import CHILDREN, PARENT, WINDOW_S, Load, counts, pipeline_specs
+from tritonscale.core.pipeline_model import (
+    HISTORY_S,
+    MAX_WINDOWS,
+    MIN_REQUESTS_PER_WINDOW,
+    NOISE_FLOOR,
+    UNKNOWN_NOISE,
+    PipelineHistory,
+    PipelineModel,
+    measure,
+)
+from tritonscale.core.signals import MetricSnapshot, ModelSignals
+
+pytestmark = pytest.mark.unit
+
+START = 1_000_000.0
+
+
+def measured(
+    snapshots: list[MetricSnapshot], at: Mapping[str, int], specs: dict | None = None
+) -> tuple[PipelineModel, PipelineHistory]:
+    history = PipelineHistory()
+    for snapshot in snapshots:
+        history = history.observed(snapshot, at)
+    return measure(specs or pipeline_specs(), at, history), history
+
+
+def apart(load: Load, at: Mapping[str, int], windows: int) -> list[MetricSnapshot]:
+    """`windows` snapshots one window apart (no overlap)."""
+    return [load.snapshot(START + i * WINDOW_S, at) for i in range(windows)]
+
+
+class TestOneWindow:
+    def test_a_leaf_reads_its_arrival_busy_time_and_utilization(self) -> None:
+        at = counts(2, 2)
+        model, _ = measured([Load(50.0).snapshot(START, at)], at)
+        embed = model.stages["branch_embed"]
+        assert embed.arrival_rps.value == pytest.approx(50.0)
+        assert embed.execution_s.value == pytest.approx(0.020)
+        assert embed.busy_per_request_s.value == pytest.approx(0.020)
+        # 50 req/s x 20 ms over 2 instances
+        assert embed.utilization == pytest.approx(0.5)
+        assert embed.capacity_per_instance_rps == pytest.approx(50.0)
+
+    def test_batching_shows_as_less_busy_time_per_request_than_per_execution(self) -> None:
+        at = counts(2, 4, 2, 2)
+        model, _ = measured([Load(100.0, parent_batch=4.0).snapshot(START, at)], at)
+        parent = model.stages[PARENT]
+        assert parent.mean_batch == pytest.approx(4.0)
+        assert parent.busy_per_request_s.value == pytest.approx(parent.execution_s.value / 4)
+        # One instance serves four requests per execution.
+        assert parent.utilization == pytest.approx(100.0 * parent.execution_s.value / 4 / 2)
+
+    def test_a_parents_calls_per_request_come_from_the_request_rates(self) -> None:
+        at = counts(2, 2)
+        snapshot = Load(30.0).snapshot(START, at)
+        # The parent calls branch_rank three times per request (a fan-out to one model).
+        rank = snapshot.models["branch_rank"]
+        tripled = ModelSignals(
+            "branch_rank",
+            3 * rank.request_rate,
+            0.0,
+            3 * rank.execution_rate,
+            3 * rank.compute_seconds_per_second,
+            3 * rank.queue_seconds_per_second,
+            0.0,
+            1,
+        )
+        snapshot = MetricSnapshot(START, WINDOW_S, {**snapshot.models, "branch_rank": tripled})
+        model, _ = measured([snapshot], at)
+        assert model.stages[PARENT].calls["branch_rank"].value == pytest.approx(3.0)
+        assert model.stages[PARENT].calls["branch_embed"].value == pytest.approx(1.0)
+        assert model.stages["branch_rank"].demand_rps == pytest.approx(90.0)
+        assert model.roots == (PARENT,)
+
+    def test_a_parent_waiting_on_a_saturated_child_is_sized_net_of_the_wait(self) -> None:
+        # branch_embed at one instance serves 50 req/s and queues; the parent's execution is
+        # mostly that wait, yet its hold per request is its own work plus the child's
+        # execution, the same as when the child has room.
+        saturated, roomy = counts(3, 1), counts(3, 4)
+        short, _ = measured([Load(200.0).snapshot(START, saturated)], saturated)
+        room, _ = measured([Load(50.0).snapshot(START, roomy)], roomy)
+        assert short.stages["branch_embed"].saturated
+        assert short.stages[PARENT].execution_s.value > 4 * room.stages[PARENT].execution_s.value
+        for model in (short, room):
+            parent = model.stages[PARENT]
+            assert parent.own_execution_s.value == pytest.approx(0.004)
+            assert parent.hold_per_request_s.value == pytest.approx((0.004 + 0.020) / 4)
+
+    def test_a_model_with_too_little_traffic_is_quiet(self) -> None:
+        at = counts(1, 1)
+        rate = 0.9 * MIN_REQUESTS_PER_WINDOW / WINDOW_S
+        model, _ = measured([Load(rate).snapshot(START, at)], at)
+        assert all(stage.quiet for stage in model.stages.values())
+        assert model.active == {}
+
+    def test_a_model_without_metrics_is_unmeasured(self) -> None:
+        at = counts(1, 1)
+        snapshot = Load(50.0).snapshot(START, at)
+        models = {m: s for m, s in snapshot.models.items() if m != "branch_rank"}
+        model, _ = measured([MetricSnapshot(START, WINDOW_S, models)], at)
+        assert "branch_rank" in model.unmeasured
+        assert "branch_rank" not in model.stages
+
+    def test_requests_without_busy_time_are_unmeasured(self) -> None:
+        # A decoupled model whose execute returns at once: Triton times the hand-off.
+        at = counts(1, 1)
+        snapshot = Load(50.0).snapshot(START, at)
+        streaming = ModelSignals("branch_rank", 50.0, 0.0, 50.0, 0.0, 0.0, 0.0, 1, decoupled=True)
+        models = {**snapshot.models, "branch_rank": streaming}
+        model, _ = measured([MetricSnapshot(START, WINDOW_S, models)], at)
+        assert "busy time" in model.unmeasured["branch_rank"]
+
+
+class TestEstimates:
+    def test_one_window_has_an_unknown_noise(self) -> None:
+        at = counts(2, 2)
+        model, _ = measured([Load(50.0).snapshot(START, at)], at)
+        hold = model.stages["branch_embed"].hold_per_request_s
+        assert (hold.windows, hold.noise) == (1, UNKNOWN_NOISE)
+
+    def test_windows_that_do_not_overlap_give_the_spread(self) -> None:
+        at = counts(2, 2)
+        loads = [
+            Load(
+                50.0, service_s={"branch_embed": s, "branch_classify": 0.005, "branch_rank": 0.005}
+            )
+            for s in (0.019, 0.021, 0.020)
+        ]
+        snapshots = [load.snapshot(START + i * WINDOW_S, at) for i, load in enumerate(loads)]
+        model, _ = measured(snapshots, at)
+        hold = model.stages["branch_embed"].hold_per_request_s
+        assert hold.windows == 3
+        assert hold.value == pytest.approx(0.020)
+        assert hold.spread == pytest.approx(0.001)
+        assert hold.span_s == pytest.approx(3 * WINDOW_S)
+        assert hold.noise == pytest.approx(max(NOISE_FLOOR, 2 * 0.001 / 0.020))
+
+    def test_overlapping_windows_count_once(self) -> None:
+        # Ticks every 15 s over 60 s windows: four of five windows overlap the one after.
+        at = counts(2, 2)
+        snapshots = [Load(50.0).snapshot(START + 15.0 * i, at) for i in range(9)]
+        model, history = measured(snapshots, at)
+        assert model.stages["branch_embed"].hold_per_request_s.windows == 3
+        assert len(history.windows) < 9
+
+    def test_a_change_of_counts_starts_the_service_estimates_afresh(self) -> None:
+        before, after = counts(2, 1), counts(2, 3)
+        history = PipelineHistory()
+        for i in range(3):
+            history = history.observed(Load(50.0).snapshot(START + i * WINDOW_S, before), before)
+        # The first window after the change began before it: not yet at the new counts.
+        history = history.observed(Load(50.0).snapshot(START + 2 * WINDOW_S + 15, after), after)
+        assert (
+            not measure(pipeline_specs(), after, history).stages["branch_embed"].measured_at_counts
+        )
+        history = history.observed(Load(50.0).snapshot(START + 4 * WINDOW_S, after), after)
+        embed = measure(pipeline_specs(), after, history).stages["branch_embed"]
+        assert embed.measured_at_counts
+        assert embed.hold_per_request_s.windows == 1
+
+    def test_demand_follows_the_calls_down_the_pipeline(self) -> None:
+        at = counts(2, 3)
+        model, _ = measured(apart(Load(80.0), at, 3), at)
+        for child in CHILDREN:
+            assert model.stages[child].demand_rps == pytest.approx(model.stages[PARENT].demand_rps)
+
+
+class TestHistory:
+    def test_the_history_round_trips_through_a_dict(self) -> None:
+        at = counts(2, 2)
+        _, history = measured(apart(Load(50.0, failure_rate=1.0), at, 4), at)
+        again = PipelineHistory.from_dict(json.loads(json.dumps(history.to_dict())))
+        assert again == history
+
+    def test_an_older_or_repeated_snapshot_is_not_added_twice(self) -> None:
+        at = counts(2, 2)
+        _, history = measured(apart(Load(50.0), at, 2), at)
+        assert history.observed(Load(50.0).snapshot(START, at), at) == history
+
+    def test_the_history_keeps_its_reach_and_size(self) -> None:
+        at = counts(2, 2)
+        _, history = measured(apart(Load(50.0), at, 3 * MAX_WINDOWS), at)
+        assert len(history.windows) <= MAX_WINDOWS
+        newest = history.windows[-1].taken_at
+        assert all(w.taken_at > newest - HISTORY_S for w in history.windows)
+
+    @pytest.mark.parametrize("malformed", [{"windows": [{"takenAt": "x"}]}, {"windows": [1]}])
+    def test_a_malformed_history_is_refused_in_one_line(self, malformed: dict) -> None:
+        with pytest.raises(ValueError, match="malformed pipeline history"):
+            PipelineHistory.from_dict(malformed)
+
+    def test_no_history_measures_nothing(self) -> None:
+        model = measure(pipeline_specs(), counts(1, 1), PipelineHistory())
+        assert set(model.unmeasured) == {PARENT, *CHILDREN}
+        assert not math.isnan(model.taken_at)
