@@ -8,7 +8,7 @@ import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import click
 import pytest
@@ -635,6 +635,48 @@ class TestHpaLocustAndHelmTest:
         assert service["spec"]["selector"].items() <= master_labels.items()
         files = one(objects, "ConfigMap", "-locustfiles")
         assert files["data"]["bls.py"] == (CHART / "files" / "loadtests" / "bls.py").read_text()
+
+
+# What Locust, Python and the init container's tools write to: each must lie in an emptyDir.
+LOCUST_WRITABLE_ENV = ("HOME", "XDG_CACHE_HOME", "TMPDIR")
+
+
+@pytest.mark.parametrize(
+    "sets", [("locust.enabled=true",), ("locust.enabled=true", "locust.headless=true")],
+    ids=["web ui", "headless"],
+)  # fmt: skip
+def test_locust_runs_on_a_read_only_root_and_writes_only_to_emptydirs(
+    render, sets: tuple[str, ...]
+) -> None:
+    objects = render(sets=sets).objects
+    workloads = [
+        o
+        for o in objects
+        if o["kind"] in ("Deployment", "Job")
+        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "locust"
+    ]
+    checked = []
+    for workload in workloads:
+        pod = workload["spec"]["template"]["spec"]
+        empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+        for item in [*pod.get("initContainers", []), *pod["containers"]]:
+            where = f"{workload['metadata']['name']}/{item['name']}"
+            assert item["securityContext"]["readOnlyRootFilesystem"] is True, where
+            writable = [
+                PurePosixPath(m["mountPath"])
+                for m in item["volumeMounts"]
+                if m["name"] in empty_dirs and not m.get("readOnly")
+            ]
+            env = {e["name"]: e.get("value") for e in item["env"]}
+            for name in LOCUST_WRITABLE_ENV:
+                path = PurePosixPath(env[name])
+                assert any(path.is_relative_to(mount) for mount in writable), (
+                    f"{where}: {name}={path} is not in an emptyDir (writable: {writable})"
+                )
+            # No byte code next to the read-only sources (the image's is compiled already).
+            assert env["PYTHONDONTWRITEBYTECODE"] == "1", where
+            checked.append(item["name"])
+    assert sorted(checked) == ["locust", "locust", "wait-for-triton"]
 
 
 def images(objects: list[dict]) -> dict[str, str]:

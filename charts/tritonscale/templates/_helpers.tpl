@@ -356,6 +356,29 @@ tritonscale: operator.replicaCount is {{ .Values.operator.replicaCount }} but op
 {{- toJson $files -}}
 {{- end -}}
 
+{{/* Where the Locust containers may write, their root filesystem being read-only: HOME and
+XDG_CACHE_HOME in the `home` emptyDir, TMPDIR (temporary files, reports named under /tmp) in
+the `tmp` emptyDir. The image's environment is compiled already, so Python writes no byte code
+(a PYTHONPYCACHEPREFIX would make it compile everything again into the emptyDir at each start). */}}
+{{- define "tritonscale.locustWritableEnv" -}}
+- name: HOME
+  value: /home/locust
+- name: XDG_CACHE_HOME
+  value: /home/locust/.cache
+- name: TMPDIR
+  value: /tmp
+- name: PYTHONDONTWRITEBYTECODE
+  value: "1"
+{{- end -}}
+
+{{/* The mounts of tritonscale.locustWritableEnv's folders. */}}
+{{- define "tritonscale.locustWritableMounts" -}}
+- name: home
+  mountPath: /home/locust
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
 {{- define "tritonscale.validateValues.locust" -}}
 {{- if and .Values.locust.enabled (not (.Files.Get (printf "files/loadtests/%s" .Values.locust.locustfile))) -}}
 tritonscale: locust.enabled is true but the chart holds no loadtests/{{ .Values.locust.locustfile }} (files/loadtests links to loadtests/).
