@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from hack.drills import Record, _outside_window, _ready_while_gate_closed
+from hack.drills.harness import Record
+from hack.drills.oom import _ready_while_gate_closed
+from hack.drills.runner import _outside_window
 from tritonscale.drivers.pods import INSTANCES_READY
 
 pytestmark = pytest.mark.unit

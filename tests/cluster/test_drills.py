@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from hack import drills as hack_drills
-from hack.demo_k8s import Kubectl
+from hack.demo_k8s import CHART, Kubectl
 from tests.cluster.harness import Cluster, Stopwatch, restricted_namespace, wait_namespace_gone
 
 NAMESPACE = "e2e-drills"
@@ -51,7 +51,7 @@ def _install(cluster: Cluster, values: dict) -> None:
     path = Path(cluster.state_dir) / "drills-values.yaml"
     path.write_text(yaml.safe_dump(values))
     cluster.helm(
-        "install", hack_drills.RELEASE, str(hack_drills.CHART), "-n", NAMESPACE,
+        "install", hack_drills.RELEASE, str(CHART), "-n", NAMESPACE,
         "-f", str(path), "--wait", "--timeout", "8m", timeout=520,
     )  # fmt: skip
 
