@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,11 @@ from tritonclient.utils import InferenceServerException
 from tests.dashboard_load import stream_load
 from tests.tooling import missing, require_local_triton
 from tritonscale.local.ports import free_port
-from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
+from tritonscale.local.prometheus_server import (
+    LocalPrometheus,
+    LocalPrometheusError,
+    prometheus_binary,
+)
 from tritonscale.local.triton_server import LocalTriton
 from tritonscale.metrics import queries
 from tritonscale.reports import dashboards as boards
@@ -424,6 +429,55 @@ def _branch_timeouts(triton: LocalTriton, count: int) -> None:
             )
 
 
+def _wait_until(
+    prometheus: LocalPrometheus, promql: str, what: str, timeout_s: float = 30
+) -> float:
+    """Wait until `promql` returns a sample; its value. `what` names what it waits for."""
+    try:
+        return float(prometheus.wait_for(promql, timeout_s=timeout_s)[0]["value"][1])
+    except LocalPrometheusError:
+        raise AssertionError(f"waited {timeout_s:.0f} s for {what} in vain: {promql}") from None
+
+
+def _rfc3339_s(text: str) -> float:
+    """Seconds of a time as Prometheus writes it (nanoseconds: Python reads microseconds)."""
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text).replace("Z", "+00:00")
+    return datetime.fromisoformat(text).timestamp()
+
+
+def _wait_for_scrapes_and_rules_after(
+    prometheus: LocalPrometheus, since: float, timeout_s: float = 30
+) -> None:
+    """Both targets scraped after `since` (the load's last increments in), then every rule
+    group evaluated after those scrapes ended (the rules computed from them)."""
+    targets = 'job=~"triton|tritonscale"'
+    _wait_until(
+        prometheus,
+        f"min(timestamp(up{{{targets}}})) > {since}",
+        "scrapes of Triton and the operator after the load",
+    )
+    scraped_by = _wait_until(
+        prometheus,
+        f"max(timestamp(up{{{targets}}}) + scrape_duration_seconds{{{targets}}})",
+        "the scrapes' durations",
+    )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        groups = requests.get(f"{prometheus.url}/api/v1/rules", timeout=10).json()["data"]
+        behind = [
+            group["name"]
+            for group in groups["groups"]
+            if _rfc3339_s(group["lastEvaluation"]) <= scraped_by
+        ]
+        if not behind:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"rule groups {behind} not evaluated after the last scrape in {timeout_s:.0f} s"
+            )
+        time.sleep(prometheus.scrape_interval_s)  # the next evaluation is an interval away
+
+
 @pytest.fixture(scope="module")
 def triton() -> Iterator[LocalTriton]:
     """A server of this module's own: its streamed load may not leave the shared one hung."""
@@ -454,7 +508,14 @@ def live(triton: LocalTriton, tmp_path_factory) -> Iterator[Live]:
         ) as prometheus:
             prometheus.wait_for('up{job="triton"} == 1', timeout_s=30)
             prometheus.wait_for('up{job="tritonscale"} == 1', timeout_s=30)
-            time.sleep(1.0)  # a first sample of every counter before the load
+            # rate() counts an increase from a counter's first sample on: the failure
+            # counters the branch timeouts move must have one before them.
+            _wait_until(
+                prometheus,
+                'nv_inference_request_failure{job="triton", model="branch_embed", '
+                'reason="REJECTED"} == 0',
+                "a sample of branch_embed's REJECTED counter before the load",
+            )
             _branch_timeouts(triton, count=5)
 
             async def rounds() -> None:
@@ -463,7 +524,7 @@ def live(triton: LocalTriton, tmp_path_factory) -> Iterator[Live]:
                     await asyncio.sleep(1.5)
 
             asyncio.run(rounds())
-            time.sleep(2.0)  # the last increments scraped and the rules evaluated
+            _wait_for_scrapes_and_rules_after(prometheus, time.time())
             config = requests.get(
                 f"http://{triton.http_url}/v2/models/branch_rank/config", timeout=10
             ).json()
