@@ -34,7 +34,6 @@ Pure: no clock (the snapshot carries its time), no I/O.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -321,14 +320,20 @@ def _stage(
     children = tuple(child for child in spec.calls if child in callers)
     # Service times at today's counts: windows wholly after the last one that ran other counts
     # of this model or its children (a window that saw the change may have started before it).
-    # Until one exists, the earlier windows stand for them: the hold per request does not
-    # depend on the counts where the model's assumption holds, and the verifier tests it.
+    # Until one exists, windows that ended before the change stand for them (those at today's
+    # counts first, from before a step that was undone): the hold per request does not depend
+    # on the counts where the model's assumption holds, and the verifier tests it.
+    models = (model, *children)
+    changed_at = _changed_at(history, models, counts)
     serving = [
-        w for w in _windows_at_counts(history, (model, *children), counts) if _served(w, model)
+        w for w in history.windows if _at_counts(w, models, counts) and w.starts_at >= changed_at
     ]
+    serving = [w for w in serving if _served(w, model)]
     at_counts = bool(serving)
     if not at_counts:
-        serving = [w for w in history.windows if _served(w, model)]
+        before = [w for w in history.windows if w.taken_at <= changed_at and _served(w, model)]
+        # Earlier windows at today's counts (before a step that was undone), else any.
+        serving = [w for w in before if _at_counts(w, models, counts)] or before
     apart = _apart(serving)
 
     execution = _estimate([(w, w.readings[model].execution_s) for w in apart])
@@ -393,14 +398,18 @@ def _served(window: Window, model: str) -> bool:
     return reading is not None and reading.request_rate > 0
 
 
-def _windows_at_counts(
-    history: PipelineHistory, models: Sequence[str], counts: Mapping[str, int]
-) -> list[Window]:
-    def same(window: Window) -> bool:
-        return all(window.counts.get(model) == counts.get(model) for model in models)
+def _at_counts(window: Window, models: Sequence[str], counts: Mapping[str, int]) -> bool:
+    return all(window.counts.get(model) == counts.get(model) for model in models)
 
-    changed_at = max((w.taken_at for w in history.windows if not same(w)), default=-math.inf)
-    return [w for w in history.windows if same(w) and w.starts_at >= changed_at]
+
+def _changed_at(
+    history: PipelineHistory, models: Sequence[str], counts: Mapping[str, int]
+) -> float:
+    """When the newest window that ran other counts of `models` ended (-inf: none did)."""
+    return max(
+        (w.taken_at for w in history.windows if not _at_counts(w, models, counts)),
+        default=-math.inf,
+    )
 
 
 def _apart(windows: Sequence[Window]) -> list[Window]:
@@ -417,9 +426,13 @@ def _estimate(values: Sequence[tuple[Window, float]]) -> Estimate:
     if not values:
         return Estimate(0.0, 0.0, 0, 0.0)
     numbers = [value for _, value in values]
-    spread = statistics.stdev(numbers) if len(numbers) > 1 else 0.0
+    mean = math.fsum(numbers) / len(numbers)
+    spread = 0.0
+    if len(numbers) > 1:
+        # In floats: statistics.stdev works in exact fractions, a hundred times slower.
+        spread = math.sqrt(math.fsum((x - mean) ** 2 for x in numbers) / (len(numbers) - 1))
     span = values[-1][0].taken_at - min(w.starts_at for w, _ in values)
-    return Estimate(statistics.fmean(numbers), spread, len(numbers), span)
+    return Estimate(mean, spread, len(numbers), span)
 
 
 def _own_execution_s(window: Window, model: str, children: Sequence[str]) -> float:

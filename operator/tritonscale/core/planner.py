@@ -1,0 +1,375 @@
+"""The pod set's planner: every model's count decided together, once per set tick.
+
+`decide_set` reads no clock and does no I/O; the driver (or the simulator) passes the set's
+specs keyed by model, the live counts, the set's snapshot, the `SetState` it kept from the
+last tick (`SetState.from_dict` of what it stored) and `now`. It returns each model's target
+count with a reason and a message, the prediction, and the state to keep. Stages, in order:
+
+1. a model that is paused, or whose live count is outside [min, max], is held (or goes to the
+   bound at once); with no usable snapshot (none, stale, incomplete) every model holds;
+2. the pipeline model (tritonscale.core.pipeline_model) from the snapshot and the history;
+3. the verifier (tritonscale.core.verifier) judges the last step up once a window lies
+   wholly after it: a step that fell short goes back at once, past the stages below; until
+   the verdict, the models it stepped take no further step up;
+4. the allocator (tritonscale.core.allocator) chooses every count together;
+5. HPA behavior per model (tritonscale.core.behavior): stabilization, then rate limits;
+6. the room: an increase that the budget cannot hold until another model has given its
+   instances back (as slowly as that model's behavior allows) waits for them.
+
+Not yet the operator's default: tritonscale.core.policy decides each model on its own there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tritonscale.core import behavior, verifier
+from tritonscale.core.allocator import Allocation, Prediction, Room, Target, allocate
+from tritonscale.core.behavior import PolicyState
+from tritonscale.core.budget import BUDGET_EXHAUSTED
+from tritonscale.core.pipeline_model import (
+    NOISE_FLOOR,
+    NOISE_SIGMAS,
+    PipelineHistory,
+    PipelineModel,
+    measure,
+)
+from tritonscale.core.policy import (
+    METRICS_MISSING,
+    METRICS_STALE,
+    PAUSED,
+    WARMING_UP,
+    max_snapshot_age_s,
+)
+from tritonscale.core.signals import MetricSnapshot
+from tritonscale.core.spec import AutoscalerSpec
+
+__all__ = ["ModelDecision", "SetDecision", "SetState", "decide_set"]
+
+
+@dataclass(frozen=True)
+class SetState:
+    """What the planner keeps between ticks: the windows, each model's behavior history, and
+    the verifier's pending check and corrections. `to_dict` is its form in a CR's status."""
+
+    history: PipelineHistory = PipelineHistory()
+    policies: Mapping[str, PolicyState] = field(default_factory=dict, hash=False)
+    verifier: verifier.VerifierState = verifier.VerifierState()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "history": self.history.to_dict(),
+            "policies": {model: state.to_dict() for model, state in self.policies.items()},
+            "verifier": self.verifier.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> SetState:
+        """Read `to_dict()`'s form back; None or {} is a fresh state.
+
+        Raises ValueError on a malformed dict: a driver may then start afresh with
+        `SetState()`, which is safe (a fresh behavior history holds scale-downs back).
+        """
+        if not d:
+            return cls()
+        try:
+            return cls(
+                PipelineHistory.from_dict(d.get("history")),
+                {
+                    str(model): PolicyState.from_dict(state)
+                    for model, state in (d.get("policies") or {}).items()
+                },
+                verifier.VerifierState.from_dict(d.get("verifier")),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"malformed set state: {error!r}") from None
+
+
+@dataclass(frozen=True)
+class ModelDecision:
+    model: str
+    current_instances: int
+    desired_instances: int  # what to apply
+    allocated_instances: int | None  # the allocator's count, before behavior; None: not sized
+    reason: str  # the last stage that changed the count (CamelCase)
+    message: str  # one sentence, with the numbers
+
+    @property
+    def changes(self) -> bool:
+        return self.desired_instances != self.current_instances
+
+
+@dataclass(frozen=True)
+class SetDecision:
+    models: Mapping[str, ModelDecision] = field(hash=False)
+    prediction: Prediction | None  # None when nothing was allocated this tick
+    message: str  # the set in one sentence
+    state: SetState  # store it and pass it to the next call
+
+    @property
+    def targets(self) -> dict[str, int]:
+        return {model: d.desired_instances for model, d in self.models.items()}
+
+
+@dataclass(frozen=True)
+class _Step:
+    count: int
+    reason: str
+    clause: str = ""
+
+
+def decide_set(
+    specs: Mapping[str, AutoscalerSpec],
+    current: Mapping[str, int],
+    snapshot: MetricSnapshot | None,
+    state: SetState,
+    now: float,
+) -> SetDecision:
+    """Decide every model's count of one pod set (see the module's docstring for the stages).
+
+    `specs` and `current` are keyed by model; `current` is each model's live count per pod
+    (the highest where pods disagree). Raises ValueError when a model has no live count (with
+    no ready pod, report NoReadyPods instead of asking the planner).
+    """
+    for model in specs:
+        count = current.get(model)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"current[{model!r}] must be an int >= 1, got {count!r}")
+    policies = {
+        model: state.policies.get(model, PolicyState()).observe(current[model], now, spec)
+        for model, spec in specs.items()
+    }
+    held = {model: _held(spec, current[model]) for model, spec in specs.items()}
+    held = {model: step for model, step in held.items() if step is not None}
+    steps: dict[str, list[_Step]] = {}
+    allocated: dict[str, int] = {}
+    history, checks = state.history, state.verifier
+    prediction = None
+    problem = _unusable(specs, snapshot, now)
+    if problem is not None or snapshot is None:
+        reason, why = problem or (METRICS_MISSING, "no metrics snapshot")
+        for model in specs:
+            steps[model] = [held.get(model) or _Step(current[model], reason, why)]
+    else:
+        history = history.observed(snapshot, current)
+        pipeline = measure(specs, current, history)
+        verdict = verifier.judge(checks, pipeline, current, snapshot, now)
+        checks = verdict.state
+        if verdict.reverts:
+            for model, spec in specs.items():
+                steps[model] = [held.get(model) or _reverted(spec, current[model], verdict, model)]
+                if model in verdict.reverts and model not in held:
+                    count = steps[model][-1].count
+                    policies[model] = policies[model].recommend(count, now, spec)
+        else:
+            allocation = allocate(
+                pipeline,
+                specs,
+                current,
+                held={model: step.count for model, step in held.items()},
+                ceilings=_ceilings(checks, current, now),
+                switch_margin=_switch_margin(pipeline),
+            )
+            prediction = allocation.prediction
+            behaved: dict[str, Behaved] = {}
+            for model, spec in specs.items():
+                if model in held:
+                    steps[model] = [held[model]]
+                    continue
+                target = allocation.targets[model]
+                allocated[model] = target.count
+                seeded = policies[model].seeded(current[model], now, spec)
+                behaved[model] = Behaved(spec, seeded, current[model], target, now)
+                steps[model] = behaved[model].steps()
+                policies[model] = seeded.recommend(target.count, now, spec)
+            _within_room(specs, current, steps, behaved, allocation)
+            desired = {model: model_steps[-1].count for model, model_steps in steps.items()}
+            checks = verifier.start(checks, pipeline, current, desired, now)
+    decisions = {}
+    for model in specs:
+        count = steps[model][-1].count
+        policies[model] = policies[model].ticked(current[model], count, now)
+        decisions[model] = _rendered(model, current[model], steps[model], allocated.get(model))
+    new_state = SetState(history, policies, checks)
+    return SetDecision(decisions, prediction, _summary(prediction, decisions), new_state)
+
+
+def _held(spec: AutoscalerSpec, count: int) -> _Step | None:
+    """Paused: hold; outside [min, max]: the bound at once, whatever the metrics say."""
+    if spec.paused:
+        return _Step(count, PAUSED, "paused (observing only)")
+    if count < spec.min_instances:
+        return _Step(
+            spec.min_instances,
+            behavior.TOO_FEW_INSTANCES,
+            f"{_instances(count)} is below minInstances {spec.min_instances}",
+        )
+    if count > spec.max_instances:
+        return _Step(
+            spec.max_instances,
+            behavior.TOO_MANY_INSTANCES,
+            f"{_instances(count)} is above maxInstances {spec.max_instances}",
+        )
+    return None
+
+
+def _unusable(
+    specs: Mapping[str, AutoscalerSpec], snapshot: MetricSnapshot | None, now: float
+) -> tuple[str, str] | None:
+    """Why the set's snapshot cannot be used this tick; None when it can."""
+    if snapshot is None:
+        return METRICS_MISSING, "no metrics snapshot"
+    oldest = min((max_snapshot_age_s(spec) for spec in specs.values()), default=0.0)
+    age = now - snapshot.taken_at
+    if age > oldest:
+        return METRICS_STALE, f"the metrics are {age:.0f} s old (more than {oldest:.0f} s)"
+    if not snapshot.complete:
+        return WARMING_UP, f"the metrics cover {snapshot.window_s:.0f} s of a window (warming up)"
+    return None
+
+
+def _ceilings(
+    checks: verifier.VerifierState, current: Mapping[str, int], now: float
+) -> dict[str, int]:
+    """The verifier's corrections, and no further step up for a model whose last step waits
+    for its verdict (a step on an unjudged step would be judged against a moving baseline)."""
+    ceilings = checks.ceilings(now)
+    if checks.check is not None:
+        for expectation in checks.check.expectations:
+            count = current.get(expectation.model, expectation.after)
+            ceilings[expectation.model] = min(ceilings.get(expectation.model, count), count)
+    return ceilings
+
+
+def _switch_margin(pipeline: PipelineModel) -> float:
+    """How much more a split must serve before today's is left: one standard deviation of the
+    noisiest estimate it rests on, at least NOISE_FLOOR."""
+    spreads = [
+        stage.hold_per_request_s.noise / NOISE_SIGMAS
+        for stage in pipeline.active.values()
+        if stage.hold_per_request_s.windows > 1
+    ]
+    return max([NOISE_FLOOR, *spreads])
+
+
+def _reverted(spec: AutoscalerSpec, current: int, verdict: verifier.Verdict, model: str) -> _Step:
+    if model not in verdict.reverts:
+        return _Step(current, verifier.STEP_FELL_SHORT, "holds while the last step is undone")
+    count, why = verdict.reverts[model]
+    back = max(spec.min_instances, min(count, spec.max_instances))
+    return _Step(back, verifier.STEP_FELL_SHORT, f"{why}: back to {_instances(back)}")
+
+
+@dataclass(frozen=True)
+class Behaved:
+    """One model's allocated count through HPA behavior (tritonscale.core.behavior)."""
+
+    spec: AutoscalerSpec
+    history: PolicyState  # seeded, before this tick's recommendation
+    current: int
+    target: Target
+    now: float
+
+    def steps(self, stabilized: bool = True) -> list[_Step]:
+        """The allocator's count, then stabilization (skipped with `stabilized` False), then
+        the rate policies."""
+        spec, current, now = self.spec, self.current, self.now
+        count = self.target.count
+        steps = [_Step(count, self.target.reason, self.target.message)]
+        if stabilized:
+            count, window_reason = behavior.stabilize(
+                spec, self.history.recommendations, current, count, now
+            )
+            if window_reason is not None:
+                steps.append(_Step(count, window_reason, f"the stabilization window holds {count}"))
+        else:
+            steps.append(
+                _Step(
+                    count,
+                    self.target.reason,
+                    "its scaleDown stabilization window yields: another model waits for the room",
+                )
+            )
+        allowed, limit_reason = behavior.limit_rate(
+            spec, self.history.scale_events, current, count, now
+        )
+        if limit_reason is not None:
+            steps.append(
+                _Step(allowed, limit_reason, f"the rate policies allow {_instances(allowed)} now")
+            )
+        return steps
+
+
+def _within_room(
+    specs: Mapping[str, AutoscalerSpec],
+    current: Mapping[str, int],
+    steps: dict[str, list[_Step]],
+    behaved: Mapping[str, Behaved],
+    allocation: Allocation,
+) -> None:
+    """Cut the increases to the room the other models leave once their counts are applied,
+    the bottleneck's increase first.
+
+    A model that gives instances back holds them through its scaleDown stabilization window;
+    when another model's increase waits for that room, the window yields (it guards against
+    a dip in the model's own load, and this move is the set's), while the rate policies
+    still pace the give-back.
+    """
+    room = Room.of(specs)
+    counts = {model: model_steps[-1].count for model, model_steps in steps.items()}
+    if room.fits(counts):
+        return
+    for model, model_behaved in behaved.items():
+        if model_behaved.target.count < counts[model] < current[model] + 1:
+            steps[model] = model_behaved.steps(stabilized=False)
+            counts[model] = steps[model][-1].count
+    rising = sorted(
+        (model for model in counts if counts[model] > current[model]),
+        key=lambda model: (model != allocation.prediction.bottleneck, model),
+    )
+    granted = {**counts, **{model: current[model] for model in rising}}
+    for model in rising:
+        while granted[model] < counts[model] and room.fits({**granted, model: granted[model] + 1}):
+            granted[model] += 1
+        if granted[model] < counts[model]:
+            overflow = room.overflow({**granted, model: counts[model]}) or "no room"
+            steps[model].append(
+                _Step(
+                    granted[model],
+                    BUDGET_EXHAUSTED,
+                    f"waits for room ({overflow}) until the others give instances back",
+                )
+            )
+
+
+def _rendered(model: str, current: int, steps: list[_Step], allocated: int | None) -> ModelDecision:
+    desired, reason = steps[-1].count, steps[-1].reason
+    outcome = (
+        f"{model} stays at {_instances(current)}"
+        if desired == current
+        else f"{model} {current} -> {_instances(desired)}"
+    )
+    why = "; ".join(step.clause for step in steps if step.clause)
+    return ModelDecision(model, current, desired, allocated, reason, f"{outcome}: {why}")
+
+
+def _summary(prediction: Prediction | None, decisions: Mapping[str, ModelDecision]) -> str:
+    changes = ", ".join(
+        f"{d.model} {d.current_instances} -> {d.desired_instances}"
+        for d in decisions.values()
+        if d.changes
+    )
+    moved = changes or "no change"
+    if prediction is None:
+        return moved
+    bottleneck = prediction.bottleneck or "none"
+    return (
+        f"{moved}; predicted {prediction.expected_rps:.1f} req/s of {prediction.offered_rps:.1f} "
+        f"offered (capacity {prediction.capacity_rps:.1f}, bottleneck {bottleneck})"
+    )
+
+
+def _instances(count: int) -> str:
+    return f"{count} instance" if count == 1 else f"{count} instances"

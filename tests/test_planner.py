@@ -1,0 +1,259 @@
+"""The set planner (tritonscale.core.planner.decide_set) and its verifier
+(tritonscale.core.verifier), tick after tick on the closed-form pipeline of
+tests/pipeline_load.py: each tick's snapshot is the steady load at the counts the last tick
+decided (every load lands at once).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.pipeline_load import CHILDREN, PARENT, Load, counts, pipeline_specs
+from tritonscale.core import verifier
+from tritonscale.core.allocator import Room
+from tritonscale.core.budget import BUDGET_EXHAUSTED
+from tritonscale.core.planner import SetDecision, SetState, decide_set
+from tritonscale.core.policy import METRICS_MISSING, METRICS_STALE, PAUSED, WARMING_UP
+from tritonscale.core.signals import MetricSnapshot
+from tritonscale.core.spec import AutoscalerSpec
+
+pytestmark = pytest.mark.unit
+
+START = 1_000_000.0
+TICK_S = 15.0
+PROFILE = settings(
+    max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@dataclass
+class Run:
+    """A pod set ticking: the decisions, and the counts each tick ran at."""
+
+    decisions: list[SetDecision]
+    ran: list[dict[str, int]]
+
+    @property
+    def last(self) -> SetDecision:
+        return self.decisions[-1]
+
+
+def run(
+    specs: Mapping[str, AutoscalerSpec],
+    start: Mapping[str, int],
+    load: Callable[[float, Mapping[str, int]], MetricSnapshot],
+    ticks: int,
+    state: SetState | None = None,
+) -> Run:
+    at, state = dict(start), state or SetState()
+    decisions, ran = [], []
+    for tick in range(ticks):
+        now = START + tick * TICK_S
+        decision = decide_set(specs, at, load(now, at), state, now)
+        decisions.append(decision)
+        ran.append(at)
+        # The state is stored in a CR's status between ticks: it must survive JSON.
+        state = SetState.from_dict(json.loads(json.dumps(decision.state.to_dict())))
+        at = decision.targets
+    return Run(decisions, ran)
+
+
+def steady(
+    offered_rps: float, **fields: object
+) -> Callable[[float, Mapping[str, int]], MetricSnapshot]:
+    def snapshot(now: float, at: Mapping[str, int]) -> MetricSnapshot:
+        return Load(offered_rps, **fields).snapshot(now, at)  # type: ignore[arg-type]
+
+    return snapshot
+
+
+def contended(offered_rps: float) -> Callable[[float, Mapping[str, int]], MetricSnapshot]:
+    """branch_embed's instances take one lock: each added instance only waits (20 ms per
+    request per instance), so the model serves 50 req/s at any count."""
+
+    def snapshot(now: float, at: Mapping[str, int]) -> MetricSnapshot:
+        service = {
+            "branch_embed": 0.020 * at["branch_embed"],
+            "branch_classify": 0.005,
+            "branch_rank": 0.005,
+        }
+        return Load(offered_rps, service_s=service).snapshot(now, at)
+
+    return snapshot
+
+
+class TestTicks:
+    def test_the_child_bottleneck_gets_the_parents_instances(self) -> None:
+        # The measured fault: 4/1/1/1 on a budget of 7 while branch_embed is the bottleneck.
+        # 1/4/1/1 serves 166.7 req/s of the 200 offered, the most any split of 7 serves.
+        specs = pipeline_specs(7)
+        ticks = run(specs, counts(4, 1), steady(200.0), 40)
+        assert ticks.last.targets == counts(1, 4)
+        assert ticks.last.prediction is not None
+        assert ticks.last.prediction.capacity_rps == pytest.approx(4 / 0.024)
+        room = Room.of(specs)
+        assert all(room.fits(at) for at in ticks.ran)
+
+    def test_an_increase_waits_for_the_room_another_model_gives_back(self) -> None:
+        # branch_embed, steered to 0.3, asks for 4 at once; the parent gives back one instance
+        # a minute (its scaleDown policy): branch_embed takes the room as it comes free.
+        specs = pipeline_specs(7, branch_embed={"targets": {"utilization": 0.3}})
+        ticks = run(specs, counts(4, 1), steady(200.0), 30)
+        embed = [d.models["branch_embed"] for d in ticks.decisions]
+        assert embed[0].reason == BUDGET_EXHAUSTED
+        assert embed[0].allocated_instances == 4 and embed[0].desired_instances == 2
+        assert "waits for room" in embed[0].message
+        assert ticks.last.targets == counts(1, 4)
+        room = Room.of(specs)
+        assert all(room.fits(at) for at in ticks.ran)
+
+    def test_the_state_round_trips_through_a_dict(self) -> None:
+        ticks = run(pipeline_specs(7), counts(2, 2), steady(100.0), 10)
+        state = ticks.last.state
+        assert SetState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+    @pytest.mark.parametrize(
+        "malformed", [{"history": {"windows": [1]}}, {"policies": {"m": {"recommendations": [{}]}}}]
+    )
+    def test_a_malformed_state_is_refused_in_one_line(self, malformed: dict) -> None:
+        with pytest.raises(ValueError, match="malformed"):
+            SetState.from_dict(malformed)
+
+    def test_a_model_without_a_live_count_is_refused(self) -> None:
+        at = counts(1, 1)
+        del at["branch_rank"]
+        with pytest.raises(ValueError, match="branch_rank"):
+            decide_set(pipeline_specs(7), at, None, SetState(), START)
+
+
+@dataclass(frozen=True)
+class Unusable:
+    name: str
+    snapshot: Callable[[Mapping[str, int]], MetricSnapshot | None]
+    reason: str
+
+
+UNUSABLE = [
+    Unusable("no snapshot holds every count", lambda at: None, METRICS_MISSING),
+    Unusable(
+        "a stale snapshot holds every count",
+        lambda at: Load(200.0).snapshot(START - 600.0, at),
+        METRICS_STALE,
+    ),
+    Unusable(
+        "an incomplete window holds every count",
+        lambda at: MetricSnapshot(START, 20.0, Load(200.0).signals(at), complete=False),
+        WARMING_UP,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", UNUSABLE, ids=lambda case: case.name)
+def test_unusable_metrics(case: Unusable) -> None:
+    at = counts(4, 1)
+    decision = decide_set(pipeline_specs(7), at, case.snapshot(at), SetState(), START)
+    assert decision.targets == at
+    assert {d.reason for d in decision.models.values()} == {case.reason}
+    assert decision.prediction is None
+
+
+def test_a_paused_model_holds_and_keeps_its_room() -> None:
+    specs = pipeline_specs(7, pipeline_async={"paused": True})
+    at = counts(4, 1)
+    decision = decide_set(specs, at, Load(200.0).snapshot(START, at), SetState(), START)
+    assert decision.models[PARENT].reason == PAUSED
+    assert decision.targets[PARENT] == 4
+    assert sum(decision.targets.values()) <= 7
+
+
+def test_a_count_above_its_maximum_goes_to_it_at_once() -> None:
+    specs = pipeline_specs(7, branch_rank={"maxInstances": 1})
+    at = counts(1, 1, rank=3)
+    decision = decide_set(specs, at, Load(50.0).snapshot(START, at), SetState(), START)
+    assert decision.targets["branch_rank"] == 1
+
+
+class TestVerifier:
+    def test_a_step_that_bought_nothing_is_reverted_and_not_tried_again(self) -> None:
+        specs = pipeline_specs(7)
+        ticks = run(specs, counts(1, 1), contended(200.0), 30)
+        embed = [d.models["branch_embed"] for d in ticks.decisions]
+        stepped = next(i for i, d in enumerate(embed) if d.desired_instances > 1)
+        reverted = next(
+            i for i, d in enumerate(embed) if d.reason == verifier.STEP_FELL_SHORT and d.changes
+        )
+        assert stepped < reverted
+        assert embed[reverted].desired_instances == 1
+        assert "fell short" in embed[reverted].message
+        # The correction holds: no second try within its time.
+        assert all(at["branch_embed"] == 1 for at in ticks.ran[reverted + 1 :])
+        assert ticks.last.state.verifier.ceilings(START + 30 * TICK_S) == {"branch_embed": 1}
+
+    def test_a_step_that_delivered_is_kept(self) -> None:
+        ticks = run(pipeline_specs(7), counts(1, 1), steady(200.0), 30)
+        reasons = {d.reason for decision in ticks.decisions for d in decision.models.values()}
+        assert verifier.STEP_FELL_SHORT not in reasons
+        assert ticks.last.state.verifier.corrections == ()
+
+    def test_a_load_that_halves_after_a_step_is_no_shortfall(self) -> None:
+        # Throughput halves after the step, but each request costs an instance what it did.
+        def halved_later(now: float, at: Mapping[str, int]) -> MetricSnapshot:
+            return Load(200.0 if now < START + 2 * TICK_S else 25.0).snapshot(now, at)
+
+        ticks = run(pipeline_specs(None), counts(1, 1), halved_later, 12)
+        assert all(
+            d.reason != verifier.STEP_FELL_SHORT for x in ticks.decisions for d in x.models.values()
+        )
+
+    def test_a_step_after_which_more_requests_fail_is_reverted(self) -> None:
+        def failing_later(now: float, at: Mapping[str, int]) -> MetricSnapshot:
+            failures = 20.0 if at["branch_embed"] > 1 else 0.0
+            return Load(200.0, failure_rate=failures).snapshot(now, at)
+
+        ticks = run(pipeline_specs(7), counts(1, 1), failing_later, 12)
+        fell = [
+            d
+            for x in ticks.decisions
+            for d in x.models.values()
+            if d.reason == verifier.STEP_FELL_SHORT and d.changes
+        ]
+        assert fell and "served fraction" in fell[0].message
+
+
+@st.composite
+def steady_sets(draw: st.DrawFn) -> tuple[dict[str, AutoscalerSpec], dict[str, int], Load]:
+    budget = draw(st.sampled_from([None, 5, 7, 12]))
+    specs = BUDGETS[budget]
+    at = {m: draw(st.integers(1, 4)) for m in specs}
+    if budget is not None:
+        while sum(at.values()) > budget:
+            biggest = max(at, key=lambda m: at[m])
+            at[biggest] -= 1
+    service = {child: draw(st.floats(0.002, 0.04)) for child in CHILDREN}
+    load = Load(
+        draw(st.floats(5.0, 400.0)),
+        service_s=service,
+        parent_batch=draw(st.sampled_from([1.0, 4.0])),
+    )
+    return specs, at, load
+
+
+BUDGETS = {budget: pipeline_specs(budget) for budget in (None, 5, 7, 12)}
+
+
+@PROFILE
+@given(steady_sets())
+def test_a_steady_load_settles_and_then_stays(problem: tuple) -> None:
+    specs, at, load = problem
+    ticks = run(specs, at, lambda now, counts_now: load.snapshot(now, counts_now), 80)
+    # Down one instance a minute after a 5 min window: settled well within 60 ticks (15 min).
+    settled = ticks.ran[60:]
+    assert all(at == settled[0] for at in settled), [ticks.last.message]
+    room = Room.of(specs)
+    assert all(room.fits(at) for at in ticks.ran[1:])
