@@ -53,7 +53,15 @@ def _service(shape: ModelShape, rng: random.Random) -> Callable[[int], float]:
     """Seconds an execution of so many rows takes: fixed, or drawn around that mean."""
     if shape.service == "exponential":
         return lambda rows: rng.expovariate(1.0 / shape.execute_s(rows))
-    return shape.execute_s
+    known: dict[int, float] = {}  # the few batch sizes a run sees, computed once each
+
+    def fixed(rows: int) -> float:
+        seconds = known.get(rows)
+        if seconds is None:
+            seconds = known[rows] = shape.execute_s(rows)
+        return seconds
+
+    return fixed
 
 
 class _Model:
@@ -72,6 +80,7 @@ class _Model:
         self.next_arrival = 0
         self.wake_at: float | None = None
         self.closed_loop = False
+        self.called: list[_Model] = []  # one per BLS call of an execution, in order
         self.entry = False  # takes the clients' requests (else: the calls of BLS parents)
 
 
@@ -94,6 +103,12 @@ class Simulation:
         self._models = {
             name: _Model(shape, counts[name], self._rng) for name, shape in pipeline.models.items()
         }
+        for state in self._models.values():
+            state.called = [
+                self._models[child]
+                for child, times in state.shape.calls.items()
+                for _ in range(times)
+            ]
         for entry in pipeline.entries:
             self._models[entry].rows_per_request = rows_per_request
             self._models[entry].entry = True
@@ -225,32 +240,28 @@ class Simulation:
             rows = taken * state.rows_per_request
             state.busy += 1
             execution = [state, now, arrivals, 0, rows]
-            own = state.service_s(rows)
-            if not shape.calls:
-                self._push(now + own, self._finish_execution, execution)
-            else:
-                self._push(now + own, self._call_children, execution)
+            then = self._call_children if state.called else self._finish_execution
+            heapq.heappush(
+                self._events, (now + state.service_s(rows), next(self._sequence), then, execution)
+            )
 
     def _call_children(self, execution: list) -> None:
         """A parent's own work is done: its BLS calls go out (together, or the first one)."""
         state = execution[0]
-        calls = state.shape.calls
         if state.shape.sequential:
-            order = [child for child, times in calls.items() for _ in range(times)]
+            order = list(state.called)
             execution.append(order)
             execution[3] = 1
             self._call(order[0], execution)
             return
-        execution[3] = sum(calls.values())
-        for child, times in calls.items():
-            for _ in range(times):
-                self._call(child, execution)
+        execution[3] = len(state.called)
+        for child in state.called:
+            self._call(child, execution)
 
-    def _call(self, child: str, execution: list) -> None:
-        state = self._models[child]
-        state.queue.append((self.now, execution[4], execution))
-        if state.busy < state.count:
-            self._start_calls(state)
+    def _call(self, child: _Model, execution: list) -> None:
+        child.queue.append((self.now, execution[4], execution))
+        if child.busy < child.count:
+            self._start_calls(child)
 
     def _start_calls(self, state: _Model) -> None:
         """A called model: batches of calls (arrival, rows, the caller's execution)."""
@@ -265,7 +276,15 @@ class Simulation:
                 batch.append(call)
                 rows += call[1]
             state.busy += 1
-            self._push(now + state.service_s(rows), self._calls_done, (state, now, batch))
+            heapq.heappush(
+                self._events,
+                (
+                    now + state.service_s(rows),
+                    next(self._sequence),
+                    self._calls_done,
+                    (state, now, batch),
+                ),
+            )
 
     def _calls_done(self, argument: tuple) -> None:
         state, started, batch = argument

@@ -13,15 +13,18 @@ serving meanwhile. Per phase:
 - `seconds_to_098`: from the phase's start until the controller first held a configuration
   that serves at least 0.98 of the best (seen at ticks; None when never);
 - `instance_seconds`: the instances held over the phase, beside the best's;
-- `reversals`: changes of a model's count against its previous change in the same phase;
+- `reversals`: changes of a model's count against its previous change in the same phase, and
+  `reversal_reasons`, where the controller says why it decides (`reasons`: model -> the
+  reason of its last decision, as PolicyController keeps them): how many each reason made;
 - `budget_overruns`: ticks at which the counts asked for or held exceeded the budget.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +41,7 @@ AT_BEST = 0.98
 @dataclass
 class _PhaseTally:
     reversals: int = 0
+    reversal_reasons: Counter[str] = field(default_factory=Counter)
     overruns: int = 0
     instance_seconds: float = 0.0
     seconds_to_098: float | None = None
@@ -128,6 +132,8 @@ def run_scenario(
             direction = 1 if count > held[model] else -1
             if last_direction.get(model, direction) != direction:
                 tally.reversals += 1
+                reasons = getattr(controller, "reasons", {})
+                tally.reversal_reasons[reasons.get(model, "unknown")] += 1
             last_direction[model] = direction
             sim.set_count(model, count, at=t + load_rng.uniform(*LOAD_SECONDS))
         tally.instance_seconds += sum(held.values()) * interval
@@ -160,6 +166,7 @@ def run_scenario(
                 "instance_seconds": round(tally.instance_seconds, 1),
                 "best_instance_seconds": round(best.instances * (stop - start), 1),
                 "reversals": tally.reversals,
+                "reversal_reasons": dict(tally.reversal_reasons),
                 "budget_overruns": tally.overruns,
             }
         )

@@ -390,7 +390,12 @@ def _shapes(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
         loads = {PIPELINE: Constant(rng.uniform(250, 450))}
     else:
         pipeline, budget = _shared_child(base), 8
-        loads = {PIPELINE: Constant(rng.uniform(120, 250)), SEARCH: Constant(rng.uniform(120, 250))}
+        # Rates on a 20 req/s grid: the static search simulates each configuration under
+        # both parents' loads at once, and the scenarios then share those simulations.
+        loads = {
+            PIPELINE: Constant(rng.randrange(120, 260, 20)),
+            SEARCH: Constant(rng.randrange(120, 260, 20)),
+        }
     low: dict[str, Load] = {
         entry: Constant(load.rps / 4) for entry, load in loads.items() if isinstance(load, Constant)
     }

@@ -27,7 +27,8 @@ from loadtests.sim.queueing import Simulation
 
 WARM_UP_S = 0.5
 MEASURE_S = 2.0
-OPEN_LOOP_S = 12.0  # several entry models at once: simulated this long, the first second left out
+OPEN_LOOP_S = 8.0  # several entry models at once: simulated this long, the first second left out
+OPEN_LOOP_STEP_RPS = 10  # ...at rates rounded to this, so that near loads share a result
 TIE = 1e-9  # served rates closer than this (relative) are equal
 
 
@@ -77,7 +78,8 @@ class StaticSearch:
         self, pipeline: Pipeline, counts: Mapping[str, int], rates: Mapping[str, float]
     ) -> float:
         """Requests per second served in all under open-loop Poisson load at `rates`."""
-        rounded = tuple(sorted((entry, round(rate)) for entry, rate in rates.items()))
+        step = OPEN_LOOP_STEP_RPS
+        rounded = tuple(sorted((entry, step * round(rate / step)) for entry, rate in rates.items()))
         key = (pipeline.key(), tuple(counts[m] for m in pipeline.names), rounded)
         if key not in self._served:
             sim = Simulation(pipeline, counts, rows_per_request=self.rows_per_request)

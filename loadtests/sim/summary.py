@@ -4,7 +4,8 @@
                                      least 0.98 of that phase's best static configuration
     budget_overruns                  ticks, over all scenarios, at which the counts asked for
                                      or held exceeded the budget
-    steady_reversals                 reversals in phases of constant load
+    steady_reversals                 reversals in phases of constant load (and the reasons
+                                     of the changes that reversed, where the controller says)
     seconds                          wall-clock seconds the run took
 
 and per family the same, the mean served ratio (measured served rate over the best static's),
@@ -14,6 +15,7 @@ the median seconds to 0.98 of the best, and instance-seconds against the best's.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,9 @@ def _totals(rows: Sequence[dict]) -> dict[str, Any]:
         "budget_overruns": sum(p["budget_overruns"] for p in phases),
         "steady_reversals": sum(p["reversals"] for p in phases if p["steady"]),
         "reversals": sum(p["reversals"] for p in phases),
+        "steady_reversal_reasons": dict(
+            sum((Counter(p["reversal_reasons"]) for p in phases if p["steady"]), Counter())
+        ),
         "instance_seconds": round(instance_seconds, 1),
         "instance_seconds_over_best": (
             round(instance_seconds / best_instance_seconds, 4) if best_instance_seconds else None
