@@ -2,12 +2,18 @@
 
 The pod set is a label matcher: `namespace="ns",pod=~"a|b"` when the endpoints carry a
 namespace (Kubernetes), else `instance=~"host:8002|..."` from their metrics URLs, else the
-`matcher` given to the constructor (e.g. `job="triton"`). The queries are written from
+`matcher` given to the constructor (e.g. `job="triton"`). The signals are written from
 tritonscale.metrics.queries (`DEFAULT_QUERIES`, overridable per key): `string.Template`s over
-`$selector` (pod set and models), `$pods` (pod set only), `$window` and `$step`.
+`$selector` (pod set and models), `$pods` (pod set only), `$pod` (the label naming a pod:
+`pod`, or `instance` where the pods carry no namespace), `$window` and `$step`, each one series
+per pod and model (or per pod, for the GPU).
 
-It also answers the healer's question, a pod's request counters (`request_counters`), so that
-with Prometheus in place the operator does not read every pod's /metrics on every tick.
+A snapshot asks Prometheus twice, however many models and pods the set has: once for every
+model signal (`MODEL_KEYS`), once for the GPU (`GPU_KEYS`); each key's answer is told apart by
+a `signal` label (`label_replace`), and the keys are joined with `or`. The per-pod answers are
+summed here, and they keep each pod's request totals, from which the healer's question, a
+pod's request counters (`request_counters`), is answered without a query of its own while
+the last snapshot is fresh: with Prometheus in place the operator reads no pod's /metrics.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from string import Template
+from typing import Any
 
 import aiohttp
 
@@ -30,8 +37,8 @@ from tritonscale.triton.endpoints import Endpoint
 
 _SCOPE, _PODS = queries.SOURCE_SCOPE, queries.SOURCE_POD_SCOPE
 
-# Keys are ModelSignals fields (plus the pod count, the first sample time and the GPU).
-# Per-model queries must return one series per model, labelled `model`.
+# Keys are ModelSignals fields, and what the snapshot needs besides. Model keys must return
+# one series per pod and model, labelled `$pod` and `model`; GPU keys one series per pod.
 DEFAULT_QUERIES: dict[str, str] = {
     "request_rate": queries.request_rate(_SCOPE),
     "failure_rate": queries.failure_rate(_SCOPE),
@@ -40,19 +47,45 @@ DEFAULT_QUERIES: dict[str, str] = {
     "queue_seconds_per_second": queries.queue_seconds_per_second(_SCOPE),
     "pending_requests": queries.pending_requests(_SCOPE),
     "streams_in_flight": queries.streams_in_flight(_SCOPE),
-    "pods_reporting": queries.pods_reporting(_SCOPE),
-    # The earliest sample of the window, per model: the window is complete when it is
-    # about `window` old.
-    "first_sample": (
-        f"min by (model) (min_over_time(timestamp({_SCOPE.series(queries.REQUEST_SUCCESS)})"
-        "[$window:$step]))"
-    ),
-    # The busiest GPU; Triton's own metrics first, DCGM exporter's names as a fallback.
+    # 1 for each pod that exports the model: the pods reporting it.
+    "exported": queries.exported(_SCOPE),
+    # The earliest sample of the window: the window is complete when it is about `window` old.
+    "first_sample": queries.first_sample(_SCOPE),
+    # The request totals (not rates), for the healer's checks between the snapshots.
+    "successes_total": queries.successes_total(_SCOPE),
+    "backend_failures_total": queries.backend_failures_total(_SCOPE),
+    # The GPU; Triton's own metrics first, the DCGM exporter's names where a pod has none.
     "gpu_utilization": queries.gpu_utilization(_PODS),
     "gpu_memory_fraction": queries.gpu_memory_fraction(_PODS),
     "gpu_utilization_dcgm": queries.gpu_utilization_dcgm(_PODS),
     "gpu_memory_fraction_dcgm": queries.gpu_memory_fraction_dcgm(_PODS),
 }
+MODEL_KEYS = (
+    *RATE_FIELDS,
+    "streams_in_flight",
+    "exported",
+    "first_sample",
+    "successes_total",
+    "backend_failures_total",
+)
+# Each GPU signal: Triton's own, or the DCGM exporter's where a pod has no series of Triton's.
+GPU_KEYS = {
+    "gpu_utilization": "gpu_utilization_dcgm",
+    "gpu_memory_fraction": "gpu_memory_fraction_dcgm",
+}
+SIGNAL_LABEL = "signal"
+
+
+def tagged(signals: Mapping[str, str]) -> str:
+    """One PromQL query answering every signal, each answer labelled `signal="<key>"`."""
+    return "\nor\n".join(
+        f'label_replace(\n{promql}\n, "{SIGNAL_LABEL}", "{key}", "", "")'
+        for key, promql in signals.items()
+    )
+
+
+class QueryFailed(MetricsUnavailable):
+    """Prometheus refused a query (it does not parse, or cannot be evaluated)."""
 
 
 # A pod's (BACKEND failures, successes), by its `pod` (or `instance`) label.
@@ -93,6 +126,9 @@ class PrometheusSource:
     # A read of the request counters serves every check of its namespace and model for this
     # long: the checks of one tick come together, and Prometheus's copy is a scrape old anyway.
     COUNTERS_MAX_AGE_S = 2.0
+    # The totals a snapshot brought serve the checks until the next snapshot, for this long
+    # at most (a tick's checks come before its snapshot: they read the last tick's).
+    SNAPSHOT_COUNTERS_MAX_AGE_S = 60.0
 
     def __init__(
         self,
@@ -116,6 +152,8 @@ class PrometheusSource:
         self.connections = connections
         # (namespace, model) -> (when asked, the read): {pod: (BACKEND failures, successes)}.
         self._counters: dict[tuple[str | None, str], tuple[float, asyncio.Task[_Counters]]] = {}
+        # The same, as the last snapshot of each (namespace, model) found them.
+        self._snapshot_counters: dict[tuple[str | None, str], tuple[float, _Counters]] = {}
 
     async def query(self, promql: str, session: aiohttp.ClientSession | None = None) -> list[dict]:
         """One instant query; MetricsUnavailable with one line on any failure."""
@@ -130,7 +168,7 @@ class PrometheusSource:
             )
         except PrometheusApiError as error:
             if "failed:" in str(error):
-                raise MetricsUnavailable(f"{error} (query: {promql})") from None
+                raise QueryFailed(f"{error} (query: {' '.join(promql.split())})") from None
             raise MetricsUnavailable(str(error)) from None
         return data["result"]
 
@@ -148,9 +186,16 @@ class PrometheusSource:
             if instance is None:
                 return None
             key, label, name, where = (None, model), "instance", instance, self.matcher or ""
+        now = time.monotonic()
+        snapshot = self._snapshot_counters.get(key)
+        if (
+            snapshot is not None
+            and now - snapshot[0] <= self.SNAPSHOT_COUNTERS_MAX_AGE_S
+            and name in snapshot[1]
+        ):
+            return snapshot[1][name]
         selector = ",".join(part for part in (where, f'model="{_literal(model)}"') if part)
         loop = asyncio.get_running_loop()
-        now = time.monotonic()
         kept = self._counters.get(key)
         if (
             kept is None
@@ -198,59 +243,73 @@ class PrometheusSource:
         decoupled: Collection[str],
     ) -> MetricSnapshot:
         pods = pod_matcher(endpoints, self.matcher)
+        pod_label = "pod" if pods.startswith("namespace=") else "instance"
         selector = f'{pods},model=~"{_regex_alternatives(models)}"'
         window = max(1, round(window_s))
         # The resolution of the first-sample subquery: at most 300 points per series.
         step = max(1, window // 300)
-        fill = {"selector": selector, "pods": pods, "window": f"{window}s", "step": f"{step}s"}
+        fill = {
+            "selector": selector,
+            "pods": pods,
+            "pod": pod_label,
+            "window": f"{window}s",
+            "step": f"{step}s",
+        }
 
-        async def run(key: str) -> list[dict]:
-            return await self.query(Template(self.queries[key]).substitute(fill), session)
+        def promql(key: str) -> str:
+            return Template(self.queries[key]).substitute(fill)
 
-        values: dict[str, dict[str, float]] = {}
+        model_signals = {key: promql(key) for key in MODEL_KEYS}
+        gpu_signals = {
+            key: f"{promql(key)}\nor\n{promql(fallback)}" for key, fallback in GPU_KEYS.items()
+        }
+        # The two queries go together: the snapshot waits for the slower, not for their sum.
+        try:
+            model_rows, gpu_rows = await asyncio.gather(
+                self.query(tagged(model_signals), session),
+                self.query(tagged(gpu_signals), session),
+            )
+        except QueryFailed:
+            await self._name_failed_query({**model_signals, **gpu_signals}, session)
+            raise
+
+        # signal -> model -> pod -> value
+        values: dict[str, dict[str, dict[str, float]]] = {key: {} for key in MODEL_KEYS}
         taken_at = time.time()
-        keys = (*RATE_FIELDS, "pods_reporting", "first_sample")
-        if decoupled:
-            keys += ("streams_in_flight",)
-        # The queries go together: the snapshot waits for the slowest, not for their sum.
-        answers = await asyncio.gather(*(run(key) for key in keys), return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise answer
-        for key, rows in zip(keys, answers, strict=True):
-            assert not isinstance(rows, BaseException)
-            values[key] = {}
-            for row in rows:
-                model = row["metric"].get("model")
-                if model is not None:
-                    values[key][model] = float(row["value"][1])
-                    taken_at = float(row["value"][0])
+        for row in model_rows:
+            labels = row["metric"]
+            key, model = labels.get(SIGNAL_LABEL), labels.get("model")
+            if key in values and model is not None:
+                values[key].setdefault(model, {})[labels.get(pod_label, "")] = float(
+                    row["value"][1]
+                )
+                taken_at = float(row["value"][0])
+        self._keep_counters(endpoints, values)
 
         complete = True
         covered = float(window)
         signals = {}
-        for model, pods_reporting in values["pods_reporting"].items():
+        for model, exporting in values["exported"].items():
             fields = {}
             for name in RATE_FIELDS:
                 if model in values[name]:
-                    fields[name] = values[name][model]
+                    fields[name] = sum(values[name][model].values())
                 else:
                     # No rate yet (fewer than two samples in the window): a young series.
                     fields[name] = 0.0
                     complete = False
-            first = values["first_sample"].get(model)
+            first = min(values["first_sample"].get(model, {}).values(), default=None)
             model_covered = taken_at - first if first is not None else 0.0
             covered = min(covered, model_covered)
             if model_covered < window - max(2 * step, 0.1 * window):
                 complete = False
             is_decoupled = model in decoupled
+            streams = values["streams_in_flight"].get(model)
             signals[model] = ModelSignals(
                 model=model,
-                pods_reporting=int(pods_reporting),
+                pods_reporting=len(exporting),
                 decoupled=is_decoupled,
-                streams_in_flight=(
-                    values["streams_in_flight"].get(model) if is_decoupled else None
-                ),
+                streams_in_flight=sum(streams.values()) if is_decoupled and streams else None,
                 **fields,
             )
 
@@ -258,24 +317,45 @@ class PrometheusSource:
             taken_at=taken_at,
             window_s=max(0.0, covered),
             models=signals,
-            gpu=await self._gpu(run),
+            gpu=_gpu(gpu_rows),
             complete=complete and bool(signals),
         )
 
-    async def _gpu(self, run: Callable[[str], Awaitable[list[dict]]]) -> GpuSignals | None:
-        async def scalar(key: str) -> float | None:
-            rows = await run(key)
-            if not rows:
-                return None
-            value = float(rows[0]["value"][1])
-            return value if math.isfinite(value) else None
+    async def _name_failed_query(
+        self, signals: Mapping[str, str], session: aiohttp.ClientSession
+    ) -> None:
+        """Ask each signal alone, to raise the failure of the one that Prometheus refuses
+        (a query of the user's, overriding a default) rather than that of the whole."""
+        for key, promql in signals.items():
+            try:
+                await self.query(promql, session)
+            except QueryFailed as error:
+                raise QueryFailed(f"the {key} query: {error}") from None
 
-        utilization = await scalar("gpu_utilization")
-        memory = await scalar("gpu_memory_fraction")
-        if utilization is None:
-            utilization = await scalar("gpu_utilization_dcgm")
-            if memory is None:
-                memory = await scalar("gpu_memory_fraction_dcgm")
-        if utilization is None:
-            return None
-        return GpuSignals(utilization=utilization, memory_fraction=memory)
+    def _keep_counters(
+        self, endpoints: Sequence[Endpoint], values: Mapping[str, Mapping[str, Mapping[str, float]]]
+    ) -> None:
+        """Each model's per-pod request totals, for the healer's checks until the next one."""
+        namespaces = {e.namespace for e in endpoints}
+        if len(namespaces) != 1:
+            return
+        namespace = next(iter(namespaces))
+        now = time.monotonic()
+        for model, successes in values["successes_total"].items():
+            failures = values["backend_failures_total"].get(model, {})
+            counters = {pod: (failures.get(pod, 0.0), total) for pod, total in successes.items()}
+            self._snapshot_counters[(namespace, model)] = (now, counters)
+
+
+def _gpu(rows: Sequence[Mapping[str, Any]]) -> GpuSignals | None:
+    """The busiest GPU of the pods that report one (None: none does, CPU pods)."""
+    found: dict[str, list[float]] = {}
+    for row in rows:
+        value = float(row["value"][1])
+        if math.isfinite(value):
+            found.setdefault(row["metric"].get(SIGNAL_LABEL, ""), []).append(value)
+    utilization = found.get("gpu_utilization")
+    if not utilization:
+        return None
+    memory = found.get("gpu_memory_fraction")
+    return GpuSignals(utilization=max(utilization), memory_fraction=max(memory) if memory else None)

@@ -10,7 +10,8 @@ A signal is a function of a `Scope`, the place a query runs, and returns PromQL:
     -> 'sum by (namespace, model) (rate(nv_inference_request_success{namespace="ml"}[1m]))'
 
 The scopes of this project: `SOURCE_SCOPE` (PrometheusSource: `string.Template`s over
-`$selector` and `$window`), `RULES_SCOPE` (recording rules: every series, 1m, by namespace
+`$selector`, `$window` and `$pod`, the label that names a pod: one series per pod and model),
+`RULES_SCOPE` (recording rules: every series, 1m, by namespace
 and model), the dashboards' scope (their variables and `$__rate_interval`, in generate.py)
 and `ADAPTER_SCOPE` (prometheus-adapter's `<<.LabelMatchers>>` and `<<.GroupBy>>`).
 The budgets' signals (`budget_*`) read the operator's own gauges, one series per namespace
@@ -93,8 +94,8 @@ class Scope:
         return f" on ({', '.join(self.by)})" if self.by else ""
 
 
-SOURCE_SCOPE = Scope("$selector", "$window", ("model",))
-SOURCE_POD_SCOPE = Scope("$pods", "$window", ())  # per-pod series (GPU): no model label
+SOURCE_SCOPE = Scope("$selector", "$window", ("$pod", "model"))
+SOURCE_POD_SCOPE = Scope("$pods", "$window", ("$pod",))  # per-pod series (GPU): no model label
 RULES_SCOPE = Scope("", "1m", ("namespace", "model"))
 ADAPTER_SCOPE = Scope("<<.LabelMatchers>>", "2m", ("<<.GroupBy>>",))
 
@@ -184,6 +185,19 @@ def streams_in_flight(scope: Scope) -> str:
     return scope.sum(scope.series(STREAMS_IN_FLIGHT))
 
 
+def exported(scope: Scope) -> str:
+    """1 for each group of the scope (a pod and model, say) whose series exist."""
+    return scope.aggregate("group", scope.series(REQUEST_SUCCESS))
+
+
+def first_sample(scope: Scope) -> str:
+    """The time of the earliest sample of the window: the window is complete when it is about
+    as old as the window (a subquery at `$step` resolution)."""
+    return scope.aggregate(
+        "min", f"min_over_time(timestamp({scope.series(REQUEST_SUCCESS)})[$window:$step])"
+    )
+
+
 def pods_reporting(scope: Scope) -> str:
     """Pods (scrape targets) that export the model."""
     each = scope.aggregate("group", scope.series(REQUEST_SUCCESS), ("instance", "pod"))
@@ -242,13 +256,6 @@ def budget_demand_ratio(scope: Scope) -> str:
 def budget_exhausted(scope: Scope) -> str:
     """1 while a budget refuses its members instances (or a full GPU does)."""
     return scope.aggregate("max", scope.series(BUDGET_EXHAUSTED))
-
-
-def budget_usage(scope: Scope) -> str:
-    """The share of a budget's instances its members hold or were granted."""
-    used = scope.aggregate("max", scope.series(BUDGET_USED))
-    limit = scope.aggregate("max", scope.series(BUDGET_LIMIT))
-    return f"{used}\n  /{scope.on()} {limit}"
 
 
 # ---- the recording rules -------------------------------------------------------------
