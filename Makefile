@@ -18,7 +18,7 @@ DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 \
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s drills
-.PHONY: base-image images push images-size flake-hunt vegeta kwok bench-fleet
+.PHONY: base-image images push images-size flake-hunt vegeta kwok bench-fleet sim
 
 all: test
 
@@ -73,6 +73,12 @@ BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway operator_vs_static 
 bench: deps vegeta
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary
+
+# Today's policy across every scenario of the pipeline simulator, in virtual time (no server;
+# a minute or two on one core): reports/sim/summary.json and .png. Narrow or change it:
+# make sim SIM='--family step --controller static'
+sim: venv
+	$(PY) -m loadtests.sim $(SIM)
 
 # vegeta, the outside open-loop HTTP load generator of `loadtests.bench.vegeta`, built with Go
 # (`go install` at the release hack/vegeta/build.py names) into .tools/vegeta-vX.Y.Z/ (2.4 min
