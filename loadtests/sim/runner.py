@@ -11,7 +11,8 @@ serving meanwhile. Per phase:
 - `held_ratio`: what the configuration held at the phase's end would serve of that load,
   over the best's; `at_098_of_best` when it is at least 0.98;
 - `seconds_to_098`: from the phase's start until the controller first held a configuration
-  that serves at least 0.98 of the best (seen at ticks; None when never);
+  that serves at least 0.98 of the best (seen at ticks; None when never; 0 when the
+  configuration it came in with does, `started_at_098`);
 - `instance_seconds`: the instances held over the phase, beside the best's;
 - `reversals`: changes of a model's count against its previous change in the same phase, and
   `reversal_reasons`, where the controller says why it decides (`reasons`: model -> the
@@ -163,6 +164,7 @@ def run_scenario(
                 "held_ratio": round(held_ratio, 4),
                 "at_098_of_best": held_ratio >= AT_BEST,
                 "seconds_to_098": tally.seconds_to_098,
+                "started_at_098": tally.seconds_to_098 == 0.0,
                 "instance_seconds": round(tally.instance_seconds, 1),
                 "best_instance_seconds": round(best.instances * (stop - start), 1),
                 "reversals": tally.reversals,
