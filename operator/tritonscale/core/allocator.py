@@ -195,7 +195,10 @@ def allocate(
             )
     sized = {m: stage for m, stage in active.items() if m not in fixed}
     lower = {m: specs[m].min_instances for m in sized}
-    upper = {m: max(lower[m], min(specs[m].max_instances, ceilings.get(m, 1 << 30))) for m in sized}
+    upper = {
+        m: max(lower[m], min(specs[m].max_instances, ceilings.get(m, specs[m].max_instances)))
+        for m in sized
+    }
     fixed_counts = {m: t.count for m, t in fixed.items()}
 
     def fits(counts: Mapping[str, int]) -> bool:

@@ -9,8 +9,8 @@ count with a reason and a message, the prediction, and the state to keep. Stages
    bound at once); with no usable snapshot (none, stale, incomplete) every model holds;
 2. the pipeline model (tritonscale.core.pipeline_model) from the snapshot and the history;
 3. the verifier (tritonscale.core.verifier) judges the last step up once a window lies
-   wholly after it: a step that fell short goes back at once, past the stages below; until
-   the verdict, the models it stepped take no further step up;
+   wholly after it: a step that fell short goes back at once, past the stages below (a step
+   taken while another waits is judged with it, against the same baseline);
 4. the allocator (tritonscale.core.allocator) chooses every count together;
 5. HPA behavior per model (tritonscale.core.behavior): stabilization, then rate limits;
 6. the room: an increase that the budget cannot hold until another model has given its
@@ -169,11 +169,11 @@ def decide_set(
                 specs,
                 current,
                 held={model: step.count for model, step in held.items()},
-                ceilings=_ceilings(checks, current, now),
+                ceilings=checks.ceilings(now),
                 switch_margin=_switch_margin(pipeline),
             )
             prediction = allocation.prediction
-            behaved: dict[str, Behaved] = {}
+            behaved: dict[str, _Behaved] = {}
             for model, spec in specs.items():
                 if model in held:
                     steps[model] = [held[model]]
@@ -181,7 +181,7 @@ def decide_set(
                 target = allocation.targets[model]
                 allocated[model] = target.count
                 seeded = policies[model].seeded(current[model], now, spec)
-                behaved[model] = Behaved(spec, seeded, current[model], target, now)
+                behaved[model] = _Behaved(spec, seeded, current[model], target, now)
                 steps[model] = behaved[model].steps()
                 policies[model] = seeded.recommend(target.count, now, spec)
             _within_room(specs, current, steps, behaved, allocation)
@@ -230,19 +230,6 @@ def _unusable(
     return None
 
 
-def _ceilings(
-    checks: verifier.VerifierState, current: Mapping[str, int], now: float
-) -> dict[str, int]:
-    """The verifier's corrections, and no further step up for a model whose last step waits
-    for its verdict (a step on an unjudged step would be judged against a moving baseline)."""
-    ceilings = checks.ceilings(now)
-    if checks.check is not None:
-        for expectation in checks.check.expectations:
-            count = current.get(expectation.model, expectation.after)
-            ceilings[expectation.model] = min(ceilings.get(expectation.model, count), count)
-    return ceilings
-
-
 def _switch_margin(pipeline: PipelineModel) -> float:
     """How much more a split must serve before today's is left: one standard deviation of the
     noisiest estimate it rests on, at least NOISE_FLOOR."""
@@ -263,7 +250,7 @@ def _reverted(spec: AutoscalerSpec, current: int, verdict: verifier.Verdict, mod
 
 
 @dataclass(frozen=True)
-class Behaved:
+class _Behaved:
     """One model's allocated count through HPA behavior (tritonscale.core.behavior)."""
 
     spec: AutoscalerSpec
@@ -306,7 +293,7 @@ def _within_room(
     specs: Mapping[str, AutoscalerSpec],
     current: Mapping[str, int],
     steps: dict[str, list[_Step]],
-    behaved: Mapping[str, Behaved],
+    behaved: Mapping[str, _Behaved],
     allocation: Allocation,
 ) -> None:
     """Cut the increases to the room the other models leave once their counts are applied,

@@ -3,9 +3,9 @@
 The allocator assumes that each instance serves as much as the ones before it: a stage's
 capacity is its count times what one instance serves. Where every instance shares one
 resource (a GPU, a lock, the CPU cores) that is false: new instances wait, busy in Triton's
-eyes, and serve nothing more. So after a step up (`start`), the first snapshot whose window
-lies wholly after it (plus `SETTLE_S` for the load to apply) is compared with the prediction
-(`judge`) by two measures that do not depend on how much load is offered, so that a load
+eyes, and serve nothing more. So after a step up (`start`), the first snapshot at which the
+models it stepped are measured at their new counts (a window wholly after the change) is
+compared with the prediction (`judge`) by two measures that do not depend on how much load is offered, so that a load
 change between the windows passes neither for a gain nor for a loss (raw throughput would):
 
 - per model stepped up: the instance seconds per request it was sized by (its hold per
@@ -194,20 +194,26 @@ def judge(
     snapshot: MetricSnapshot,
     now: float,
 ) -> Verdict:
-    """The verdict on the waiting step, once a window lies wholly after it; corrections past
-    their time are dropped."""
+    """The verdict on the waiting step, once the models it stepped are measured at their new
+    counts (a window wholly after the change: the tick at which the allocator would first see
+    them); corrections past their time are dropped."""
     corrections = tuple(c for c in state.corrections if now - c.since < CORRECTION_TTL_S)
     check = state.check
-    if check is None or not check.due(snapshot):
-        return Verdict(VerifierState(check, corrections))
+    if check is None:
+        return Verdict(VerifierState(None, corrections))
     landed = [e for e in check.expectations if current.get(e.model, 0) > e.before]
+    if not landed:
+        # Not live yet (a load in flight) or never (a dry run, a failed load, undone): let go
+        # once a window lies wholly after the step.
+        return Verdict(VerifierState(None if check.due(snapshot) else check, corrections))
     waiting = [
         e
         for e in landed
-        if e.model in pipeline.stages and not pipeline.stages[e.model].measured_at_counts
+        if e.model in pipeline.stages
+        and not pipeline.stages[e.model].quiet
+        and not pipeline.stages[e.model].measured_at_counts
     ]
     if waiting and now - check.last_step_at < MAX_WAIT_S:
-        # A window wholly after the change, at the counts it made, is still to come.
         return Verdict(VerifierState(check, corrections))
     shortfalls: dict[str, str] = {}
     judged = []
