@@ -10,7 +10,9 @@ wrappers around the real ones:
   that branch raise from async_exec() (or exec()) instead of being sent, as a shared-memory or
   IPC failure of python_backend would; and each CANCELLED response a pipeline makes is noted,
   one line with the model's name, in the file `cancelled` (a cancelled client sees nothing,
-  and Triton's statistics count an error response as a success). pipeline_sync and pipeline_gateway load this file as
+  and Triton's statistics count an error response as a success). Each BLS call sent to a
+  branch is noted too, one line with the branch's name, in the file `sent` (Triton counts a
+  call only once it is answered). pipeline_sync and pipeline_gateway load this file as
   "pipeline_async's steps", so all three pipelines get the fault.
 - branch_rank/1/model.py loads the real one and, while the file `omit_relevance` exists,
   answers without its RELEVANCE output.
@@ -74,12 +76,19 @@ class FaultyRequest:
                 raise RuntimeError(f"injected fault in the BLS call to {{self.branch}}")
 
             return fail()
+        note_sent(self.branch)
         return self.request.async_exec(*args, **kwargs)
 
     def exec(self, *args, **kwargs):
         if take_fault(self.branch):
             raise RuntimeError(f"injected fault in the BLS call to {{self.branch}}")
+        note_sent(self.branch)
         return self.request.exec(*args, **kwargs)
+
+
+def note_sent(branch):
+    with open(os.path.join(FAULTS, "sent"), "a") as handle:
+        handle.write(branch + "\\n")
 
 
 _real_branch_request = real.branch_request
@@ -160,6 +169,13 @@ def set_omit_relevance(repository: Path, on: bool) -> None:
         path.write_text("on")
     else:
         path.unlink(missing_ok=True)
+
+
+def calls_sent(repository: Path, branch: str) -> int:
+    """How many BLS calls the pipelines have sent to `branch` since the repository was
+    written (faulted calls aside: they are never sent)."""
+    path = repository / "sent"
+    return path.read_text().split().count(branch) if path.exists() else 0
 
 
 def cancelled_responses(repository: Path, model: str) -> int:

@@ -28,6 +28,7 @@ from tritonscale.core.spec import Targets
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
 from tritonscale.local.triton_server import LocalTriton
 from tritonscale.metrics.prometheus import PrometheusSource
+from tritonscale.metrics.queries import STREAMS_IN_FLIGHT
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.endpoints import Endpoint
@@ -110,7 +111,7 @@ async def _sample_for(source: ScrapeSource, server: LocalTriton, seconds: float)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         await source.scrape([server.metrics_url])
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(0.25)  # time passing is the subject: a sample every 0.25 s
 
 
 async def test_an_async_decoupled_model_is_sized_by_the_streams_it_reports(
@@ -169,7 +170,12 @@ async def test_prometheus_reads_the_same_streams_with_the_generated_query(
         prometheus.wait_for(f'nv_inference_request_success{{model="{ASYNC_MODEL}"}}', 30)
         source = PrometheusSource(prometheus.url)
         with StreamedLoad(triton, ASYNC_MODEL, int(STREAM_S * 1000), RATE):
-            await asyncio.sleep(WINDOW_S + 1)  # Prometheus scrapes on its own clock
+            # Prometheus scrapes on its own clock: until a scrape past the window's end.
+            covered = time.time() + WINDOW_S + 1
+            prometheus.wait_for(
+                f'timestamp({STREAMS_IN_FLIGHT}{{model="{ASYNC_MODEL}"}}) > {covered}',
+                timeout_s=WINDOW_S + 30,
+            )
             snapshot = await source.snapshot(
                 [ASYNC_MODEL, SYNC_MODEL], [_endpoint(triton)], WINDOW_S, {ASYNC_MODEL}
             )

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fault_models import (
     PIPELINE_MODELS,
+    calls_sent,
     cancelled_responses,
     fault_repository,
     raises_left,
@@ -36,7 +38,9 @@ from tests.model_clients import (
 )
 from tests.test_pipeline import OUTPUTS, assert_identical, config_override, features
 from tests.tooling import require_local_triton
+from tests.waiting import wait_for
 from tritonscale.local.triton_server import LocalTriton
+from tritonscale.metrics.queries import STREAMS_IN_FLIGHT
 
 GATEWAY = "pipeline_gateway"
 INJECTED = "branch_rank failed: RuntimeError: injected fault in the BLS call to branch_rank"
@@ -145,11 +149,16 @@ def branch_calls(server: LocalTriton, model: str) -> int:
     return stats["inference_stats"]["success"]["count"]
 
 
-def wait_for(condition, what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+def streams_held(server: LocalTriton, model: str) -> float:
+    """The requests a decoupled pipeline holds, admitted and not yet answered: the gauge it
+    exports (models/pipeline_gateway)."""
+    with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == STREAMS_IN_FLIGHT and sample.labels.get("model") == model:
+                return sample.value
+    return 0.0
 
 
 class Stream:
@@ -182,11 +191,18 @@ def test_a_gateway_request_cancelled_while_waiting_for_its_batch_sends_no_branch
     one_batch = {"max_batches_in_flight": "1", "batch_window_us": "0"}
     with config_override(server, "branch_embed", slow), config_override(server, GATEWAY, one_batch):
         before = branch_calls(server, "branch_embed")
+        sent = calls_sent(repository, "branch_embed")
         cancelled = cancelled_responses(repository, GATEWAY)
         first = Stream(server, GATEWAY, seed=11)
-        time.sleep(0.3)  # the first batch is at branch_embed now
+        wait_for(
+            lambda: calls_sent(repository, "branch_embed") == sent + 1,
+            "the first request's batch sent to branch_embed",
+        )
         second = Stream(server, GATEWAY, seed=12)
-        time.sleep(0.3)
+        wait_for(
+            lambda: streams_held(server, GATEWAY) == 2,
+            "the gateway holding the second request beside the first",
+        )
         second.cancel()
         result, error = first.result()
         assert error is None, error.message()
@@ -203,16 +219,24 @@ def test_a_request_cancelled_while_its_branches_work_gets_no_result(server, repo
     with config_override(server, "branch_embed", {"emulated_compute_ms": "1500"}):
         cancelled = cancelled_responses(repository, model)
         before = branch_calls(server, "branch_embed")
+        sent = calls_sent(repository, "branch_embed")
+
+        def at_the_branches() -> None:
+            wait_for(
+                lambda: calls_sent(repository, "branch_embed") == sent + 1,
+                "the request's call sent to branch_embed",
+            )
+
         if model == GATEWAY:
             stream = Stream(server, model, seed=13)
-            time.sleep(0.5)
+            at_the_branches()
             stream.cancel()
         else:
             client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
             done = threading.Event()
             inputs = make_inputs("grpc", {"FEATURES": features(1, seed=13)})
             call = client.async_infer(model, inputs, lambda result, error: done.set())
-            time.sleep(0.5)
+            at_the_branches()
             call.cancel()
             assert done.wait(timeout=30)
             client.close()

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.waiting import eventually
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.client import AsyncTritonClient, TritonUnreachable
 from tritonscale.triton.connections import Connections
@@ -36,6 +37,7 @@ class Server:
         self.endpoint: Endpoint | None = None
         self.runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
+        self.hanging = asyncio.Event()  # a request is held by `hang`
         self.config_reads = 0
         self.groups: dict[str, list] = {}
         self.ready_reads = 0
@@ -50,6 +52,7 @@ class Server:
 
     async def hang(self, request: web.Request) -> web.Response:
         self.peers.append(request.transport.get_extra_info("peername"))
+        self.hanging.set()
         await self.stopping.wait()  # no answer until the test ends
         return web.Response(status=200)
 
@@ -126,7 +129,8 @@ async def test_a_call_past_its_timeout_breaks_no_other_call_on_the_pod(server: S
         fast = AsyncTritonClient(server.endpoint, timeout_s=5, connections=connections)
 
         async def config_later() -> dict:
-            await asyncio.sleep(0.1)  # sent while the slow call waits
+            # Sent while the slow call waits for its answer.
+            await eventually(server.hanging.is_set, "the slow call held by the server")
             return await fast.model_config("m")
 
         hung, answered = await asyncio.gather(
@@ -155,9 +159,9 @@ async def test_idle_clients_are_closed_and_busy_ones_kept() -> None:
             async with connections.triton("127.0.0.1:3"):  # a later call sweeps
                 pass
             assert len(connections) == 2  # :1 closed, :2 in a call, :3 fresh
-            await asyncio.sleep(0)  # closing is a task on the loop
-            # (`_stub`: tritonclient's aiohttp session of that client)
-            assert idle._stub.closed
+            # Closing is a task on the loop. (`_stub`: tritonclient's aiohttp session of that
+            # client.)
+            await eventually(lambda: idle._stub.closed, "the idle client's session closed")
             assert not busy._stub.closed
         async with connections.triton("127.0.0.1:1") as again:
             assert again is not idle  # a pod asked again gets a new client

@@ -79,9 +79,11 @@ def run(triton: LocalTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             ],
             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
+        ended = time.time()
         assert tune.wait(timeout=30) == 0
         assert locust.returncode == 0, locust.stderr[-2000:]
-        time.sleep(1.0)  # one more scrape covers the run's last second
+        # One more scrape covers the run's last second.
+        prometheus.wait_for(f"timestamp(nv_inference_count) > {ended}", timeout_s=30)
         yield Run(folder / "run", decisions, prometheus.url)
 
 

@@ -15,6 +15,7 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from tests.tooling import missing, require_local_triton
+from tests.waiting import eventually, wait_for
 from tritonscale.core.signals import MetricsUnavailable
 from tritonscale.local.loadgen import ClosedLoopLoad, make_inputs
 from tritonscale.local.ports import free_port
@@ -65,10 +66,14 @@ async def test_both_sources_measure_the_same_load(pipeline: LocalTriton, prometh
     prom = PrometheusSource(prometheus.url)
     with ClosedLoopLoad(pipeline.grpc_url, "pipeline_async") as load:
         load.set_users(4)
-        await asyncio.sleep(2)  # past the ramp
+        await eventually(
+            lambda: load.stats(0, time.time()).requests >= 2 * load.users,
+            "the load past its ramp (two answers per user)",
+        )
         started = time.time()
         while time.time() - started < WINDOW_S + 1:
             await scrape.scrape([pipeline.metrics_url])
+            # Time passing is the subject here: a sample every 0.5 s across the window.
             await asyncio.sleep(0.5)
         by_scrape = await scrape.snapshot(PIPELINE, endpoints, WINDOW_S)
         # Until Prometheus has taken a scrape after that moment (a bounded wait).
@@ -144,14 +149,15 @@ async def test_prometheus_answers_the_healers_counters_with_one_read_per_model(
 ) -> None:
     # With Prometheus in place the healer's per-pod counters come from it, not from each
     # pod's /metrics: the checks of one model share one pair of queries.
+    before = _successes(pipeline, "pipeline_async")
     with ClosedLoopLoad(pipeline.grpc_url, "pipeline_async") as load:
         load.set_users(1)
-        await asyncio.sleep(1)
-    await asyncio.sleep(0.5)  # Triton counts a request after its answer has gone out
+        await eventually(lambda: load.stats(0, time.time()).requests >= 10, "ten answers")
+    answered = load.stats(0, time.time()).requests
+    _wait_for_count(pipeline, "pipeline_async", before + answered)
     on_the_pod = _request_counters(
         requests.get(pipeline.metrics_url, timeout=5).text, "pipeline_async"
     )
-    assert on_the_pod[1] > 0, "the load must have reached the pipeline"
     prometheus.wait_for(
         f'sum(nv_inference_request_success{{model="pipeline_async"}}) == {on_the_pod[1]}',
         timeout_s=10,
@@ -376,15 +382,20 @@ def _send(server: LocalTriton, requests: int) -> None:
     client.close()
 
 
+def _successes(server: LocalTriton, model: str) -> int:
+    text = requests.get(server.metrics_url, timeout=5).text
+    return int(_request_counters(text, model)[1])
+
+
 def _wait_for_count(server: LocalTriton, model: str, count: int) -> None:
     """Until Triton's /metrics shows `count` successes of `model`. Triton reports a request's
     statistics after its response has gone out, so a scrape right after the last answer
     may still miss it."""
     expected = f'nv_inference_request_success{{model="{model}",version="1"}} {count}\n'
-    deadline = time.monotonic() + 30
-    while expected not in requests.get(server.metrics_url, timeout=5).text:
-        assert time.monotonic() < deadline, f"Triton's metrics never showed {expected.strip()}"
-        time.sleep(0.05)
+    wait_for(
+        lambda: expected in requests.get(server.metrics_url, timeout=5).text,
+        f"Triton's metrics to show {expected.strip()}",
+    )
 
 
 async def test_a_restarted_triton_counts_on_from_zero() -> None:
@@ -440,7 +451,7 @@ class _CountingMetrics:
                     number = metrics.requests
                 metrics.first_arrived.set()
                 if number == 1:
-                    time.sleep(first_delay_s)
+                    time.sleep(first_delay_s)  # the held-up answer this stand-in is for
                 body = f'nv_inference_request_success{{model="m",version="1"}} {number}\n'
                 self.send_response(200)
                 self.end_headers()
@@ -472,11 +483,8 @@ async def _scrape_twice_at_once(
             errors.append(error)
 
     first = asyncio.ensure_future(scrape())
-    for _ in range(1000):  # the server's thread says when the first request arrived
-        if metrics.first_arrived.is_set():
-            break
-        await asyncio.sleep(0.01)
-    assert metrics.first_arrived.is_set(), "the first scrape never reached the server"
+    # The server's thread says when the first request arrived.
+    await eventually(metrics.first_arrived.is_set, "the first scrape to reach the server")
     second = asyncio.ensure_future(scrape())
     await asyncio.wait_for(asyncio.gather(first, second), 30)
     return errors
