@@ -4,7 +4,7 @@ Every component (etcd, the API server, a kubelet, a go build) runs as a process 
 recorded by pid and binary in a state file so that a later `down` can stop it: `is_running`
 tells a live one from a reused pid, `stop_pids` stops a set of them by process group, and
 `last_meaningful_line` / `first_error` pick from a log or a command's output the line a person
-needs.
+needs. `ClusterError` is what the tooling beneath hack.cluster raises when one of them fails.
 """
 
 from __future__ import annotations
