@@ -226,8 +226,8 @@ def test_todays_policy_never_asks_for_or_holds_more_than_the_budget(
     reason=(
         "today's policy reverses under a steady load: a BLS parent reads busy near 1.0 at a low "
         "load (each request alone in an execution that waits for the branches), the added "
-        "instance buys nothing and NoGain takes it back; and a branch added while the parent "
-        "queued is given back (LowUtilization) once the parent's queue has drained"
+        "instance buys nothing and NoGain takes it back (and a branch those extra parents made "
+        "busy gets an instance and gives it back, LowUtilization)"
     ),
 )
 @PROPERTY_SETTINGS
