@@ -195,6 +195,18 @@ class TestVerifier:
         assert all(at["branch_embed"] == 1 for at in ticks.ran[reverted + 1 :])
         assert ticks.last.state.verifier.ceilings(START + 30 * TICK_S) == {"branch_embed": 1}
 
+    def test_failures_that_come_with_more_load_are_no_shortfall(self) -> None:
+        # The offered load doubles with the step: failures are the load's, not the step's.
+        def busier_later(now: float, at: Mapping[str, int]) -> MetricSnapshot:
+            later = at["branch_embed"] > 1
+            return Load(80.0 if later else 40.0, failure_rate=5.0 if later else 0.0).snapshot(
+                now, at
+            )
+
+        ticks = run(pipeline_specs(None), counts(1, 1), busier_later, 12)
+        reasons = {d.reason for decision in ticks.decisions for d in decision.models.values()}
+        assert verifier.STEP_FELL_SHORT not in reasons
+
     def test_a_step_that_delivered_is_kept(self) -> None:
         ticks = run(pipeline_specs(7), counts(1, 1), steady(200.0), 30)
         reasons = {d.reason for decision in ticks.decisions for d in decision.models.values()}
@@ -212,9 +224,10 @@ class TestVerifier:
         )
 
     def test_a_step_after_which_more_requests_fail_is_reverted(self) -> None:
+        # 40 req/s keep one branch_embed 0.8 busy: it steps to 2, and then 5 of the 40 fail.
         def failing_later(now: float, at: Mapping[str, int]) -> MetricSnapshot:
-            failures = 20.0 if at["branch_embed"] > 1 else 0.0
-            return Load(200.0, failure_rate=failures).snapshot(now, at)
+            failures = 5.0 if at["branch_embed"] > 1 else 0.0
+            return Load(40.0 - failures, failure_rate=failures).snapshot(now, at)
 
         ticks = run(pipeline_specs(7), counts(1, 1), failing_later, 12)
         fell = [

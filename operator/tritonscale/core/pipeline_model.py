@@ -20,7 +20,9 @@ From the metric snapshots of one pod set (the latest, and a short history the ca
   (queue + compute: the calls of an async parent run together; a parent that calls in
   sequence keeps part of its wait in its own work, which understates its capacity, the safe
   side), and it holds an instance for its own work plus the children's execution time,
-  without their queue. A leaf holds an instance for its busy time per request.
+  without their queue. A leaf holds an instance for its busy time per request. Both per
+  execution and per request (over the mean batch): the batch is today's, and batches grow
+  with the load, so the capacity this gives is what an instance serves at least.
 
 Each estimate carries its windows and spread (`Estimate`): service times are averaged over
 the windows that do not overlap, at the counts the model (and its children) run now; the
@@ -231,7 +233,10 @@ class Stage:
     mean_batch: float
     time_in_model_s: float  # queue + compute per request: what a caller waits, latest window
     own_execution_s: Estimate  # per execution, net of the wait for its children
-    hold_per_request_s: Estimate  # instance seconds per request at the allocator's counts
+    # Instance seconds per execution and per request at the allocator's counts: its own work
+    # plus its children's execution, without their queue.
+    hold_per_execution_s: Estimate
+    hold_per_request_s: Estimate
     calls: Mapping[str, Estimate] = field(hash=False)  # child -> calls per request
     # The service times come from windows at today's counts (False: from earlier ones, until
     # a window wholly after the last change exists).
@@ -341,16 +346,12 @@ def _stage(
         [(w, w.readings[model].execution_s / w.readings[model].mean_batch) for w in apart]
     )
     own = _estimate([(w, _own_execution_s(w, model, children)) for w in apart])
-    hold = _estimate(
-        [
-            (
-                w,
-                (_own_execution_s(w, model, children) + _children_execution_s(w, children))
-                / w.readings[model].mean_batch,
-            )
-            for w in apart
-        ]
-    )
+    held = [
+        (w, _own_execution_s(w, model, children) + _children_execution_s(w, children))
+        for w in apart
+    ]
+    hold_per_execution = _estimate(held)
+    hold = _estimate([(w, value / w.readings[model].mean_batch) for w, value in held])
     arrivals = _apart([w for w in history.windows if model in w.readings])
     arrival = _estimate([(w, w.readings[model].arrival_rate) for w in arrivals])
     arrival = Estimate(reading.arrival_rate, arrival.spread, arrival.windows, arrival.span_s)
@@ -381,6 +382,7 @@ def _stage(
         mean_batch=reading.mean_batch,
         time_in_model_s=reading.time_in_model_s if reading.request_rate > 0 else 0.0,
         own_execution_s=own,
+        hold_per_execution_s=hold_per_execution,
         hold_per_request_s=hold,
         calls=calls,
         measured_at_counts=at_counts,
@@ -460,29 +462,33 @@ def _calls_per_request(window: Window, child: str, parents: Sequence[str]) -> fl
 def _demand(
     stages: Mapping[str, Stage], callers: Mapping[str, tuple[str, ...]]
 ) -> dict[str, float]:
-    """Roots' arrival rates, carried down by the calls per request (a cycle keeps its own)."""
+    """Roots' arrival rates, carried down by the calls per request. A model whose callers are
+    not all measured with calls to it, or that sits on a cycle, keeps its own arrival rate."""
     demand: dict[str, float] = {}
 
     def of(model: str, visiting: frozenset[str]) -> float:
         if model in demand:
             return demand[model]
-        stage = stages[model]
-        parents = [p for p in callers.get(model, ()) if p in stages and p not in visiting]
-        if not parents or len(parents) < len(callers.get(model, ())):
-            value = stage.arrival_rps.value
+        own = stages[model].arrival_rps.value
+        parents = callers.get(model, ())
+        calls = [stages[p].calls.get(model) if p in stages else None for p in parents]
+        if (
+            not parents
+            or visiting.intersection(parents)
+            or any(c is None or c.windows == 0 for c in calls)
+        ):
+            value = own
         else:
-            calls = 0.0
-            for parent in parents:
-                per_request = stages[parent].calls.get(model)
-                if per_request is None or per_request.windows == 0:
-                    return stage.arrival_rps.value
-                calls += of(parent, visiting | {model}) * per_request.value
-            value = calls
+            value = sum(
+                of(parent, visiting | {model}) * call.value
+                for parent, call in zip(parents, calls, strict=True)
+                if call is not None
+            )
         demand[model] = value
         return value
 
     for model in stages:
-        of(model, frozenset())
+        of(model, frozenset({model}))
     return demand
 
 

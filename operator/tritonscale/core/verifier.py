@@ -5,15 +5,17 @@ capacity is its count times what one instance serves. Where every instance share
 resource (a GPU, a lock, the CPU cores) that is false: new instances wait, busy in Triton's
 eyes, and serve nothing more. So after a step up (`start`), the first snapshot at which the
 models it stepped are measured at their new counts (a window wholly after the change) is
-compared with the prediction (`judge`) by two measures that do not depend on how much load is offered, so that a load
-change between the windows passes neither for a gain nor for a loss (raw throughput would):
+compared with the prediction (`judge`), by measures that a change of the offered load between
+the windows does not pass off as a gain or a loss (raw throughput would):
 
-- per model stepped up: the instance seconds per request it was sized by (its hold per
-  request: batching undone, a parent's wait on its children's queue taken out). The step fell
-  short when that grew by more than the estimate's noise (`Estimate.noise`: two standard
-  deviations of its windows, at least 3 %; 25 % when one window was all there was);
-- the set's served fraction at its roots (successes over requests finished): the step fell
-  short when it dropped by more than `SERVED_FRACTION_NOISE`.
+- per model stepped up: the instance seconds it holds per execution and per request (its own
+  work plus its children's execution, a parent's wait on their queue taken out). The step
+  fell short when both grew by more than the estimate's noise (`Estimate.noise`: two standard
+  deviations of its windows, at least 3 %; 25 % when one window was all there was). Both,
+  because batching moves them apart: batches shrink after a step and grow with the load;
+- the set's served fraction at its roots (successes over requests finished), where the
+  offered load moved by at most `OFFERED_CHANGE` (failures grow with the load too): the step
+  fell short when it dropped by more than `SERVED_FRACTION_NOISE`.
 
 A step that fell short is reverted: the models it stepped up go back to their counts before
 it, at once (a verdict, not a reading of the load), and the model is corrected: each of them
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tritonscale.core import gain
-from tritonscale.core.pipeline_model import PipelineModel
+from tritonscale.core.pipeline_model import PipelineModel, Stage
 from tritonscale.core.signals import MetricSnapshot
 
 STEP_FELL_SHORT = "StepFellShort"
@@ -39,27 +41,34 @@ SETTLE_S = gain.SETTLE_S  # a load takes up to about 1.5 s to apply; the window 
 CORRECTION_TTL_S = 600.0
 # A step whose models are still not measured at their new counts this long after it is let go.
 MAX_WAIT_S = 600.0
-# The served fraction a step may lose by chance alone (a failure here and there).
+# The served fraction a step may lose by chance alone (a failure here and there), and how far
+# the offered load may move for the served fractions before and after to be compared.
 SERVED_FRACTION_NOISE = 0.02
+OFFERED_CHANGE = 0.1
 
 
 @dataclass(frozen=True)
 class Expectation:
-    """What one model stepped up was predicted to keep: its hold per request."""
+    """What one model stepped up was predicted to keep: the instance seconds it holds per
+    execution and per request, each with its relative noise."""
 
     model: str
     before: int
     after: int
+    hold_per_execution_s: float
+    execution_noise: float
     hold_per_request_s: float
-    noise: float  # relative
+    request_noise: float
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
             "before": self.before,
             "after": self.after,
+            "holdPerExecutionS": self.hold_per_execution_s,
+            "executionNoise": self.execution_noise,
             "holdPerRequestS": self.hold_per_request_s,
-            "noise": self.noise,
+            "requestNoise": self.request_noise,
         }
 
     @classmethod
@@ -68,9 +77,45 @@ class Expectation:
             str(d["model"]),
             int(d["before"]),
             int(d["after"]),
+            float(d["holdPerExecutionS"]),
+            float(d["executionNoise"]),
             float(d["holdPerRequestS"]),
-            float(d["noise"]),
+            float(d["requestNoise"]),
         )
+
+    @classmethod
+    def of(cls, stage: Stage, before: int, after: int) -> Expectation:
+        execution, request = stage.hold_per_execution_s, stage.hold_per_request_s
+        return cls(
+            stage.model,
+            before,
+            after,
+            execution.value,
+            execution.noise,
+            request.value,
+            request.noise,
+        )
+
+    def shortfall(self, stage: Stage, now_instances: int) -> tuple[bool, str]:
+        """Whether the stage now holds its instances longer than predicted, per execution
+        and per request alike, by more than the noise, and the numbers in words.
+
+        Both, because batching moves them apart: after a step batches shrink (more time per
+        request, not per execution); under more load they grow (the other way round).
+        Instances that wait on a shared resource hold longer by both.
+        """
+        execution = stage.hold_per_execution_s.value
+        request = stage.hold_per_request_s.value
+        longer = round(execution, 12) > round(
+            self.hold_per_execution_s * (1 + self.execution_noise), 12
+        ) and round(request, 12) > round(self.hold_per_request_s * (1 + self.request_noise), 12)
+        said = (
+            f"{self.model} {self.before} -> {now_instances}: instance time per execution "
+            f"{1000 * self.hold_per_execution_s:.1f} -> {1000 * execution:.1f} ms (noise "
+            f"{100 * self.execution_noise:.0f} %), per request {1000 * self.hold_per_request_s:.1f}"
+            f" -> {1000 * request:.1f} ms (noise {100 * self.request_noise:.0f} %)"
+        )
+        return longer, said
 
 
 @dataclass(frozen=True)
@@ -79,7 +124,8 @@ class StepCheck:
 
     since: float  # unix seconds of the tick that decided the first step
     expectations: tuple[Expectation, ...]
-    served_fraction: float  # the roots' served fraction before the first step
+    offered_rps: float  # requests finished per second at the set's roots before the first step
+    served_fraction: float  # successes among them
     last_step_at: float  # the tick of the latest step judged with it
 
     def due(self, snapshot: MetricSnapshot) -> bool:
@@ -89,6 +135,7 @@ class StepCheck:
         return {
             "since": self.since,
             "expectations": [e.to_dict() for e in self.expectations],
+            "offeredRps": self.offered_rps,
             "servedFraction": self.served_fraction,
             "lastStepAt": self.last_step_at,
         }
@@ -98,6 +145,7 @@ class StepCheck:
         return cls(
             float(d["since"]),
             tuple(Expectation.from_dict(e) for e in d["expectations"]),
+            float(d["offeredRps"]),
             float(d["servedFraction"]),
             float(d["lastStepAt"]),
         )
@@ -177,12 +225,12 @@ def start(
         if model in known:
             expectations[model] = replace(known[model], after=count)
         elif stage is not None and not stage.quiet:
-            hold = stage.hold_per_request_s
-            expectations[model] = Expectation(model, current[model], count, hold.value, hold.noise)
+            expectations[model] = Expectation.of(stage, current[model], count)
     if expectations == known:
         return state
     if check is None:
-        check = StepCheck(now, (), _served_fraction(pipeline), now)
+        offered, served = _roots(pipeline)
+        check = StepCheck(now, (), offered, served, now)
     check = replace(check, expectations=tuple(expectations.values()), last_step_at=now)
     return VerifierState(check, state.corrections)
 
@@ -221,19 +269,14 @@ def judge(
         stage = pipeline.stages.get(expectation.model)
         if stage is None or stage.quiet or not stage.measured_at_counts:
             continue  # nothing to compare: no evidence of waste either (the safe side)
-        after = stage.hold_per_request_s.value
-        bar = expectation.hold_per_request_s * (1 + expectation.noise)
-        said = (
-            f"{expectation.model} {expectation.before} -> {current[expectation.model]}: "
-            f"{1000 * expectation.hold_per_request_s:.1f} -> {1000 * after:.1f} ms of an "
-            f"instance per request (noise {100 * expectation.noise:.0f} %)"
-        )
+        longer, said = expectation.shortfall(stage, current[expectation.model])
         judged.append(said)
-        if round(after, 12) > round(bar, 12):
+        if longer:
             shortfalls[expectation.model] = said
-    served = _served_fraction(pipeline)
-    served_fell = landed and served < check.served_fraction - SERVED_FRACTION_NOISE
-    if served_fell:
+    offered, served = _roots(pipeline)
+    same_load = check.offered_rps > 0 and abs(offered / check.offered_rps - 1) <= OFFERED_CHANGE
+    if same_load and served < check.served_fraction - SERVED_FRACTION_NOISE:
+        # Failures depend on the load too: compared only at about the same offered load.
         said = f"served fraction {check.served_fraction:.3f} -> {served:.3f}"
         judged.append(said)
         shortfalls.update({e.model: said for e in landed if e.model not in shortfalls})
@@ -250,9 +293,11 @@ def judge(
     return Verdict(VerifierState(None, tuple(learnt.values())), reverts, message)
 
 
-def _served_fraction(pipeline: PipelineModel) -> float:
+def _roots(pipeline: PipelineModel) -> tuple[float, float]:
+    """Requests finished per second at the set's roots, and the fraction that succeeded."""
     roots = [pipeline.stages[m] for m in pipeline.roots if not pipeline.stages[m].quiet]
     finished = sum(stage.arrival_rps.value for stage in roots)
     if finished <= 0:
-        return 1.0
-    return sum(stage.arrival_rps.value * stage.served_fraction for stage in roots) / finished
+        return 0.0, 1.0
+    succeeded = sum(stage.arrival_rps.value * stage.served_fraction for stage in roots)
+    return finished, succeeded / finished
