@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -108,6 +110,7 @@ class FakeClock(Stop):
 
     async def wait(self, timeout: float | None = None) -> bool:
         self.now += timeout or 0.0
+        await asyncio.sleep(0)  # the ticks, tasks of their own, run meanwhile
         return self.is_set()
 
 
@@ -116,7 +119,7 @@ async def test_run_set_ticks_at_the_phase_and_decides_the_due_members() -> None:
     stop = FakeClock(1000.0)
     ticks: list[tuple[float, list[str]]] = []
 
-    async def tick(due: list[str], now: float) -> None:
+    async def tick(due: list[str], now: float, finished: Callable[[str], None]) -> None:
         ticks.append((now, due))
         if len(ticks) == 5:
             stop.set()
@@ -145,8 +148,55 @@ async def test_a_loop_that_does_not_lead_waits_and_then_decides_every_member() -
             stop.set()
         return found
 
-    async def tick(due: list[str], now: float) -> None:
+    async def tick(due: list[str], now: float, finished: Callable[[str], None]) -> None:
         ticks.append((now, due))
 
     await run_set(stop, current, tick, idle_s=5.0, clock=stop.clock)
     assert ticks[0] == (10.0, ["a", "b"])
+
+
+async def test_a_tick_that_hangs_holds_back_its_own_members_only() -> None:
+    pod_set = PodSet("ml", "set-x", ("hangs", "other"), (10.0, 10.0))
+    stop = FakeClock(0.0)
+    release = asyncio.Event()
+    ticks: list[tuple[float, list[str]]] = []
+
+    async def tick(due: list[str], now: float, finished: Callable[[str], None]) -> None:
+        ticks.append((now, due))
+        if "hangs" in due and len(ticks) == 2:
+            finished("other")  # its result is out; its tick's other member waits on
+            await release.wait()  # a load waiting for its deadline
+        if len(ticks) == 5:
+            release.set()
+            stop.set()
+
+    await run_set(stop, lambda: pod_set, tick, clock=stop.clock)
+    assert [due for _, due in ticks] == [
+        ["hangs", "other"],
+        ["hangs", "other"],  # this one hangs
+        ["other"],
+        ["other"],
+        ["other"],
+    ]
+
+
+async def test_a_tick_that_raises_ends_the_loop_with_its_error() -> None:
+    pod_set = PodSet("ml", "set-x", ("a",), (10.0,))
+    stop = FakeClock(0.0)
+
+    async def tick(due: list[str], now: float, finished: Callable[[str], None]) -> None:
+        raise RuntimeError("a bug in the tick")
+
+    with pytest.raises(RuntimeError, match="a bug in the tick"):
+        await asyncio.wait_for(run_set(stop, lambda: pod_set, tick, clock=stop.clock), 5)
+
+
+def test_next_tick_always_moves_on_whatever_the_rounding() -> None:
+    # At a slot itself the float arithmetic may land a hair before it (29.999999 slots);
+    # the next tick must still be one interval on, or the loop would spin without sleeping.
+    pod_set = PodSet("ml", "set-y", ("a",), (10.0,))
+    at = pod_set.next_tick(0.0)
+    for _ in range(10_000):
+        following = pod_set.next_tick(at)
+        assert following - at == pytest.approx(10.0)
+        at = following

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
 from tritonscale.control.pod_sets import PodSet
@@ -83,29 +83,64 @@ async def every(
 async def run_set(
     stopped: Stopped,
     current: Callable[[], PodSet | None],
-    tick: Callable[[list[str], float], Awaitable[object]],
+    tick: Callable[[list[str], float, Callable[[str], None]], Awaitable[object]],
     *,
     idle_s: float = 15.0,
     clock: Callable[[], float] = time.time,
 ) -> None:
-    """Tick the set `current()` gives, at its phase, until `stopped` is set: `tick(due, now)`
-    with the members due at `now` (unix seconds; all of them at the first tick).
+    """Tick the set `current()` gives, at its phase, until `stopped` is set:
+    `tick(due, now, finished)` with the members due at `now` (unix seconds; all of them at
+    the first tick).
 
     `current()` is asked at every wake, so a member added, changed or removed joins or leaves
     at the next tick. None means this loop does not run the set now (another member's loop
     leads it): it looks again after `idle_s`, and decides every member at once when it leads.
+
+    A tick runs as a task of its own; a member is not due again until its tick calls
+    `finished(member)` (or ends): a load that waits for its deadline holds back the next
+    decision of its own member, never the other members' (they tick on at the set's phase).
+    A tick that raises (a bug: Triton's and Prometheus's troubles are results) ends the loop
+    and is raised here; at the stop the loop waits for the ticks under way.
     """
     last: dict[str, float] = {}
-    while not stopped.is_set():
-        pod_set = current()
-        if pod_set is None:
-            last.clear()
-            await stopped.wait(idle_s)
-            continue
-        last = {member: t for member, t in last.items() if member in pod_set.members}
-        now = clock()
-        due = pod_set.due(last, now)
-        if due:
-            await tick(due, now)
-            last.update(dict.fromkeys(due, now))
-        await stopped.wait(max(0.0, pod_set.next_tick(clock()) - clock()))
+    running: set[str] = set()
+    tasks: set[asyncio.Task[object]] = set()
+
+    async def run_tick(due: list[str], now: float) -> None:
+        try:
+            await tick(due, now, running.discard)
+        finally:
+            running.difference_update(due)
+
+    try:
+        while not stopped.is_set():
+            _raise_failed(tasks)
+            tasks = {task for task in tasks if not task.done()}
+            pod_set = current()
+            if pod_set is None:
+                last.clear()
+                await stopped.wait(idle_s)
+                continue
+            last = {member: t for member, t in last.items() if member in pod_set.members}
+            now = clock()
+            due = [member for member in pod_set.due(last, now) if member not in running]
+            if due:
+                running.update(due)
+                tasks.add(asyncio.ensure_future(run_tick(due, now)))
+                last.update(dict.fromkeys(due, now))
+            await stopped.wait(max(0.0, pod_set.next_tick(clock()) - clock()))
+    except BaseException:
+        # Cancelled (kopf gave up waiting), or a tick failed: the other ticks go too.
+        for task in tasks:
+            task.cancel()
+        raise
+    finally:
+        if tasks:
+            await asyncio.wait(tasks)
+    _raise_failed(tasks)
+
+
+def _raise_failed(tasks: Iterable[asyncio.Task[object]]) -> None:
+    for task in tasks:
+        if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+            raise error

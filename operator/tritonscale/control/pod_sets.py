@@ -66,7 +66,9 @@ class PodSet:
         knows the set agrees on it)."""
         interval = self.interval_s
         slots = math.floor((now - self.phase_s) / interval) + 1
-        return self.phase_s + slots * interval
+        at = self.phase_s + slots * interval
+        # At a slot itself, rounding may give the same slot back (29.999999 slots): the next.
+        return at if at > now + 1e-6 else at + interval
 
     def due(self, last: Mapping[str, float], now: float) -> list[str]:
         """The members to decide at a tick at `now`, given when each was last decided.

@@ -25,7 +25,7 @@ observation or metrics fail gets its own TickResult with the reason; the others 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,9 +64,13 @@ async def tick_set(
     metrics: OperatorMetrics | None = None,
     backoff_base_s: float = BACKOFF_BASE_S,
     backoff_cap_s: float = BACKOFF_CAP_S,
+    on_result: Callable[[str, TickResult], Awaitable[None]] | None = None,
 ) -> dict[str, TickResult]:
     """Tick `members` as one; each member's result, by name. Never raises for Triton's or
-    Prometheus's troubles."""
+    Prometheus's troubles.
+
+    `on_result(name, result)` is awaited for each member as soon as its result is ready (a
+    member whose load waits for its deadline does not hold back the others' reports)."""
     observed = await asyncio.gather(
         *(
             reconcile.observe(
@@ -82,10 +86,19 @@ async def tick_set(
         )
     )
     done: dict[str, TickResult] = {}
+
+    async def finished(name: str, result: TickResult) -> TickResult:
+        done[name] = result
+        if metrics is not None:
+            metrics.record(result, namespace, name)
+        if on_result is not None:
+            await on_result(name, result)
+        return result
+
     observations: dict[str, reconcile.Observation] = {}
     for member, seen in zip(members, observed, strict=True):
         if isinstance(seen, TickResult):
-            done[member.name] = seen
+            await finished(member.name, seen)
         else:
             observations[member.name] = seen
     snapshots = await _read_metrics(source, observations)
@@ -103,36 +116,30 @@ async def tick_set(
     else:
         budgeted = {}
 
-    async def finish(name: str, plan: reconcile.Plan) -> TickResult:
+    async def finish(name: str, plan: reconcile.Plan) -> None:
         if name not in budgeted or ledger is None:
-            return await reconcile.finish(
+            result = await reconcile.finish(
                 plan, actuator, backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s
             )
-        key = reconcile.budget_key(namespace, plan.spec)
-        result = await reconcile.finish(
-            plan,
-            actuator,
-            ledger.grant(key, name),
-            backoff_base_s=backoff_base_s,
-            backoff_cap_s=backoff_cap_s,
-        )
-        ledger.settle(key, name, result.holding)
-        return result
+        else:
+            key = reconcile.budget_key(namespace, plan.spec)
+            result = await reconcile.finish(
+                plan,
+                actuator,
+                ledger.grant(key, name),
+                backoff_base_s=backoff_base_s,
+                backoff_cap_s=backoff_cap_s,
+            )
+            ledger.settle(key, name, result.holding)
+        await finished(name, result)
 
-    async def finish_budgeted() -> dict[str, TickResult]:
+    async def finish_budgeted() -> None:
         # Decreases first: what they release is there for the increases of this tick.
-        order = sorted(budgeted, key=lambda n: (_change(budgeted[n]), n))
-        return {name: await finish(name, budgeted[name]) for name in order}
+        for name in sorted(budgeted, key=lambda n: (_change(budgeted[n]), n)):
+            await finish(name, budgeted[name])
 
     alone = [name for name in plans if name not in budgeted]
-    results = await asyncio.gather(
-        finish_budgeted(), *(finish(name, plans[name]) for name in alone)
-    )
-    done.update(results[0])
-    done.update(zip(alone, results[1:], strict=True))
-    if metrics is not None:
-        for name, result in done.items():
-            metrics.record(result, namespace, name)
+    await asyncio.gather(finish_budgeted(), *(finish(name, plans[name]) for name in alone))
     return {m.name: done[m.name] for m in members}
 
 

@@ -50,7 +50,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -345,10 +345,10 @@ async def reconcile_daemon(
         pod_set = set_of(namespace_sets(runtime, namespace, autoscalers), name)
         return pod_set if pod_set is not None and pod_set.leader == name else None
 
-    async def tick(due: list[str], now: float) -> None:
+    async def tick(due: list[str], now: float, finished: Callable[[str], None]) -> None:
         pod_set = leading()
         if pod_set is not None:
-            await tick_set(runtime, pod_set, due, now, triton_pods, autoscalers, logger)
+            await tick_set(runtime, pod_set, due, now, triton_pods, autoscalers, logger, finished)
 
     try:
         parsed: AutoscalerSpec | None = parse_spec(spec)
@@ -392,9 +392,10 @@ async def tick_set(
     triton_pods: kopf.Index[str, pods.TritonPod],
     autoscalers: kopf.Index[str, Member],
     logger: Any,
+    finished: Callable[[str], None] = lambda _name: None,
 ) -> None:
     """One tick of a pod set: its due members decided together, then each one's status and
-    events written."""
+    events written as soon as its result is ready (`finished(name)` after it)."""
     namespace = pod_set.namespace
     found = {m.name: m for m in autoscalers.get(namespace, [])}
     entries = [found[name] for name in due if name in found]
@@ -428,7 +429,15 @@ async def tick_set(
                 endpoints,
             )
         )
-    results = await set_tick.tick_set(
+    by_name = {entry.name: entry for entry in entries}
+
+    async def write(name: str, result: TickResult) -> None:
+        runtime.health.ticks += 1
+        runtime.health.last_tick_at = result.finished_at
+        await _write(runtime, pod_set, by_name[name], result, logger)
+        finished(name)
+
+    await set_tick.tick_set(
         members,
         runtime.source,
         runtime.actuator,
@@ -437,15 +446,7 @@ async def tick_set(
         ledger=runtime.ledger,
         healer=runtime.healer,
         metrics=runtime.metrics,
-    )
-    runtime.health.ticks += len(results)
-    runtime.health.last_tick_at = max((r.finished_at for r in results.values()), default=None)
-    await asyncio.gather(
-        *(
-            _write(runtime, pod_set, entry, results[entry.name], logger)
-            for entry in entries
-            if entry.name in results
-        )
+        on_result=write,
     )
 
 

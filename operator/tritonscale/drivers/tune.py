@@ -238,9 +238,22 @@ class Tuner:
         """One policy's tick (a round of one)."""
         return (await self.round([policy], now))[0]
 
-    async def round(self, policies: list[Policy], now: float) -> list[TickResult]:
-        """One tick of the set: the policies due at `now`, their budgets allocated jointly."""
+    async def round(
+        self,
+        policies: list[Policy],
+        now: float,
+        finished: Callable[[str], None] | None = None,
+    ) -> list[TickResult]:
+        """One tick of the set: the policies due at `now`, their budgets allocated jointly;
+        `finished(name)` as each one's result is reported."""
         assert self.source is not None
+        by_name = {policy.name: policy for policy in policies}
+
+        async def report(name: str, result: TickResult) -> None:
+            self._report(by_name[name], result)
+            if finished is not None:
+                finished(name)
+
         members = [
             Member(
                 policy.name,
@@ -259,9 +272,8 @@ class Tuner:
             ledger=self.ledger,
             healer=self.healer,
             metrics=self.metrics,
+            on_result=report,
         )
-        for policy in policies:
-            self._report(policy, results[policy.name])
         return [results[policy.name] for policy in policies]
 
     def _report(self, policy: Policy, result: TickResult) -> None:
@@ -352,10 +364,10 @@ class Tuner:
         )
 
     async def _loop(self, stop: Stop) -> None:
-        async def tick(due: list[str], now: float) -> None:
+        async def tick(due: list[str], now: float, finished: Callable[[str], None]) -> None:
             # The policies as the config holds them now: a config replaced while the loop
             # runs (the demo pauses and resumes its policies) applies from the next tick.
-            await self.round([p for p in self.config.policies if p.name in due], now)
+            await self.round([p for p in self.config.policies if p.name in due], now, finished)
 
         try:
             await run_set(stop, self.pod_set, tick)
