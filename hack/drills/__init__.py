@@ -33,14 +33,15 @@ marked not ready.
     python -m hack.drills            # the full drills: reports/drills/NAME.json and a table
     python -m hack.drills --quick    # shorter windows, fewer cycles (`make drills QUICK=1`)
 
-One module per drill (rollout, scale_in, pod_delete, failover, apiserver, node_restart, oom,
-finalizer), each a function of `harness.Drills` (the cluster as the drills see it, and the
-load's request log); `runner` runs them one after another and judges each.
-
 It builds the images, brings up the local cluster in .cluster-drills (hack.cluster), pushes
 the images, installs the chart, runs the drills, uninstalls and takes the cluster down, also
 after Ctrl-C or a failure. tests/cluster/test_drills.py runs the quick forms of rollout,
 scale-in, failover, oom and finalizer on the test session's cluster.
+
+One module per drill (rollout, scale_in, pod_delete, failover, apiserver, node_restart, oom,
+finalizer), each a function of `harness.Drills`, the cluster as the drills see it; `harness`
+also holds the load and its request log, and `runner` runs the drills one after another and
+judges each.
 """
 
 from hack.drills.harness import RELEASE, Drills, Load, Record, Settings
