@@ -14,7 +14,15 @@ from collections.abc import Mapping
 
 import pytest
 
-from tests.pipeline_load import CHILDREN, PARENT, WINDOW_S, Load, counts, pipeline_specs
+from tests.pipeline_load import (
+    CHILDREN,
+    PARENT,
+    WINDOW_S,
+    Load,
+    counts,
+    make_spec,
+    pipeline_specs,
+)
 from tritonscale.core.pipeline_model import (
     HISTORY_S,
     MAX_WINDOWS,
@@ -126,6 +134,24 @@ class TestOneWindow:
         models = {**snapshot.models, "branch_rank": streaming}
         model, _ = measured([MetricSnapshot(START, WINDOW_S, models)], at)
         assert "busy time" in model.unmeasured["branch_rank"]
+
+    def test_a_child_of_two_parents_is_called_at_their_shared_rate(self) -> None:
+        # Two parents call branch_rank: 30 and 10 req/s, 80 calls/s in all (2 per request).
+        specs = {
+            "parent_a": make_spec("parent_a", calls=["branch_rank"]),
+            "parent_b": make_spec("parent_b", calls=["branch_rank"]),
+            "branch_rank": make_spec("branch_rank"),
+        }
+        at = {"parent_a": 1, "parent_b": 1, "branch_rank": 2}
+        models = {
+            "parent_a": ModelSignals("parent_a", 30.0, 0.0, 30.0, 30 * 0.02, 0.0, 0.0, 1),
+            "parent_b": ModelSignals("parent_b", 10.0, 0.0, 10.0, 10 * 0.02, 0.0, 0.0, 1),
+            "branch_rank": ModelSignals("branch_rank", 80.0, 0.0, 80.0, 80 * 0.005, 0.0, 0.0, 1),
+        }
+        model, _ = measured([MetricSnapshot(START, WINDOW_S, models)], at, specs)
+        assert model.stages["parent_a"].calls["branch_rank"].value == pytest.approx(2.0)
+        assert model.stages["branch_rank"].demand_rps == pytest.approx(80.0)
+        assert set(model.roots) == {"parent_a", "parent_b"}
 
 
 class TestEstimates:

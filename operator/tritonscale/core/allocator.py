@@ -162,14 +162,17 @@ def allocate(
     *,
     held: Mapping[str, int] | None = None,
     ceilings: Mapping[str, int] | None = None,
+    settling: frozenset[str] = frozenset(),
     switch_margin: float = 0.0,
 ) -> Allocation:
     """Every model's count (see the module's docstring for the objective).
 
     `current`: each model's live count per pod. `held`: models that keep a given count
     whatever the load (paused, or out of their bounds). `ceilings`: the most instances that
-    help a model (the verifier's corrections). `switch_margin`: relative headroom a better
-    split must gain over today's before the counts move (the estimates' noise).
+    help a model (the verifier's corrections). `settling`: models whose estimates do not yet
+    come from windows at their counts; they do not go down (a count just changed is not
+    taken back on the estimates it was changed by). `switch_margin`: relative headroom a
+    better split must gain over today's before the counts move (the estimates' noise).
     """
     held = dict(held or {})
     ceilings = ceilings or {}
@@ -194,9 +197,15 @@ def allocate(
                 f"{MIN_REQUESTS_PER_WINDOW:g} requests in the window): keeps its count",
             )
     sized = {m: stage for m, stage in active.items() if m not in fixed}
-    lower = {m: specs[m].min_instances for m in sized}
     upper = {
-        m: max(lower[m], min(specs[m].max_instances, ceilings.get(m, specs[m].max_instances)))
+        m: max(
+            specs[m].min_instances,
+            min(specs[m].max_instances, ceilings.get(m, specs[m].max_instances)),
+        )
+        for m in sized
+    }
+    lower = {
+        m: min(upper[m], max(specs[m].min_instances, current[m] if m in settling else 0))
         for m in sized
     }
     fixed_counts = {m: t.count for m, t in fixed.items()}

@@ -170,6 +170,11 @@ def decide_set(
                 current,
                 held={model: step.count for model, step in held.items()},
                 ceilings=checks.ceilings(now),
+                settling=frozenset(
+                    model
+                    for model, stage in pipeline.stages.items()
+                    if not stage.measured_at_counts
+                ),
                 switch_margin=_switch_margin(pipeline),
             )
             prediction = allocation.prediction
@@ -232,7 +237,8 @@ def _unusable(
 
 def _switch_margin(pipeline: PipelineModel) -> float:
     """How much more a split must serve before today's is left: one standard deviation of the
-    noisiest estimate it rests on, at least NOISE_FLOOR."""
+    noisiest estimate it rests on, at least NOISE_FLOOR (configurations 8 to 10 % apart must
+    be told apart: the budget's greedy allocation could not)."""
     spreads = [
         stage.hold_per_request_s.noise / NOISE_SIGMAS
         for stage in pipeline.active.values()
