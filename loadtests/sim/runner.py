@@ -124,7 +124,8 @@ def run_scenario(
         if tally.seconds_to_098 is None and share_of_best(phase, held) >= AT_BEST:
             tally.seconds_to_098 = t - float(starts[phase])
         source.sample()
-        desired = controller.decide(specs, held, source.snapshot(models, window), t)
+        # A controller may leave out the models it keeps as they are.
+        desired = {**held, **controller.decide(specs, held, source.snapshot(models, window), t)}
         if sum(desired.values()) > budget or sum(held.values()) > budget:
             tally.overruns += 1
         for model, count in desired.items():
