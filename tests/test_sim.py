@@ -63,6 +63,27 @@ def test_at_saturation_c_servers_serve_c_over_the_service_time(service: str) -> 
     assert throughput == pytest.approx(servers / (service_ms / 1000), rel=0.02)
 
 
+def test_a_new_count_serves_once_its_load_is_done_and_the_old_one_until_then() -> None:
+    sim = Simulation(single_queue(1, 10.0, "deterministic"), {"m": 1})
+    sim.closed_loop("m", 10)
+    sim.set_count("m", 2, at=1.0)  # loaded at 0, live at 1.0
+    sim.run_until(1.0)
+    assert sim.count("m") == 2
+    during = sim.counters()["m"].success
+    sim.run_until(2.0)
+    after = sim.counters()["m"].success - during
+    assert during == pytest.approx(100, abs=1)  # one instance, 10 ms a request
+    assert after == pytest.approx(200, abs=2)
+
+
+def test_the_scenarios_cover_every_family_with_at_least_200() -> None:
+    generated = scenarios.generate()
+    assert len(generated) >= 200
+    assert {s.family for s in generated} == set(scenarios.FAMILIES)
+    assert len({s.name for s in generated}) == len(generated)
+    assert scenarios.generate(("spike",), 3) == scenarios.generate(("spike",))[:3]
+
+
 def closed_loop_rps(pipeline: Pipeline, counts: dict[str, int], clients: int = 32) -> float:
     sim = Simulation(pipeline, counts, rows_per_request=1)
     sim.closed_loop(pipeline.entries[0], clients)
