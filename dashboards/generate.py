@@ -65,6 +65,8 @@ RATE = "[$__rate_interval]"
 MODEL_SEL = 'namespace=~"$namespace", pod=~"$pod", model=~"$model"'
 POD_SEL = 'namespace=~"$namespace", pod=~"$pod"'
 OPERATOR_SEL = 'namespace=~"$namespace", model=~"$model"'
+# The ticks' duration is per namespace (tritonscale.control.operator_metrics): no model label.
+NAMESPACE_SEL = 'namespace=~"$namespace"'
 DECOUPLED_SEL = 'namespace=~"$namespace", pod=~"$pod", model=~"$decoupled"'
 BUDGET_SEL = 'namespace=~"$namespace"'
 
@@ -860,21 +862,22 @@ def autoscaler() -> dict[str, Any]:
         row("The control loop"),
         timeseries(
             "Reconcile duration",
-            "Time of one control tick end to end (metrics query, decision, loads). Loads take "
+            "Time of one control tick end to end (metrics query, decision, loads), over the "
+            "namespace's autoscalers (whatever model is chosen above). Loads take "
             "0.2-1.5 s per pod; ticks longer than intervalSeconds delay the next one.",
             "s",
             [
                 target(
                     f"histogram_quantile({q}, sum by (le) "
-                    f"(rate(tritonscale_reconcile_duration_seconds_bucket{{{OPERATOR_SEL}}}{RATE})))",
+                    f"(rate(tritonscale_reconcile_duration_seconds_bucket{{{NAMESPACE_SEL}}}{RATE})))",
                     f"p{label}",
                 )
                 for q, label in (("0.5", "50"), ("0.95", "95"))
             ]
             + [
                 target(
-                    f"sum(rate(tritonscale_reconcile_duration_seconds_sum{{{OPERATOR_SEL}}}{RATE}))\n"
-                    f"  / sum(rate(tritonscale_reconcile_duration_seconds_count{{{OPERATOR_SEL}}}{RATE}))",
+                    f"sum(rate(tritonscale_reconcile_duration_seconds_sum{{{NAMESPACE_SEL}}}{RATE}))\n"
+                    f"  / sum(rate(tritonscale_reconcile_duration_seconds_count{{{NAMESPACE_SEL}}}{RATE}))",
                     "average",
                 )
             ],

@@ -275,16 +275,15 @@ async def running_operator(
 
 
 async def ticks(operator: Operator, name: str) -> float:
-    """How many ticks the operator's own metrics counted for one autoscaler."""
+    """How many ticks the operator's own metrics counted for one autoscaler (every tick counts
+    one decision, a hold where it could not decide)."""
     _, text = await http_get(operator.metrics_url)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if (
-                sample.name == "tritonscale_reconcile_duration_seconds_count"
-                and sample.labels.get("autoscaler") == name
-            ):
-                return sample.value
-    return 0.0
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tritonscale_decisions_total" and sample.labels.get("autoscaler") == name
+    )
 
 
 async def error_count(operator: Operator, name: str, reason: str) -> float:

@@ -239,9 +239,16 @@ async def test_the_operator_changes_a_live_instance_count_on_a_real_triton(
             "tritonscale_current_instances",
             "tritonscale_decisions_total",
             "tritonscale_actuations_total",
-            "tritonscale_reconcile_duration_seconds_count",
             "tritonscale_last_reconcile_timestamp_seconds",
         } <= labelled
+        # The ticks' duration is the namespace's, over its autoscalers.
+        assert any(
+            sample.name == "tritonscale_reconcile_duration_seconds_count"
+            and sample.labels == {"namespace": NAMESPACE}
+            and sample.value >= 1
+            for family in families.values()
+            for sample in family.samples
+        )
 
         # Paused, the autoscaler observes and reports, and never acts, not even on its bounds.
         await patch_object(
