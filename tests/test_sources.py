@@ -272,7 +272,10 @@ def test_the_default_queries_name_every_signal() -> None:
         ("queue_seconds_per_second", queries.queue_seconds_per_second),
         ("pending_requests", queries.pending_requests),
         ("streams_in_flight", queries.streams_in_flight),
-        ("pods_reporting", queries.pods_reporting),
+        ("exported", queries.exported),
+        ("first_sample", queries.first_sample),
+        ("successes_total", queries.successes_total),
+        ("backend_failures_total", queries.backend_failures_total),
     ],
 )
 def test_the_source_asks_the_signals_module(key: str, signal) -> None:
@@ -286,8 +289,8 @@ def test_the_source_asks_the_signals_module(key: str, signal) -> None:
     [
         pytest.param(
             queries.SOURCE_SCOPE,
-            "sum by (model) (rate(nv_inference_request_success{$selector}[$window]))",
-            id="the operator: a template over the pod set and window",
+            "sum by ($pod, model) (rate(nv_inference_request_success{$selector}[$window]))",
+            id="the operator: a template over the pod set and window, per pod and model",
         ),
         pytest.param(
             queries.RULES_SCOPE,
