@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from tritonscale.control.loop import Stop, run_set
-from tritonscale.control.pod_sets import PodSet, pod_sets, set_of, stable_fraction
+from tritonscale.control.pod_sets import PodSet, Shard, owner, pod_sets, set_of, stable_fraction
 from tritonscale.core.spec import AutoscalerSpec
 
 pytestmark = pytest.mark.unit
@@ -98,6 +98,14 @@ def test_each_member_is_due_on_its_own_interval() -> None:
     assert pod_set.due({"fast": 100.0}, 101.0) == ["slow"]
 
 
+async def within(loop: Awaitable[None]) -> None:
+    """The loop under test, failing in seconds (not at the suite's timeout) if it never ends."""
+    try:
+        await asyncio.wait_for(loop, 10)
+    except asyncio.TimeoutError:
+        pytest.fail("run_set did not end within 10 s of virtual ticks: it never reached the stop")
+
+
 class FakeClock(Stop):
     """A stop signal whose waits advance a virtual clock instead of sleeping."""
 
@@ -124,7 +132,7 @@ async def test_run_set_ticks_at_the_phase_and_decides_the_due_members() -> None:
         if len(ticks) == 5:
             stop.set()
 
-    await run_set(stop, lambda: pod_set, tick, clock=stop.clock)
+    await within(run_set(stop, lambda: pod_set, tick, clock=stop.clock))
     assert ticks[0] == (1000.0, ["fast", "slow"])  # the first tick decides every member
     later = ticks[1:]
     for (at, _), (after, _) in zip(later, later[1:], strict=False):
@@ -151,7 +159,7 @@ async def test_a_loop_that_does_not_lead_waits_and_then_decides_every_member() -
     async def tick(due: list[str], now: float, finished: Callable[[str], None]) -> None:
         ticks.append((now, due))
 
-    await run_set(stop, current, tick, idle_s=5.0, clock=stop.clock)
+    await within(run_set(stop, current, tick, idle_s=5.0, clock=stop.clock))
     assert ticks[0] == (10.0, ["a", "b"])
 
 
@@ -170,7 +178,7 @@ async def test_a_tick_that_hangs_holds_back_its_own_members_only() -> None:
             release.set()
             stop.set()
 
-    await run_set(stop, lambda: pod_set, tick, clock=stop.clock)
+    await within(run_set(stop, lambda: pod_set, tick, clock=stop.clock))
     assert [due for _, due in ticks] == [
         ["hangs", "other"],
         ["hangs", "other"],  # this one hangs
@@ -200,3 +208,22 @@ def test_next_tick_always_moves_on_whatever_the_rounding() -> None:
         following = pod_set.next_tick(at)
         assert following - at == pytest.approx(10.0)
         at = following
+
+
+def test_every_set_has_exactly_one_owner_among_the_shards() -> None:
+    sets = [PodSet("ml", f"set-{i:04d}", ("a",), (15.0,)) for i in range(1000)]
+    shards = [Shard(i, 3) for i in range(3)]
+    owners = [[shard for shard in shards if shard.owns(s)] for s in sets]
+    assert all(len(found) == 1 for found in owners)
+    # The shares are even: each of three replicas owns about a third.
+    shares = [sum(1 for found in owners if found[0] == shard) for shard in shards]
+    assert min(shares) > 280 and max(shares) < 390
+    # One replica owns everything.
+    assert all(Shard().owns(s) for s in sets)
+    assert owner("set-0001", 3) == owner("set-0001", 3)
+
+
+@pytest.mark.parametrize(("index", "total"), [(2, 2), (-1, 2), (0, 0)])
+def test_a_shard_outside_its_total_is_refused(index: int, total: int) -> None:
+    with pytest.raises(ValueError, match="want 0 <= shard < total"):
+        Shard(index, total)

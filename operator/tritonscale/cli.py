@@ -246,6 +246,23 @@ def serve(
     help=LOAD_DEADLINE_HELP,
 )
 @click.option(
+    "--total-shards",
+    show_envvar=True,
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Replicas that share the pod sets, each acting on its own share (a StatefulSet's).",
+)
+@click.option(
+    "--shard",
+    show_envvar=True,
+    default="0",
+    show_default=True,
+    metavar="N|POD",
+    help="This replica's share, 0 to total-shards - 1, or a StatefulSet pod's name "
+    "(its ordinal, the number after the last '-').",
+)
+@click.option(
     "--verbose", is_flag=True, show_envvar=True, help="Log at debug level, every tick included."
 )
 def operator(
@@ -260,6 +277,8 @@ def operator(
     triton_http_port: int,
     triton_metrics_port: int,
     load_deadline_s: float,
+    total_shards: int,
+    shard: str,
     verbose: bool,
 ) -> None:
     """Run the Kubernetes operator: one control loop per InstanceGroupAutoscaler object.
@@ -277,6 +296,10 @@ def operator(
 
     if liveness and (problem := kopf_driver.liveness_problem(liveness)):
         raise click.UsageError(problem)
+    try:
+        share = kopf_driver.shard_of(shard, total_shards)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
     if problem := kopf_driver.credentials_problem():
         raise click.ClickException(problem)
     kopf.configure(verbose=verbose, log_prefix=True)
@@ -285,6 +308,7 @@ def operator(
         triton_http_port=triton_http_port,
         triton_metrics_port=triton_metrics_port,
         load_deadline_s=load_deadline_s,
+        shard=share,
     )
     try:
         kopf_driver.run(

@@ -14,7 +14,11 @@ Two members are in one set when they have the same selector or name the same bud
 transitively, a chain of them). A member whose spec does not read is a set of its own.
 
 A set's name is a stable hash of what binds it (its selectors and budgets), not of its
-members: a member added or removed keeps the set's name, its phase and its owner. The phase
+members: a member added or removed keeps the set's name, its phase and its owner. Several
+operator replicas share the sets as kube-state-metrics shares objects: replica `shard` of
+`total` owns the sets whose hash falls in its share (`Shard.owns`), so each knows its own
+without a word to the others, and every set has exactly one owner among replicas that agree
+on the total. The phase
 spreads the sets over the interval (`next_tick`), so that a thousand pods are not all read
 in the same second. The set ticks at the shortest interval of its members; each member is
 decided on its own interval (`due`).
@@ -87,6 +91,29 @@ class PodSet:
     def to_dict(self) -> dict[str, object]:
         """status.podSet of each member."""
         return {"name": self.name, "members": list(self.members)}
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This replica's share of the sets: replica `index` of `total` (0-based)."""
+
+    index: int = 0
+    total: int = 1
+
+    def __post_init__(self) -> None:
+        if self.total < 1 or not 0 <= self.index < self.total:
+            raise ValueError(f"shard {self.index} of {self.total}: want 0 <= shard < total")
+
+    def owns(self, pod_set: PodSet) -> bool:
+        return owner(pod_set.name, self.total) == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.total}"
+
+
+def owner(name: str, total: int) -> int:
+    """The shard (0-based, of `total`) that owns the set named `name`."""
+    return int(stable_fraction(f"owner:{name}") * total)
 
 
 def stable_fraction(text: str) -> float:

@@ -61,7 +61,7 @@ from tritonscale.control import set_tick
 from tritonscale.control.ledger import BudgetKey, BudgetLedger
 from tritonscale.control.loop import every, run_set
 from tritonscale.control.operator_metrics import OperatorMetrics
-from tritonscale.control.pod_sets import PodSet, pod_sets, set_of
+from tritonscale.control.pod_sets import PodSet, Shard, pod_sets, set_of
 from tritonscale.control.reconcile import budget_key, budget_limits
 from tritonscale.control.tick import ReconcileState, TickResult, iso_time
 from tritonscale.core.budget import Claim
@@ -108,6 +108,8 @@ class DriverConfig:
     load_deadline_s: float = DEFAULT_LOAD_DEADLINE_S
     # How often each autoscaler looks for pods waiting at the gate that it selects.
     admission_interval_s: float = 1.0
+    # This replica's share of the pod sets (tritonscale.control.pod_sets.Shard).
+    shard: Shard = field(default_factory=Shard)
 
 
 @dataclass
@@ -296,18 +298,41 @@ async def admit_unselected_pods(
     pod = pods.TritonPod.from_body(body)
     if admission.selecting(pod, autoscalers_of(autoscalers.get(namespace, []))):
         return
+    if memo.runtime.config.shard.index != 0:
+        return  # a pod of no set: the first replica opens its gate
     await _set_gate(memo.runtime, pod, admission.judge(pod, [], {}), logger)
 
 
 @kopf.on.event("pods", when=lambda body, **_: pods.restarted_behind_open_gate(body))
 async def close_gate_of_restarted_pods(
-    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+    body: kopf.Body,
+    namespace: str,
+    memo: kopf.Memo,
+    autoscalers: kopf.Index[str, Member],
+    logger: kopf.Logger,
+    **_: Any,
 ) -> None:
     """A container of the pod restarted after its gate opened (an OOM kill, a failed liveness
     probe): Triton runs its repository's counts again. Close the gate while it starts, so the
     pod stays out of the Service until the `admit` daemons have brought it back."""
     pod = pods.TritonPod.from_body(body)
-    await _set_gate(memo.runtime, pod, admission.restarted(pod), logger)
+    chosen = admission.selecting(pod, autoscalers_of(autoscalers.get(namespace, [])))
+    runtime: Runtime = memo.runtime
+    if chosen and not owns(runtime, namespace, chosen[0].name, autoscalers):
+        return  # the replica that owns the set of its first autoscaler closes it
+    if not chosen and runtime.config.shard.index != 0:
+        return
+    await _set_gate(runtime, pod, admission.restarted(pod), logger)
+
+
+def owns(
+    runtime: Runtime, namespace: str, autoscaler: str, autoscalers: kopf.Index[str, Member]
+) -> bool:
+    """Whether this replica owns the set of `autoscaler` (every replica owns all with one)."""
+    if runtime.config.shard.total == 1:
+        return True
+    pod_set = set_of(namespace_sets(runtime, namespace, autoscalers), autoscaler)
+    return pod_set is not None and runtime.config.shard.owns(pod_set)
 
 
 @kopf.on.event("pods", when=lambda type, **_: type == "DELETED")
@@ -343,7 +368,9 @@ async def reconcile_daemon(
 
     def leading() -> PodSet | None:
         pod_set = set_of(namespace_sets(runtime, namespace, autoscalers), name)
-        return pod_set if pod_set is not None and pod_set.leader == name else None
+        if pod_set is None or pod_set.leader != name or not runtime.config.shard.owns(pod_set):
+            return None
+        return pod_set
 
     async def tick(due: list[str], now: float, finished: Callable[[str], None]) -> None:
         pod_set = leading()
@@ -463,7 +490,7 @@ async def _write(
     before = _status(runtime, namespace, entry)
     new_status = result.status()
     new_status[HEARTBEAT] = iso_time(result.at)
-    new_status["podSet"] = pod_set.to_dict()
+    new_status["podSet"] = {**pod_set.to_dict(), "shard": str(runtime.config.shard)}
     if entry.generation is not None:
         new_status["observedGeneration"] = entry.generation
     fields = changed(before, new_status)
@@ -501,6 +528,8 @@ async def admit_daemon(
         this = next((m for m in members if m.name == name and m.autoscaler), None)
         if this is None:
             continue  # its spec does not read: it selects nothing
+        if not owns(runtime, namespace, name, autoscalers):
+            continue  # another replica owns its set
         others = [a for a in autoscalers_of(members) if a.name != name]
         for pod in waiting:
             if pod.waiting_for_instances and admission.selecting(pod, [this.autoscaler]):
@@ -590,6 +619,18 @@ class _QuietProbes(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and record.getMessage() in self.NOISE)
+
+
+def shard_of(shard: str, total: int) -> Shard:
+    """`--shard` as given (a number, or a StatefulSet pod's name ending in its ordinal) of
+    `--total-shards`; ValueError with one line when it is neither, or out of range."""
+    ordinal = shard.rsplit("-", 1)[-1]
+    if not ordinal.isdigit():
+        raise ValueError(f"--shard must be a number or a pod name ending in -N, got {shard!r}")
+    index = int(ordinal)
+    if index >= total:
+        raise ValueError(f"--shard {index} is out of range for --total-shards {total}")
+    return Shard(index, total)
 
 
 def credentials_problem() -> str | None:
