@@ -255,14 +255,24 @@ def test_a_count_that_just_changed_is_not_taken_back_before_it_is_measured() -> 
     assert sum(settling.counts.values()) <= 6
 
 
+TIGHT = pipeline_specs(7, **{m: {"targets": {"utilization": 0.5}} for m in (PARENT, *CHILDREN)})
+
+
 def test_a_split_within_the_noise_of_the_best_is_kept() -> None:
-    # 2/3/1/1 serves 150 req/s, 1/4/1/1 serves 166.7: 10 % apart. (1/3/1/1 serves as much as
-    # 2/3/1/1 with an instance less, but moving to it is no gain either.)
-    specs = pipeline_specs(7)
-    near = allocated(Load(300.0), counts(2, 3), specs, switch_margin=0.15)
+    # 130 req/s, steered to 0.5: the budget is short. 2/3/1/1 serves 1.15 times the load,
+    # 1/4/1/1 1.28 times: 10 % apart. (1/3/1/1 serves as much as 2/3/1/1 with an instance
+    # less, but moving to it is no gain either.)
+    near = allocated(Load(130.0), counts(2, 3), TIGHT, switch_margin=0.15)
     assert near.counts == counts(2, 3)
-    far = allocated(Load(300.0), counts(2, 3), specs, switch_margin=0.05)
+    far = allocated(Load(130.0), counts(2, 3), TIGHT, switch_margin=0.05)
     assert far.counts == counts(1, 4)
+
+
+def test_a_saturated_bottleneck_is_not_kept_within_the_noise() -> None:
+    # At 300 req/s branch_embed's three instances are saturated: what they serve is measured,
+    # what the other stages would serve with fewer instances is a lower bound.
+    moved = allocated(Load(300.0), counts(2, 3), pipeline_specs(7), switch_margin=0.15)
+    assert moved.counts == counts(1, 4)
 
 
 # ---- properties ------------------------------------------------------------------------------

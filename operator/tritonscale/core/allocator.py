@@ -231,8 +231,15 @@ def allocate(
             today = {m: _within(current[m], lower[m], upper[m]) for m in sized}
             kept = headroom(today, demand, per_instance)
             most = headroom(best, demand, per_instance)
-            if fits(today) and most * (1 - switch_margin) <= kept < most * (1 - _EQUAL):
+            limit = min(today, key=lambda m: today[m] * per_instance[m] / demand[m])
+            if (
+                fits(today)
+                and most * (1 - switch_margin) <= kept < most * (1 - _EQUAL)
+                and not sized[limit].saturated
+            ):
                 # Today's split serves about as much: within the noise, a move is no gain.
+                # Unless its bottleneck is saturated: that limit is measured, while the other
+                # stages' are lower bounds (their batches grow with the load).
                 counts = today
     prediction = predict(pipeline, sized, counts)
     targets = dict(fixed)

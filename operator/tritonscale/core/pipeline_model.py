@@ -10,7 +10,8 @@ From the metric snapshots of one pod set (the latest, and a short history the ca
   seconds one request costs. The gap between the two is what batching buys;
 - utilization per instance: instance seconds per second over pods x instances;
 - for a BLS parent (its spec's `calls`), the calls it makes to each child per request: the
-  child's request rate over its callers' (one value shared by a child's callers);
+  child's request rate over its callers' (one value shared by a child's callers), today's:
+  calls go out per execution, so per request they fall as the parent's batches grow;
 - demand propagated down the pipeline: a root's demand is its arrival rate, a child's is its
   callers' demand times their calls per request;
 - the hold per request: the instance seconds one request will cost at the allocator's counts.
@@ -21,8 +22,8 @@ From the metric snapshots of one pod set (the latest, and a short history the ca
   sequence keeps part of its wait in its own work, which understates its capacity, the safe
   side), and it holds an instance for its own work plus the children's execution time,
   without their queue. A leaf holds an instance for its busy time per request. Both per
-  execution and per request (over the mean batch): the batch is today's, and batches grow
-  with the load, so the capacity this gives is what an instance serves at least.
+  execution (averaged over the windows) and per request (that over today's mean batch:
+  batches grow with the load, so the capacity this gives is what an instance serves at least).
 
 Each estimate carries its windows and spread (`Estimate`): service times are averaged over
 the windows that do not overlap, at the counts the model (and its children) run now; the
@@ -341,20 +342,23 @@ def _stage(
         serving = [w for w in before if _at_counts(w, models, counts)] or before
     apart = _apart(serving)
 
+    # Per execution, the windows agree at one count; per request, the time depends on the
+    # batch, and the batch on the load: today's batch divides them.
+    batch = reading.mean_batch
     execution = _estimate([(w, w.readings[model].execution_s) for w in apart])
-    busy = _estimate(
-        [(w, w.readings[model].execution_s / w.readings[model].mean_batch) for w in apart]
-    )
     own = _estimate([(w, _own_execution_s(w, model, children)) for w in apart])
-    held = [
-        (w, _own_execution_s(w, model, children) + _children_execution_s(w, children))
-        for w in apart
-    ]
-    hold_per_execution = _estimate(held)
-    hold = _estimate([(w, value / w.readings[model].mean_batch) for w, value in held])
+    hold_per_execution = _estimate(
+        [
+            (w, _own_execution_s(w, model, children) + _children_execution_s(w, children))
+            for w in apart
+        ]
+    )
     arrivals = _apart([w for w in history.windows if model in w.readings])
-    arrival = _estimate([(w, w.readings[model].arrival_rate) for w in arrivals])
-    arrival = Estimate(reading.arrival_rate, arrival.spread, arrival.windows, arrival.span_s)
+    arrival = _now(
+        _estimate([(w, w.readings[model].arrival_rate) for w in arrivals]), reading.arrival_rate
+    )
+    # Calls are made per execution: per request they fall as the parent's batches grow with
+    # the load, so today's window gives the value, the others its spread.
     calls = {}
     for child in children:
         ratios = [
@@ -362,7 +366,9 @@ def _stage(
             for w in arrivals
             if _served(w, child) and all(_served(w, parent) for parent in callers[child])
         ]
-        calls[child] = _estimate([(w, ratio) for w, ratio in ratios if ratio is not None])
+        known = [(w, ratio) for w, ratio in ratios if ratio is not None]
+        today = next((ratio for w, ratio in known if w is latest), None)
+        calls[child] = _now(_estimate(known), today)
     busy_now = 0.0
     if reading.request_rate > 0:
         busy_now = reading.execution_s / reading.mean_batch * reading.request_rate
@@ -378,15 +384,18 @@ def _stage(
         demand_rps=reading.arrival_rate,
         utilization=utilization,
         execution_s=execution,
-        busy_per_request_s=busy,
-        mean_batch=reading.mean_batch,
+        busy_per_request_s=_per_request(execution, batch),
+        mean_batch=batch,
         time_in_model_s=reading.time_in_model_s if reading.request_rate > 0 else 0.0,
         own_execution_s=own,
         hold_per_execution_s=hold_per_execution,
-        hold_per_request_s=hold,
+        hold_per_request_s=_per_request(hold_per_execution, batch),
         calls=calls,
         measured_at_counts=at_counts,
-        quiet=(reading.request_rate * latest.window_s < MIN_REQUESTS_PER_WINDOW or hold.value <= 0),
+        quiet=(
+            reading.request_rate * latest.window_s < MIN_REQUESTS_PER_WINDOW
+            or hold_per_execution.value <= 0
+        ),
         saturated=utilization >= SATURATED_UTILIZATION,
     )
 
@@ -435,6 +444,19 @@ def _estimate(values: Sequence[tuple[Window, float]]) -> Estimate:
         spread = math.sqrt(math.fsum((x - mean) ** 2 for x in numbers) / (len(numbers) - 1))
     span = values[-1][0].taken_at - min(w.starts_at for w, _ in values)
     return Estimate(mean, spread, len(numbers), span)
+
+
+def _now(estimate: Estimate, value: float | None) -> Estimate:
+    """The estimate with today's value (where there is one) and the windows' spread."""
+    if value is None:
+        return estimate
+    return replace(estimate, value=value, windows=max(estimate.windows, 1))
+
+
+def _per_request(per_execution: Estimate, batch: float) -> Estimate:
+    return replace(
+        per_execution, value=per_execution.value / batch, spread=per_execution.spread / batch
+    )
 
 
 def _own_execution_s(window: Window, model: str, children: Sequence[str]) -> float:
