@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 
@@ -110,6 +111,25 @@ class TestOneWindow:
             parent = model.stages[PARENT]
             assert parent.own_execution_s.value == pytest.approx(0.004)
             assert parent.hold_per_request_s.value == pytest.approx((0.004 + 0.020) / 4)
+
+    def test_a_saturated_model_is_offered_what_it_serves_and_what_queues(self) -> None:
+        # One parent instance waits on branch_embed, which serves 50 req/s: both are busy all
+        # the time, and the parent's queue grows by 300 requests a window: 5 req/s more are
+        # offered than served, and its children are asked for as much.
+        at = counts(1, 1)
+        load = Load(200.0)
+        snapshots = []
+        for i, pending in enumerate((100.0, 400.0)):
+            snapshot = load.snapshot(START + i * WINDOW_S, at)
+            models = dict(snapshot.models)
+            models[PARENT] = replace(models[PARENT], pending_requests=pending)
+            snapshots.append(MetricSnapshot(snapshot.taken_at, WINDOW_S, models))
+        model, _ = measured(snapshots, at)
+        parent = model.stages[PARENT]
+        assert parent.saturated
+        assert parent.arrival_rps.value == pytest.approx(50.0)
+        assert parent.offered_rps == pytest.approx(55.0)
+        assert model.stages["branch_embed"].demand_rps == pytest.approx(55.0)
 
     def test_a_model_with_too_little_traffic_is_quiet(self) -> None:
         at = counts(1, 1)

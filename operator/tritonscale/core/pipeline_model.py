@@ -12,8 +12,9 @@ From the metric snapshots of one pod set (the latest, and a short history the ca
 - for a BLS parent (its spec's `calls`), the calls it makes to each child per request: the
   child's request rate over its callers' (one value shared by a child's callers), today's:
   calls go out per execution, so per request they fall as the parent's batches grow;
-- demand propagated down the pipeline: a root's demand is its arrival rate, a child's is its
-  callers' demand times their calls per request;
+- demand propagated down the pipeline: a root's demand is what is offered to it (its arrival
+  rate, and where it is saturated the growth of its queue, the pending gauge), a child's is
+  its callers' demand times their calls per request;
 - the hold per request: the instance seconds one request will cost at the allocator's counts.
   A BLS parent's busy time includes its wait for its children (a parent in front of a
   saturated child reads 99 % busy), and that wait shrinks when the children get instances.
@@ -71,6 +72,7 @@ class Reading:
     compute_seconds_per_second: float
     queue_seconds_per_second: float
     pods: int
+    pending_requests: float = 0.0  # the gauge at the window's end
 
     @classmethod
     def of(cls, signals: ModelSignals) -> Reading:
@@ -81,6 +83,7 @@ class Reading:
             signals.compute_seconds_per_second,
             signals.queue_seconds_per_second,
             signals.pods_reporting,
+            signals.pending_requests,
         )
 
     @property
@@ -113,6 +116,7 @@ class Reading:
             "computeSecondsPerSecond": self.compute_seconds_per_second,
             "queueSecondsPerSecond": self.queue_seconds_per_second,
             "pods": self.pods,
+            "pendingRequests": self.pending_requests,
         }
 
     @classmethod
@@ -124,6 +128,7 @@ class Reading:
             float(d["computeSecondsPerSecond"]),
             float(d["queueSecondsPerSecond"]),
             int(d["pods"]),
+            float(d.get("pendingRequests", 0.0)),
         )
 
 
@@ -226,6 +231,9 @@ class Stage:
     instances: int
     pods: int
     arrival_rps: Estimate  # requests finished per second, successes and failures
+    # What is offered: the arrival rate, plus the growth of the queue where the stage is
+    # saturated (what it finishes is then what it can, not what it is asked).
+    offered_rps: float
     served_fraction: float  # successes over all requests finished, latest window
     demand_rps: float  # arrival propagated down from the roots
     utilization: float  # busy fraction per instance, latest window (batching undone)
@@ -373,15 +381,18 @@ def _stage(
     if reading.request_rate > 0:
         busy_now = reading.execution_s / reading.mean_batch * reading.request_rate
     utilization = busy_now / (reading.pods * instances) if reading.pods > 0 else 0.0
+    saturated = utilization >= SATURATED_UTILIZATION
+    offered = reading.arrival_rate + (_backlog_growth(history, model) if saturated else 0.0)
     return Stage(
         model=model,
         instances=instances,
         pods=reading.pods,
         arrival_rps=arrival,
+        offered_rps=offered,
         served_fraction=(
             reading.request_rate / reading.arrival_rate if reading.arrival_rate > 0 else 1.0
         ),
-        demand_rps=reading.arrival_rate,
+        demand_rps=offered,
         utilization=utilization,
         execution_s=execution,
         busy_per_request_s=_per_request(execution, batch),
@@ -396,7 +407,7 @@ def _stage(
             reading.request_rate * latest.window_s < MIN_REQUESTS_PER_WINDOW
             or hold_per_execution.value <= 0
         ),
-        saturated=utilization >= SATURATED_UTILIZATION,
+        saturated=saturated,
     )
 
 
@@ -446,6 +457,18 @@ def _estimate(values: Sequence[tuple[Window, float]]) -> Estimate:
     return Estimate(mean, spread, len(numbers), span)
 
 
+def _backlog_growth(history: PipelineHistory, model: str) -> float:
+    """Requests per second by which the model's queue grew since the window before (0 when
+    it shrank, or nothing is known)."""
+    windows = [w for w in history.windows if model in w.readings]
+    if len(windows) < 2 or windows[-1].taken_at <= windows[-2].taken_at:
+        return 0.0
+    grown = (
+        windows[-1].readings[model].pending_requests - windows[-2].readings[model].pending_requests
+    )
+    return max(0.0, grown / (windows[-1].taken_at - windows[-2].taken_at))
+
+
 def _now(estimate: Estimate, value: float | None) -> Estimate:
     """The estimate with today's value (where there is one) and the windows' spread."""
     if value is None:
@@ -491,7 +514,7 @@ def _demand(
     def of(model: str, visiting: frozenset[str]) -> float:
         if model in demand:
             return demand[model]
-        own = stages[model].arrival_rps.value
+        own = stages[model].offered_rps
         parents = callers.get(model, ())
         calls = [stages[p].calls.get(model) if p in stages else None for p in parents]
         if (
