@@ -2,10 +2,10 @@
 
 What it maximises, under what:
 
-- a stage's capacity is its count times what one instance serves (`Stage.capacity_per_instance_rps`,
-  its hold per request undone); the set serves its load as many times over as its slowest
-  stage does: `headroom = min over the stages of capacity / demand`, demand counting the
-  calls per request down the pipeline. The set's capacity is the roots' arrival rate times it;
+- a stage's capacity is its count times what one instance serves
+  (`Stage.capacity_per_instance_rps`); the set serves its load as many times over as its
+  slowest stage does: `headroom = min over the stages of capacity / demand`, demand counting
+  the calls per request down the pipeline. The set's capacity is the roots' demand times it;
 - the constraints: each model's minInstances and maxInstances (and a lower ceiling the
   verifier learnt, `ceilings`), and each budget (`AutoscalerSpec.budget`): the instances of its
   members together per pod, and their GPU memory at a cost per instance;
@@ -13,16 +13,19 @@ What it maximises, under what:
   the answer is the fewest instances that do: each model's own count, with the policy's
   tolerance and scale-down margin (tritonscale.core.sizing), so that a steady load keeps it;
 - when it cannot, the answer is the split with the most headroom, and among equals the fewest
-  instances; a split within `switch_margin` of the best one that holds today's counts is
-  kept (a configuration can only be told from a better one by more than the noise).
-  Instances may move from one model to another.
+  instances. Today's split is kept while it serves within `switch_margin` of the best (a
+  configuration can only be told from a better one by more than the noise), unless its
+  bottleneck is saturated: that stage's limit is measured, the others' are lower bounds
+  (their batches grow with the load). Instances may move from one model to another; a model
+  that is `settling` (its count just changed, not yet measured) does not go down.
 
 The search is exact at any size: each stage's capacity grows with its own count alone, so the
 fewest instances that reach a headroom are each stage's own fewest, and the best headroom is
 the largest of the finitely many stage capacities (count x capacity per instance / demand)
-whose fewest instances fit. That is a search over at most models x maxInstances levels, not
-over splits (tests/test_allocator.py checks it against every split of small sets). A model
-that is quiet, unmeasured or `held` keeps its count, and its instances count in the budget.
+whose fewest instances fit. That is a binary search over at most models x maxInstances
+levels, not a search over splits (tests/test_allocator.py checks it against every split of
+small sets). A model that is quiet, unmeasured or `held` keeps its count, and its instances
+count in the budget.
 
 Pure: no clock, no I/O.
 """
@@ -220,27 +223,10 @@ def allocate(
         objective, counts = HOLD_TARGETS, at_target
     else:
         objective = MOST_HEADROOM
-        demand = {m: stage.demand_rps for m, stage in sized.items()}
-        per_instance = {m: stage.capacity_per_instance_rps for m, stage in sized.items()}
-        best = best_split(demand, per_instance, lower, upper, fits)
-        if best is None:
-            counts = dict(lower)
+        most = _most_headroom(sized, current, lower, upper, fits, switch_margin)
+        counts = most if most is not None else dict(lower)
+        if most is None:
             problem = room.overflow({**fixed_counts, **counts})
-        else:
-            counts = best
-            today = {m: _within(current[m], lower[m], upper[m]) for m in sized}
-            kept = headroom(today, demand, per_instance)
-            most = headroom(best, demand, per_instance)
-            limit = min(today, key=lambda m: today[m] * per_instance[m] / demand[m])
-            if (
-                fits(today)
-                and most * (1 - switch_margin) <= kept < most * (1 - _EQUAL)
-                and not sized[limit].saturated
-            ):
-                # Today's split serves about as much: within the noise, a move is no gain.
-                # Unless its bottleneck is saturated: that limit is measured, while the other
-                # stages' are lower bounds (their batches grow with the load).
-                counts = today
     prediction = predict(pipeline, sized, counts)
     targets = dict(fixed)
     for model, stage in sized.items():
@@ -248,6 +234,33 @@ def allocate(
             stage, specs[model], current[model], counts[model], objective, prediction
         )
     return Allocation(targets, prediction, objective, problem)
+
+
+def _most_headroom(
+    sized: Mapping[str, Stage],
+    current: Mapping[str, int],
+    lower: Mapping[str, int],
+    upper: Mapping[str, int],
+    fits: Callable[[Mapping[str, int]], bool],
+    switch_margin: float,
+) -> dict[str, int] | None:
+    """The best split (`best_split`), or today's where it serves within `switch_margin` of
+    it and its bottleneck is not saturated; None when not even the lower bounds fit."""
+    demand = {m: stage.demand_rps for m, stage in sized.items()}
+    per_instance = {m: stage.capacity_per_instance_rps for m, stage in sized.items()}
+    best = best_split(demand, per_instance, lower, upper, fits)
+    if best is None:
+        return None
+    today = {m: _within(current[m], lower[m], upper[m]) for m in sized}
+    kept = headroom(today, demand, per_instance)
+    most = headroom(best, demand, per_instance)
+    if not fits(today) or not most * (1 - switch_margin) <= kept < most * (1 - _EQUAL):
+        return best
+    # Today's split serves about as much: within the noise, a move is no gain. Unless its
+    # bottleneck is saturated: that limit is measured, while the other stages' are lower
+    # bounds (their batches grow with the load).
+    limit = min(today, key=lambda m: headroom({m: today[m]}, demand, per_instance))
+    return best if sized[limit].saturated else today
 
 
 def headroom(

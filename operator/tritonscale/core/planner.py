@@ -143,26 +143,19 @@ def decide_set(
     }
     held = {model: _held(spec, current[model]) for model, spec in specs.items()}
     held = {model: step for model, step in held.items() if step is not None}
-    steps: dict[str, list[_Step]] = {}
-    allocated: dict[str, int] = {}
     history, checks = state.history, state.verifier
-    prediction = None
+    allocation = None
     problem = _unusable(specs, snapshot, now)
     if problem is not None or snapshot is None:
         reason, why = problem or (METRICS_MISSING, "no metrics snapshot")
-        for model in specs:
-            steps[model] = [held.get(model) or _Step(current[model], reason, why)]
+        steps = {model: [held.get(model) or _Step(current[model], reason, why)] for model in specs}
     else:
         history = history.observed(snapshot, current)
         pipeline = measure(specs, current, history)
         verdict = verifier.judge(checks, pipeline, current, snapshot, now)
         checks = verdict.state
         if verdict.reverts:
-            for model, spec in specs.items():
-                steps[model] = [held.get(model) or _reverted(spec, current[model], verdict, model)]
-                if model in verdict.reverts and model not in held:
-                    count = steps[model][-1].count
-                    policies[model] = policies[model].recommend(count, now, spec)
+            steps = _reverting(specs, current, held, verdict, policies, now)
         else:
             allocation = allocate(
                 pipeline,
@@ -177,28 +170,63 @@ def decide_set(
                 ),
                 switch_margin=_switch_margin(pipeline),
             )
-            prediction = allocation.prediction
-            behaved: dict[str, _Behaved] = {}
-            for model, spec in specs.items():
-                if model in held:
-                    steps[model] = [held[model]]
-                    continue
-                target = allocation.targets[model]
-                allocated[model] = target.count
-                seeded = policies[model].seeded(current[model], now, spec)
-                behaved[model] = _Behaved(spec, seeded, current[model], target, now)
-                steps[model] = behaved[model].steps()
-                policies[model] = seeded.recommend(target.count, now, spec)
-            _within_room(specs, current, steps, behaved, allocation)
+            steps = _behaving(specs, current, held, allocation, policies, now)
             desired = {model: model_steps[-1].count for model, model_steps in steps.items()}
             checks = verifier.start(checks, pipeline, current, desired, now)
     decisions = {}
     for model in specs:
         count = steps[model][-1].count
         policies[model] = policies[model].ticked(current[model], count, now)
-        decisions[model] = _rendered(model, current[model], steps[model], allocated.get(model))
+        allocated = None
+        if allocation is not None and model not in held:
+            allocated = allocation.targets[model].count
+        decisions[model] = _rendered(model, current[model], steps[model], allocated)
+    prediction = allocation.prediction if allocation is not None else None
     new_state = SetState(history, policies, checks)
     return SetDecision(decisions, prediction, _summary(prediction, decisions), new_state)
+
+
+def _reverting(
+    specs: Mapping[str, AutoscalerSpec],
+    current: Mapping[str, int],
+    held: Mapping[str, _Step],
+    verdict: verifier.Verdict,
+    policies: dict[str, PolicyState],
+    now: float,
+) -> dict[str, list[_Step]]:
+    """A step that fell short goes back at once, past behavior; the others hold meanwhile.
+    The reverted counts are recorded as recommendations in `policies`."""
+    steps = {}
+    for model, spec in specs.items():
+        steps[model] = [held.get(model) or _reverted(spec, current[model], verdict, model)]
+        if model in verdict.reverts and model not in held:
+            policies[model] = policies[model].recommend(steps[model][-1].count, now, spec)
+    return steps
+
+
+def _behaving(
+    specs: Mapping[str, AutoscalerSpec],
+    current: Mapping[str, int],
+    held: Mapping[str, _Step],
+    allocation: Allocation,
+    policies: dict[str, PolicyState],
+    now: float,
+) -> dict[str, list[_Step]]:
+    """The allocation through each model's HPA behavior, then the budget's room. The
+    allocated counts are recorded as recommendations in `policies`."""
+    steps: dict[str, list[_Step]] = {}
+    behaved: dict[str, _Behaved] = {}
+    for model, spec in specs.items():
+        if model in held:
+            steps[model] = [held[model]]
+            continue
+        target = allocation.targets[model]
+        seeded = policies[model].seeded(current[model], now, spec)
+        behaved[model] = _Behaved(spec, seeded, current[model], target, now)
+        steps[model] = behaved[model].steps()
+        policies[model] = seeded.recommend(target.count, now, spec)
+    _within_room(specs, current, steps, behaved, allocation)
+    return steps
 
 
 def _held(spec: AutoscalerSpec, count: int) -> _Step | None:
