@@ -1,23 +1,27 @@
-"""The drivers' memory of every budget: what each member holds and asks, shared by its ticks.
+"""The drivers' memory of every budget: what each member holds and asks, across ticks.
 
-Ticks are not simultaneous: the kopf driver runs one per autoscaler, each in its own worker
-thread; the local driver runs its policies one after another. A member's grant must still
-leave room for what the others hold and for the instances already granted and not yet
-applied. So one `BudgetLedger` per operator process (kopf's peering keeps one operator
-active) keeps, per budget (namespace, name), each member's latest `Claim`, under a lock:
+A budget's members are one pod set (tritonscale.control.pod_sets): each tick of the set
+claims for every due member first (`claim`), then grants each (`grant`), the ones that give
+instances back first, and settles what the pods then run (`settle`), so a tick is allocated
+jointly. A member's grant must still leave room for what the members not due at this tick
+hold, and for the instances already granted and not yet applied. So one `BudgetLedger` per
+operator process (a set is ticked by one replica: its shard's) keeps, per budget
+(namespace, name), each member's latest `Claim`:
 
-    granted = ledger.request(key, limits, claim)   # claim and grant, atomically
+    ledger.claim(key, limits, claim)               # every due member's state and ask
+    granted = ledger.grant(key, member)            # each, in order
     ... apply granted.grant.granted ...
-    ledger.settle(key, member, live_count)                     # what the pods now run
+    ledger.settle(key, member, live_count)         # what the pods now run
 
-`request` runs the pure allocation (tritonscale.core.budget.allocate) over every member:
-the others at what they hold (a grant counts as held from the moment it is made until
-`settle` reports the live count, so a decrease frees room only once it is applied), and with
-what they ask only while they ask: claimed and not granted yet, or refused by the budget (a
-member waiting for room keeps its place in the order; a satisfied one reserves nothing).
-The local driver claims for every policy of a round first (`claim`), then grants each
-(`grant`), so a round is allocated jointly. Members that are unknown yet (an operator just started) can be seeded from what the
-cluster says they hold (`seed`).
+(`request` claims and grants in one call, for a tick of one member.) `grant` runs the pure
+allocation (tritonscale.core.budget.allocate) over every member: the others at what they
+hold (a grant counts as held from the moment it is made until `settle` reports the live
+count, so a decrease frees room only once it is applied), and with what they ask only while
+they ask: claimed and not granted yet, or refused by the budget (a member waiting for room
+keeps its place in the order; a satisfied one reserves nothing). Members that are unknown yet
+(an operator just started) are seeded from what the cluster says they hold (`seed`). A lock
+guards it all: the ticks of different sets run concurrently on one event loop, and a
+caller's threads may share it too.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The schedules of the control loop: when a pod set ticks, and how long to sleep between.
+"""The schedule of the control loop: when a pod set ticks, and how long to sleep between.
 
     await run_set(stopped, lambda: the_set, tick)   # tick(due members, now) at the set's phase
 
@@ -6,10 +6,6 @@ Both drivers tick their pod sets (tritonscale.control.pod_sets) through `run_set
 Kubernetes driver in the kopf daemon of each set's leader (`stopped` is kopf's
 `DaemonStopped`), the local driver (`tritonscale tune`) in one task (`stopped` is a `Stop`).
 A set ticks at its phase, one interval apart; each tick decides the members that are due.
-
-`every` is the plain per-name schedule, for work that is not a set's tick (the admission of
-waiting pods): the period is kept, the next run is due one interval after this one was; a run
-that overran its interval is followed one interval after it ended.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from tritonscale.control.pod_sets import PodSet
@@ -48,36 +44,6 @@ class Stop:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._event.wait(), timeout)
         return self._event.is_set()
-
-
-async def every(
-    stopped: Stopped,
-    members: Callable[[], Sequence[tuple[str, float]]],
-    clock: Callable[[], float] = time.monotonic,
-) -> AsyncIterator[list[str]]:
-    """Yield the names due now (every member at first), sleep until the next is due, repeat,
-    until `stopped` is set. `members()` gives each member's (name, interval in seconds) as
-    they are now."""
-    due: dict[str, float] = {}
-    while not stopped.is_set():
-        now = clock()
-        current = dict(members())
-        for name in list(due):
-            if name not in current:
-                del due[name]
-        ready = [name for name in current if due.setdefault(name, now) <= now]
-        if ready:
-            yield ready
-            # Asked again: the tick itself may have read a new interval (a changed spec).
-            current = {**current, **dict(members())}
-        ended = clock()
-        for name in ready:
-            due[name] += current[name]
-            if due[name] < ended:
-                due[name] = ended + current[name]
-        if not due:
-            return
-        await stopped.wait(max(0.0, min(due.values()) - clock()))
 
 
 async def run_set(

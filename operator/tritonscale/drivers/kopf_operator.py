@@ -59,7 +59,7 @@ import kopf
 
 from tritonscale.control import set_tick
 from tritonscale.control.ledger import BudgetKey, BudgetLedger
-from tritonscale.control.loop import every, run_set
+from tritonscale.control.loop import run_set
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.pod_sets import PodSet, Shard, pod_sets, set_of
 from tritonscale.control.reconcile import budget_key, budget_limits
@@ -139,6 +139,11 @@ class Runtime:
     reported: dict[tuple[str, str], Reported] = field(default_factory=dict)
     # Per namespace: its pod sets, worked out at most once a second (monotonic seconds, sets).
     sets: dict[str, tuple[float, list[PodSet]]] = field(default_factory=dict)
+    # Per namespace: set when a pod starts or goes on waiting at the gate (the `admit` daemons).
+    waiting: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def pods_waiting(self, namespace: str) -> asyncio.Event:
+        return self.waiting.setdefault(namespace, asyncio.Event())
 
     @property
     def status(self) -> StatusWriter:
@@ -244,9 +249,13 @@ async def triton_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, po
 
 
 @kopf.index("pods", when=lambda body, **_: pods.waits_for_instances(body))
-async def waiting_pods(body: kopf.Body, namespace: str, **_: Any) -> dict[str, pods.TritonPod]:
+async def waiting_pods(
+    body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any
+) -> dict[str, pods.TritonPod]:
     """The pods waiting at the gate, by namespace (kopf drops a pod once it stops waiting):
-    what the `admit` daemons look through every second, a few pods rather than all."""
+    what the `admit` daemons look through, a few pods rather than all. A pod that starts or
+    goes on waiting wakes its namespace's daemons."""
+    memo.runtime.pods_waiting(namespace).set()
     return {namespace: pods.TritonPod.from_body(body)}
 
 
@@ -517,23 +526,51 @@ async def admit_daemon(
 ) -> None:
     """Bring the pods waiting at the gate that this autoscaler selects to its count, and open
     the gate of those that run every count they must (apart from the ticks: a pod's load
-    never delays them)."""
+    never delays them). It sleeps until a pod waits (the `waiting_pods` index wakes it), then
+    looks every `admission_interval_s` while one does."""
     runtime: Runtime = memo.runtime
-    async for _due in every(stopped, lambda: [(name, runtime.config.admission_interval_s)]):
+    while not stopped.is_set():
+        woken = runtime.pods_waiting(namespace)
         # A copy: the index changes under the loop while a pod is being admitted.
         waiting = list(waiting_pods.get(namespace, []))
         if not waiting:
-            continue  # the common second: a fleet's daemons cost no walk of its autoscalers
-        members = autoscalers.get(namespace, [])
-        this = next((m for m in members if m.name == name and m.autoscaler), None)
-        if this is None:
-            continue  # its spec does not read: it selects nothing
-        if not owns(runtime, namespace, name, autoscalers):
-            continue  # another replica owns its set
-        others = [a for a in autoscalers_of(members) if a.name != name]
-        for pod in waiting:
-            if pod.waiting_for_instances and admission.selecting(pod, [this.autoscaler]):
-                await _admit(runtime, pod, this, others, logger)
+            woken.clear()
+            if not waiting_pods.get(namespace):  # none came between the look and the clear
+                await _until(stopped, woken)
+            continue
+        await _admit_waiting(runtime, name, namespace, waiting, autoscalers, logger)
+        await stopped.wait(runtime.config.admission_interval_s)
+
+
+async def _until(stopped: kopf.DaemonStopped, event: asyncio.Event) -> None:
+    """Until `event` is set or the daemon is stopped."""
+    waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def _admit_waiting(
+    runtime: Runtime,
+    name: str,
+    namespace: str,
+    waiting: list[pods.TritonPod],
+    autoscalers: kopf.Index[str, Member],
+    logger: Any,
+) -> None:
+    """The waiting pods that autoscaler `name` selects, brought to its count and admitted."""
+    members = autoscalers.get(namespace, [])
+    this = next((m for m in members if m.name == name and m.autoscaler), None)
+    if this is None:
+        return  # its spec does not read: it selects nothing
+    if not owns(runtime, namespace, name, autoscalers):
+        return  # another replica owns its set
+    others = [a for a in autoscalers_of(members) if a.name != name]
+    for pod in waiting:
+        if pod.waiting_for_instances and admission.selecting(pod, [this.autoscaler]):
+            await _admit(runtime, pod, this, others, logger)
 
 
 async def _admit(

@@ -227,11 +227,7 @@ class Tuner:
                 loads=self.actuator.loads,
                 # Scraping: one read of a pod's /metrics serves the healer and the snapshot;
                 # with Prometheus, Prometheus answers it.
-                request_counters=(
-                    source.request_counters
-                    if isinstance(source, ScrapeSource | PrometheusSource)
-                    else None
-                ),
+                request_counters=source.request_counters,
             )
 
     async def tick(self, policy: Policy, now: float) -> TickResult:
@@ -316,8 +312,7 @@ class Tuner:
         users = [
             user
             for user in (self.actuator, self.healer, self.source)
-            if isinstance(user, Actuator | Healer | ScrapeSource | PrometheusSource)
-            and user.connections is None
+            if user is not None and user.connections is None
         ]
         for user in users:
             user.connections = connections

@@ -1,4 +1,4 @@
-"""What every metrics source answers: `snapshot(models, endpoints, window_s, decoupled)`.
+"""What every metrics source answers: `snapshot(...)`, `request_counters(...)`, its connections.
 
 Two sources implement it: `PrometheusSource` (tritonscale.metrics.prometheus: PromQL over
 Prometheus's HTTP API, the production path) and `ScrapeSource` (tritonscale.metrics.scrape:
@@ -18,6 +18,7 @@ from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from tritonscale.core.signals import MetricSnapshot
+from tritonscale.triton.connections import Connections
 from tritonscale.triton.endpoints import Endpoint
 
 # The ModelSignals fields both sources compute from Triton's counters and gauges.
@@ -32,6 +33,12 @@ RATE_FIELDS = (
 
 
 class MetricsSource(Protocol):
+    """Everything the drivers use of a metrics source."""
+
+    # The HTTP connections kept open between ticks; None: a session per call. A driver gives
+    # its own for the time it runs.
+    connections: Connections | None
+
     async def snapshot(
         self,
         models: Sequence[str],
@@ -45,4 +52,10 @@ class MetricsSource(Protocol):
         carry the streams in flight that such a model exports itself.
         Raises MetricsUnavailable (one line) when it cannot.
         """
+        ...
+
+    async def request_counters(self, endpoint: Endpoint, model: str) -> tuple[float, float] | None:
+        """(BACKEND failures, successes) of `model` on one pod, their totals (the healer's
+        reader: tritonscale.triton.healing). None when the source has no series for the pod;
+        MetricsUnavailable, or TritonError when the pod itself cannot be read."""
         ...
