@@ -8,10 +8,10 @@ models it stepped are measured at their new counts (a window wholly after the ch
 compared with the prediction (`judge`), by measures that a change of the offered load between
 the windows does not pass off as a gain or a loss (raw throughput would):
 
-- per model stepped up: the instance seconds it holds per execution and per request (its own
-  work plus its children's execution, a parent's wait on their queue taken out). The step
-  fell short when both grew by more than the estimate's noise (`Estimate.noise`: two standard
-  deviations of its windows, at least 3 %; 25 % when one window was all there was). Both,
+- per model stepped up: the instance seconds it holds per execution and per request (its
+  own work and its children's execution, a parent's wait on their queue taken out). The
+  step fell short when both grew by more than the estimate's noise (`Estimate.noise`: two standard deviations of its
+  windows; 25 % when one window was all there was), and by at least `MIN_SHORTFALL`. Both,
   because batching moves them apart: batches shrink after a step and grow with the load;
 - the set's served fraction at its roots (successes over requests finished), where the
   offered load moved by at most `OFFERED_CHANGE` (failures grow with the load too): the step
@@ -41,6 +41,11 @@ SETTLE_S = gain.SETTLE_S  # a load takes up to about 1.5 s to apply; the window 
 CORRECTION_TTL_S = 600.0
 # A step whose models are still not measured at their new counts this long after it is let go.
 MAX_WAIT_S = 600.0
+# The least shortfall that counts: a step moves the batches and the children's timings by a
+# few percent (seen in the simulator: a parent's 22.0 -> 22.7 ms per execution as its child
+# began to batch), while one more instance waiting on a shared resource adds at least 1/n
+# (12 % at 8 instances).
+MIN_SHORTFALL = 0.1
 # The served fraction a step may lose by chance alone (a failure here and there), and how far
 # the offered load may move for the served fractions before and after to be compared.
 SERVED_FRACTION_NOISE = 0.02
@@ -50,7 +55,8 @@ OFFERED_CHANGE = 0.1
 @dataclass(frozen=True)
 class Expectation:
     """What one model stepped up was predicted to keep: the instance seconds it holds per
-    execution and per request, each with its relative noise."""
+    execution and per request (its own work and its children's execution, their queue taken
+    out), each with its relative noise."""
 
     model: str
     before: int
@@ -91,14 +97,14 @@ class Expectation:
             before,
             after,
             execution.value,
-            execution.noise,
+            max(MIN_SHORTFALL, execution.noise),
             request.value,
-            request.noise,
+            max(MIN_SHORTFALL, request.noise),
         )
 
     def shortfall(self, stage: Stage, now_instances: int) -> tuple[bool, str]:
         """Whether the stage now holds its instances longer than predicted, per execution
-        and per request alike, by more than the noise, and the numbers in words.
+        and per request alike, by more than the noise; and the numbers in words.
 
         Both, because batching moves them apart: after a step batches shrink (more time per
         request, not per execution); under more load they grow (the other way round).
