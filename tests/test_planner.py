@@ -207,6 +207,18 @@ class TestVerifier:
         reasons = {d.reason for decision in ticks.decisions for d in decision.models.values()}
         assert verifier.STEP_FELL_SHORT not in reasons
 
+    def test_batches_that_shrink_after_a_step_are_no_shortfall(self) -> None:
+        # One parent instance batches 4 requests, two batch 2: each request holds an instance
+        # twice as long, each execution as long as before.
+        def batching(now: float, at: Mapping[str, int]) -> MetricSnapshot:
+            batch = 4.0 if at[PARENT] == 1 else 2.0
+            return Load(150.0, parent_batch=batch).snapshot(now, at)
+
+        ticks = run(pipeline_specs(None), counts(1, 5, 2, 2), batching, 12)
+        assert any(at[PARENT] == 2 for at in ticks.ran)
+        reasons = {d.reason for decision in ticks.decisions for d in decision.models.values()}
+        assert verifier.STEP_FELL_SHORT not in reasons
+
     def test_a_step_that_delivered_is_kept(self) -> None:
         ticks = run(pipeline_specs(7), counts(1, 1), steady(200.0), 30)
         reasons = {d.reason for decision in ticks.decisions for d in decision.models.values()}
