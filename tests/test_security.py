@@ -283,6 +283,8 @@ async def test_the_key_appears_in_no_log_message_result_or_status(
 # ---- the chart ------------------------------------------------------------------------------
 
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "Pod"}
+# The long-running workloads (the operator is a StatefulSet with operator.shards).
+SERVERS = {"Deployment", "StatefulSet"}
 FORBIDDEN_RESOURCES = {"secrets", "pods/exec", "pods/attach", "pods/portforward", "*"}
 
 
@@ -360,7 +362,7 @@ def test_the_key_lives_in_a_secret_and_only_triton_and_the_operator_get_it(
             env = {e["name"]: e for e in container.get("env", [])}
             key = env.get("TRITONSCALE_REPOSITORY_KEY")
             where = f"{workload['metadata']['name']}/{container['name']}"
-            if component(workload) in ("triton", "operator") and workload["kind"] == "Deployment":
+            if component(workload) in ("triton", "operator") and workload["kind"] in SERVERS:
                 assert key is not None, where
                 assert "value" not in key and "secretKeyRef" in key["valueFrom"], where
             else:

@@ -55,6 +55,12 @@ SCHEMA_CASES = [
         "autoscalers.defaults.instanceKind must be one of the following",
     ),
     (
+        "zero operator shards",
+        ("operator.shards=0",),
+        "at '/operator/shards': minimum: got 0, want 1",
+        "operator.shards: Must be greater than or equal to 1",
+    ),
+    (
         "unknown operator anti-affinity",
         ("operator.podAntiAffinity=soft",),
         "at '/operator/podAntiAffinity': value must be one of 'preferred', 'required', ''",
@@ -171,6 +177,17 @@ COMBINATION_CASES = [
         "two operators without peering",
         ("operator.replicaCount=2",),
         "tritonscale: operator.replicaCount is 2 but operator.peering.enabled is false",
+    ),
+    (
+        "shards with peered replicas",
+        ("operator.shards=3", "operator.replicaCount=2", "operator.peering.enabled=true"),
+        "tritonscale: operator.shards is 3 and operator.replicaCount is 2: shards (each pod acts "
+        "on its share) and peered replicas (one pod acts, the others stand by) are not combined",
+    ),
+    (
+        "shards with peering",
+        ("operator.shards=3", "operator.peering.enabled=true"),
+        "tritonscale: operator.shards is 3 and operator.peering.enabled is true",
     ),
     (
         "a locustfile the chart does not hold",

@@ -125,20 +125,39 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (include "tritonscale.fullname" .) .Values.operator.peering.name -}}
 {{- end -}}
 
-{{/* "true" when the operator gets a PodDisruptionBudget: several replicas (a budget over one pod
-either blocks every drain of its node or allows nothing a drain does not) and operator.pdb.enabled. */}}
-{{- define "tritonscale.operatorPdbEnabled" -}}
-{{- and .Values.operator.enabled .Values.operator.pdb.enabled (gt (int .Values.operator.replicaCount) 1) | toString -}}
+{{/* operator.shards as a number; 1 where it is unset (values kept from a release before it). */}}
+{{- define "tritonscale.operatorShards" -}}
+{{- int (default 1 .Values.operator.shards) -}}
 {{- end -}}
 
-{{/* The operator pods' affinity: operator.affinity when set; otherwise, with several replicas,
+{{/* The operator's pods: one per shard with operator.shards above 1, else operator.replicaCount. */}}
+{{- define "tritonscale.operatorReplicas" -}}
+{{- $shards := int (include "tritonscale.operatorShards" .) -}}
+{{- ternary $shards (int .Values.operator.replicaCount) (gt $shards 1) -}}
+{{- end -}}
+
+{{/* The shards' StatefulSet name: fullname-operator within 52 characters, since the controller
+labels each pod controller-revision-hash=<name>-<hash of up to 10 characters>, a 63-character
+label value at most. */}}
+{{- define "tritonscale.operatorShardsName" -}}
+{{- printf "%s-operator" (include "tritonscale.fullname" . | trunc 43 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* "true" when the operator gets a PodDisruptionBudget: several pods (a budget over one pod
+either blocks every drain of its node or allows nothing a drain does not) and operator.pdb.enabled. */}}
+{{- define "tritonscale.operatorPdbEnabled" -}}
+{{- and .Values.operator.enabled .Values.operator.pdb.enabled (gt (int (include "tritonscale.operatorReplicas" .)) 1) | toString -}}
+{{- end -}}
+
+{{/* The operator pods' affinity: operator.affinity when set; otherwise, with several pods,
 a pod anti-affinity by node (operator.podAntiAffinity), so that losing or draining one node
-leaves a standby elsewhere to take over. Empty when there is none. */}}
+leaves a standby elsewhere to take over (peering), or stops one shard's share only (shards).
+Empty when there is none. */}}
 {{- define "tritonscale.operatorAffinity" -}}
 {{- $operator := .Values.operator -}}
 {{- if $operator.affinity -}}
 {{- toYaml $operator.affinity -}}
-{{- else if and $operator.podAntiAffinity (gt (int $operator.replicaCount) 1) -}}
+{{- else if and $operator.podAntiAffinity (gt (int (include "tritonscale.operatorReplicas" .)) 1) -}}
 {{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" (include "tritonscale.componentSelectorLabels" (list . "operator") | fromYaml)) -}}
 podAntiAffinity:
 {{- if eq $operator.podAntiAffinity "required" }}
@@ -330,8 +349,15 @@ tritonscale: {{ $path }}.enabled is true but neither {{ $path }}.minAvailable no
 {{- end -}}
 
 {{- define "tritonscale.validateValues.operator" -}}
-{{- if and .Values.operator.enabled (gt (int .Values.operator.replicaCount) 1) (not .Values.operator.peering.enabled) -}}
-tritonscale: operator.replicaCount is {{ .Values.operator.replicaCount }} but operator.peering.enabled is false: several operators would act on the same models at once.
+{{- $operator := .Values.operator -}}
+{{- $shards := int (include "tritonscale.operatorShards" .) -}}
+{{- if not $operator.enabled -}}
+{{- else if and (gt $shards 1) (gt (int $operator.replicaCount) 1) -}}
+tritonscale: operator.shards is {{ $shards }} and operator.replicaCount is {{ $operator.replicaCount }}: shards (each pod acts on its share) and peered replicas (one pod acts, the others stand by) are not combined; set operator.replicaCount=1 with shards, or operator.shards=1 with peering.
+{{- else if and (gt $shards 1) $operator.peering.enabled -}}
+tritonscale: operator.shards is {{ $shards }} and operator.peering.enabled is true: each shard runs standalone, and peering would let only one of them act; set operator.peering.enabled=false with shards.
+{{- else if and (gt (int $operator.replicaCount) 1) (not $operator.peering.enabled) -}}
+tritonscale: operator.replicaCount is {{ $operator.replicaCount }} but operator.peering.enabled is false: several operators would act on the same models at once.
 {{- end -}}
 {{- end -}}
 
