@@ -173,6 +173,14 @@ class TestOneWindow:
         assert model.stages["branch_rank"].demand_rps == pytest.approx(80.0)
         assert set(model.roots) == {"parent_a", "parent_b"}
 
+    def test_a_decoupled_model_sized_by_its_streams_is_unmeasured(self) -> None:
+        at = counts(1, 1)
+        snapshot = Load(50.0).snapshot(START, at)
+        streaming = replace(snapshot.models["branch_rank"], decoupled=True, streams_in_flight=3.0)
+        models = {**snapshot.models, "branch_rank": streaming}
+        model, _ = measured([MetricSnapshot(START, WINDOW_S, models)], at)
+        assert "branch_rank" in model.unmeasured
+
 
 class TestEstimates:
     def test_one_window_has_an_unknown_noise(self) -> None:

@@ -173,10 +173,14 @@ class PipelineHistory:
         """Add the snapshot (unless the history holds it or a later one already) and prune."""
         if self.windows and snapshot.taken_at <= self.windows[-1].taken_at:
             return self
+        # A decoupled model sized by its streams is left out: Triton's timings of it measure
+        # the hand-off, not the work (tritonscale.core.sizing), and it keeps its count.
         readings = {
             model: Reading.of(signals)
             for model, signals in snapshot.models.items()
-            if model in counts and sizing.unusable_field(signals) is None
+            if model in counts
+            and sizing.unusable_field(signals) is None
+            and not sizing.sized_by_streams(signals)
         }
         window = Window(snapshot.taken_at, snapshot.window_s, dict(counts), readings)
         kept = [w for w in self.windows if w.taken_at > snapshot.taken_at - HISTORY_S]
@@ -235,10 +239,10 @@ class Stage:
     # saturated (what it finishes is then what it can, not what it is asked).
     offered_rps: float
     served_fraction: float  # successes over all requests finished, latest window
-    demand_rps: float  # arrival propagated down from the roots
+    demand_rps: float  # what the roots are offered, carried down by the calls per request
     utilization: float  # busy fraction per instance, latest window (batching undone)
     execution_s: Estimate  # busy seconds per execution
-    busy_per_request_s: Estimate  # instance seconds per request (per execution / mean batch)
+    busy_per_request_s: Estimate  # instance seconds per request (per execution / today's batch)
     mean_batch: float
     time_in_model_s: float  # queue + compute per request: what a caller waits, latest window
     own_execution_s: Estimate  # per execution, net of the wait for its children
@@ -246,7 +250,7 @@ class Stage:
     # plus its children's execution, without their queue.
     hold_per_execution_s: Estimate
     hold_per_request_s: Estimate
-    calls: Mapping[str, Estimate] = field(hash=False)  # child -> calls per request
+    calls: Mapping[str, Estimate] = field(hash=False)  # child -> calls per request, today's
     # The service times come from windows at today's counts (False: from earlier ones, until
     # a window wholly after the last change exists).
     measured_at_counts: bool
