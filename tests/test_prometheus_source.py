@@ -27,11 +27,20 @@ def answer(promql: str) -> list[dict]:
     1 per pod, totals of 100 successes and 2 backend failures, the window's first sample 60 s
     old; no GPU (CPU pods)."""
     rows = []
+    # The pods the query's matcher names (`pod=~"triton\\-0|..."`, escaped as the source
+    # escapes them).
+    asked = [
+        pod
+        for pod in PODS
+        if f'"{escaped(pod)}"' in promql
+        or f"{escaped(pod)}|" in promql
+        or f'|{escaped(pod)}"' in promql
+    ]
     for key in re.findall(r'"signal", "(\w+)"', promql):
         if key in GPU_KEYS:
             continue
         for model in MODELS:
-            for pod in PODS:
+            for pod in asked:
                 value = {
                     "first_sample": NOW - 60,
                     "successes_total": 100.0,
@@ -40,6 +49,10 @@ def answer(promql: str) -> list[dict]:
                 metric = {"signal": key, "pod": pod, "model": model}
                 rows.append({"metric": metric, "value": [NOW, str(value)]})
     return rows
+
+
+def escaped(pod: str) -> str:
+    return re.escape(pod).replace("\\", "\\\\")
 
 
 @pytest.fixture
@@ -105,3 +118,15 @@ async def test_a_refused_query_is_named_by_its_key() -> None:
     prometheus.query = query  # type: ignore[method-assign]
     with pytest.raises(MetricsUnavailable, match=r"^the queue_seconds_per_second query: "):
         await prometheus.snapshot(MODELS, endpoints(), 30)
+
+
+async def test_the_sets_of_one_namespace_keep_each_others_totals(source) -> None:
+    # Two sets of one namespace and the same models, each snapshot with its own pods: the
+    # second must not push the first one's pods out of what the healer reads.
+    prometheus, asked = source
+    pods = endpoints()
+    await prometheus.snapshot(MODELS, pods[:5], 30)
+    await prometheus.snapshot(MODELS, pods[5:], 30)
+    counters = [await prometheus.request_counters(pod, "branch_rank") for pod in pods]
+    assert counters == [(2.0, 100.0)] * 10
+    assert len(asked) == 4  # the two snapshots' two each, nothing more

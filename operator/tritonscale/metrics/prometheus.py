@@ -152,8 +152,11 @@ class PrometheusSource:
         self.connections = connections
         # (namespace, model) -> (when asked, the read): {pod: (BACKEND failures, successes)}.
         self._counters: dict[tuple[str | None, str], tuple[float, asyncio.Task[_Counters]]] = {}
-        # The same, as the last snapshot of each (namespace, model) found them.
-        self._snapshot_counters: dict[tuple[str | None, str], tuple[float, _Counters]] = {}
+        # (namespace, model) -> pod -> (when, its counters) as the last snapshot of its set
+        # found them (the sets of a namespace share the key, each with its own pods).
+        self._snapshot_counters: dict[
+            tuple[str | None, str], dict[str, tuple[float, tuple[float, float]]]
+        ] = {}
 
     async def query(self, promql: str, session: aiohttp.ClientSession | None = None) -> list[dict]:
         """One instant query; MetricsUnavailable with one line on any failure."""
@@ -187,13 +190,9 @@ class PrometheusSource:
                 return None
             key, label, name, where = (None, model), "instance", instance, self.matcher or ""
         now = time.monotonic()
-        snapshot = self._snapshot_counters.get(key)
-        if (
-            snapshot is not None
-            and now - snapshot[0] <= self.SNAPSHOT_COUNTERS_MAX_AGE_S
-            and name in snapshot[1]
-        ):
-            return snapshot[1][name]
+        seen = self._snapshot_counters.get(key, {}).get(name)
+        if seen is not None and now - seen[0] <= self.SNAPSHOT_COUNTERS_MAX_AGE_S:
+            return seen[1]
         selector = ",".join(part for part in (where, f'model="{_literal(model)}"') if part)
         loop = asyncio.get_running_loop()
         kept = self._counters.get(key)
@@ -343,8 +342,14 @@ class PrometheusSource:
         now = time.monotonic()
         for model, successes in values["successes_total"].items():
             failures = values["backend_failures_total"].get(model, {})
-            counters = {pod: (failures.get(pod, 0.0), total) for pod, total in successes.items()}
-            self._snapshot_counters[(namespace, model)] = (now, counters)
+            kept = self._snapshot_counters.setdefault((namespace, model), {})
+            for pod, total in successes.items():
+                kept[pod] = (now, (failures.get(pod, 0.0), total))
+            # Pods gone for longer than the counters serve are forgotten (replaced pods).
+            for pod in [
+                p for p, (at, _) in kept.items() if now - at > 2 * self.SNAPSHOT_COUNTERS_MAX_AGE_S
+            ]:
+                del kept[pod]
 
 
 def _gpu(rows: Sequence[Mapping[str, Any]]) -> GpuSignals | None:
