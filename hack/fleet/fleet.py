@@ -86,6 +86,8 @@ class FleetConfig:
     # Requests per second per pod and model before any step: 0.4 busy instances at
     # triton.SERVICE_S, below the default utilization target at one instance.
     base_rate: float = 8.0
+    # Operator processes sharing the pod sets (`--shard i --total-shards shards`).
+    shards: int = 1
 
     @property
     def sets(self) -> int:
@@ -348,19 +350,34 @@ class Fleet:
         self.progress(f"created {self.config.sets * len(self.config.models)} autoscalers")
 
     def _start_operator(self) -> None:
+        for shard in range(self.config.shards):
+            self.start_operator(shard)
+
+    def operator_name(self, shard: int) -> str:
+        return "operator" if self.config.shards == 1 else f"operator-{shard}"
+
+    @property
+    def operator_names(self) -> list[str]:
+        return [self.operator_name(shard) for shard in range(self.config.shards)]
+
+    def start_operator(self, shard: int = 0) -> None:
+        """The operator as the chart runs it; with shards, replica `shard` of them (its own
+        liveness and metrics ports: the next ones after the first replica's)."""
         command = [
             sys.executable,
             "-m",
             "tritonscale.cli",
             "operator",
             f"--namespace={NAMESPACE}",
-            f"--liveness=http://127.0.0.1:{OPERATOR_PROBE_PORT}/healthz",
-            f"--metrics-port={OPERATOR_METRICS_PORT}",
+            f"--liveness=http://127.0.0.1:{OPERATOR_PROBE_PORT + shard}/healthz",
+            f"--metrics-port={OPERATOR_METRICS_PORT + shard}",
+            f"--shard={shard}",
+            f"--total-shards={self.config.shards}",
         ]
         if self.prometheus is not None:
             command.append(f"--prometheus-url={self.prometheus.url}")
         self._spawn(
-            "operator",
+            self.operator_name(shard),
             command,
             env={
                 "KUBECONFIG": str(self.operator_kubeconfig),
@@ -368,10 +385,20 @@ class Fleet:
             },
         )
 
+    def kill_operator(self, shard: int) -> None:
+        """SIGKILL one operator process (as a lost node would), and wait for it to be gone."""
+        process = self.processes.pop(self.operator_name(shard))
+        process.kill()
+        process.wait()
+
     # ---- while it runs -----------------------------------------------------------------
     @property
     def operator_pid(self) -> int:
-        return self.processes["operator"].pid
+        return self.processes[self.operator_names[0]].pid
+
+    @property
+    def operator_pids(self) -> list[int]:
+        return [self.processes[n].pid for n in self.operator_names if n in self.processes]
 
     def _control(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -390,8 +417,9 @@ class Fleet:
         self.check_alive()
         return self._control("GET", "/fleet/state")
 
-    def operator_metrics(self) -> str:
-        url = f"http://127.0.0.1:{OPERATOR_METRICS_PORT}/metrics"
+    def operator_metrics(self, shard: int = 0) -> str:
+        """One operator process's metrics (the first's, without shards)."""
+        url = f"http://127.0.0.1:{OPERATOR_METRICS_PORT + shard}/metrics"
         with urllib.request.urlopen(url, timeout=10) as answer:
             return answer.read().decode()
 
@@ -418,7 +446,9 @@ class Fleet:
     def stop(self) -> None:
         """Stop everything it started, the operator first (it must not act on a fleet
         that goes away); the logs stay in the workdir."""
-        for name in ("operator", *reversed([n for n in self.processes if n != "operator"])):
+        operators = [n for n in self.processes if n.startswith("operator")]
+        others = [n for n in self.processes if n not in operators]
+        for name in (*operators, *reversed(others)):
             process = self.processes.pop(name, None)
             if process is None:
                 continue

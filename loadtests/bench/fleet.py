@@ -53,47 +53,70 @@ STEP_FACTOR = 6.0  # 0.4 busy instances per pod and model become 2.4
 # missed (an autoscaler's ticks end at least an interval apart), and seldom enough that
 # rendering them (15,000 lines at 500 autoscalers) costs the operator little.
 POLL_S = 5.0
-QUICK = {"sizes": [100], "sources": ["scrape", "prometheus"]}
-FULL = {"sizes": [10, 100, 1000], "sources": ["scrape", "prometheus"]}
+QUICK: dict[str, Any] = {"sizes": [100], "sources": ["scrape", "prometheus"], "sharded": []}
+FULL: dict[str, Any] = {
+    "sizes": [10, 100, 1000],
+    "sources": ["scrape", "prometheus"],
+    # Two operator processes, each with its own share of the sets; one killed after the step.
+    "sharded": [2000],
+}
 LAST_TICK = "tritonscale_last_reconcile_timestamp_seconds"
 TICK_SECONDS = "tritonscale_reconcile_duration_seconds"
 
 
 class Probe:
-    """What the bench reads while a fleet runs: ticks, the operator's process, the API
+    """What the bench reads while a fleet runs: ticks, the operator's processes, the API
     server's and the fleet's request counts."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self.poll_s = min(POLL_S, fleet.config.interval_s / 2)
         self.ticks: dict[str, list[float]] = {}
+        # Which operator process ticked each autoscaler (with shards: its set's owner).
+        self.shard_of: dict[str, set[int]] = {}
         self.tick_seconds = (0.0, 0.0)  # every autoscaler's ticks: seconds, count
+        self.series = 0  # the operators' own series, summed over the processes
         self.rss_mib: list[float] = []
         self._audit_offset = 0
         self._ticks_per_s = os.sysconf("SC_CLK_TCK")
 
     def poll(self) -> None:
-        """Record each autoscaler's last tick, and the operator's resident memory."""
-        try:
-            text = self.fleet.operator_metrics()
-        except OSError:  # not serving yet
-            self.fleet.check_alive()
-            return
+        """Record each autoscaler's last tick, and the operators' resident memory."""
         seconds = count = 0.0
-        for line in text.splitlines():
-            if line.startswith(TICK_SECONDS + "_sum{"):
-                seconds += float(line.rsplit(" ", 1)[1])
-            elif line.startswith(TICK_SECONDS + "_count{"):
-                count += float(line.rsplit(" ", 1)[1])
-            if not line.startswith(LAST_TICK + "{"):
+        series = 0
+        for shard in range(self.fleet.config.shards):
+            if self.fleet.operator_name(shard) not in self.fleet.processes:
+                continue  # killed, not started again yet
+            try:
+                text = self.fleet.operator_metrics(shard)
+            except OSError:  # not serving yet
+                self.fleet.check_alive()
                 continue
-            labels, value = line[len(LAST_TICK) :].rsplit(" ", 1)
-            name = labels.split('autoscaler="', 1)[1].split('"', 1)[0]
-            seen = self.ticks.setdefault(name, [])
-            if not seen or seen[-1] != float(value):
-                seen.append(float(value))
+            for line in text.splitlines():
+                if not line or line.startswith("#"):
+                    continue
+                series += 1
+                if line.startswith(TICK_SECONDS + "_sum{"):
+                    seconds += float(line.rsplit(" ", 1)[1])
+                elif line.startswith(TICK_SECONDS + "_count{"):
+                    count += float(line.rsplit(" ", 1)[1])
+                if not line.startswith(LAST_TICK + "{"):
+                    continue
+                labels, value = line[len(LAST_TICK) :].rsplit(" ", 1)
+                name = labels.split('autoscaler="', 1)[1].split('"', 1)[0]
+                self.shard_of.setdefault(name, set()).add(shard)
+                seen = self.ticks.setdefault(name, [])
+                if not seen or seen[-1] != float(value):
+                    seen.append(float(value))
         self.tick_seconds = (seconds, count)
-        self.rss_mib.append(self._rss_mib())
+        self.series = series
+        self.rss_mib.append(
+            max((self._rss_mib(pid) for pid in self.fleet.operator_pids), default=0)
+        )
+
+    def operators_cpu_s(self) -> float:
+        """CPU seconds so far of every operator process."""
+        return sum(self.cpu_s(pid) for pid in self.fleet.operator_pids)
 
     def _proc(self, name: str, pid: int | None = None) -> str:
         return Path(f"/proc/{pid or self.fleet.operator_pid}/{name}").read_text()
@@ -120,8 +143,8 @@ class Probe:
                     queries += sample.value
         return self.cpu_s(prometheus.process.pid), queries
 
-    def _rss_mib(self) -> float:
-        for line in self._proc("status").splitlines():
+    def _rss_mib(self, pid: int | None = None) -> float:
+        for line in self._proc("status", pid).splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         return 0.0
@@ -262,13 +285,43 @@ def step(fleet: Fleet, probe: Probe, interval_s: float) -> dict[str, Any]:
     }
 
 
+def kill_shard(fleet: Fleet, probe: Probe, shard: int, interval_s: float) -> dict[str, Any]:
+    """SIGKILL one operator process and start it again at once (as the kubelet restarts a
+    StatefulSet's pod): the seconds until every autoscaler it owned ticked again."""
+    owned = [name for name, shards in probe.shard_of.items() if shard in shards]
+    killed_at = time.time()
+    fleet.kill_operator(shard)
+    fleet.start_operator(shard)
+    common.progress(f"  shard {shard} killed and started again; {len(owned)} autoscalers")
+    deadline = time.monotonic() + 8 * interval_s + 120
+    while time.monotonic() < deadline:
+        probe.sleep(probe.poll_s)
+        again = [n for n in owned if any(t > killed_at for t in probe.ticks.get(n, ()))]
+        if len(again) == len(owned):
+            last = max(min(t for t in probe.ticks[n] if t > killed_at) for n in owned)
+            return {"killed_shard": shard, "seconds_to_tick_again": round(last - killed_at, 1)}
+    return {"killed_shard": shard, "seconds_to_tick_again": None, "ticked_again": len(again)}
+
+
 def run_row(
-    pods: int, source: str, interval_s: int, steady_intervals: int, window_s: int
+    pods: int,
+    source: str,
+    interval_s: int,
+    steady_intervals: int,
+    window_s: int,
+    shards: int = 1,
 ) -> dict[str, Any]:
-    """One fleet: bring-up, warm-up, the steady window and the step."""
-    config = FleetConfig(pods=pods, source=source, interval_s=interval_s, metrics_window_s=window_s)
+    """One fleet: bring-up, warm-up, the steady window and the step (and with shards, one
+    killed)."""
+    config = FleetConfig(
+        pods=pods,
+        source=source,
+        interval_s=interval_s,
+        metrics_window_s=window_s,
+        shards=shards,
+    )
     autoscalers = config.sets * len(config.models)
-    common.progress(f"{pods} pods, {autoscalers} autoscalers, {source}")
+    common.progress(f"{pods} pods, {autoscalers} autoscalers, {source}, {shards} shard(s)")
     workdir = Path(tempfile.mkdtemp(prefix="tritonscale-fleet-"))
     started = time.monotonic()
     failed = True
@@ -282,23 +335,36 @@ def run_row(
             probe.sleep(max(0.0, warm_from + config.metrics_window_s - time.time()))
             common.progress("  warm: every autoscaler ticked twice; steady window")
             # Steady: nothing to change.
-            t0, cpu0 = time.time(), probe.cpu_s()
+            t0, cpu0 = time.time(), probe.operators_cpu_s()
+            cpu_each0 = [probe.cpu_s(pid) for pid in fleet.operator_pids]
             api0, triton0 = probe.apiserver_requests(), fleet.state()["requests"]
             prometheus0 = probe.prometheus()
             probe.rss_mib.clear()
             ticks0 = probe.tick_seconds
             probe.sleep(steady_intervals * interval_s)
             ticks1 = probe.tick_seconds
-            t1, cpu1 = time.time(), probe.cpu_s()
+            t1, cpu1 = time.time(), probe.operators_cpu_s()
+            cpu_each1 = [probe.cpu_s(pid) for pid in fleet.operator_pids]
+            series = probe.series
             api1, triton1 = probe.apiserver_requests(), fleet.state()["requests"]
             prometheus1 = probe.prometheus()
             intervals = (t1 - t0) / interval_s
             late = lateness(probe.ticks, t0, t1, interval_s)
             operator_requests = probe.operator_requests(t0, t1)
             rss = max(probe.rss_mib)
+            by_shard = [
+                lateness(
+                    {n: t for n, t in probe.ticks.items() if probe.shard_of.get(n) == {shard}},
+                    t0,
+                    t1,
+                    interval_s,
+                )
+                for shard in range(shards)
+            ]
             stepped = step(fleet, probe, interval_s)
             step_start, step_end = stepped.pop("step_window")
             step_late = lateness(probe.ticks, step_start, step_end, interval_s)
+            killed = kill_shard(fleet, probe, shards - 1, interval_s) if shards > 1 else {}
 
             def per_interval(key: str) -> float:
                 return round((triton1.get(key, 0) - triton0.get(key, 0)) / intervals, 1)
@@ -308,6 +374,7 @@ def run_row(
                 "sets": config.sets,
                 "autoscalers": autoscalers,
                 "source": source,
+                "shards": shards,
                 "interval_s": interval_s,
                 "metrics_window_s": window_s,
                 "steady_s": round(t1 - t0, 1),
@@ -323,6 +390,8 @@ def run_row(
                 "max_tick_lateness_in_step_s": _round(max(step_late, default=None)),
                 "operator_cpu_cores": round((cpu1 - cpu0) / (t1 - t0), 3),
                 "operator_rss_mib": round(rss, 1),
+                "operator_series": series,
+                "operator_series_per_autoscaler": round(series / autoscalers, 1),
                 "apiserver_requests_per_interval": round(
                     sum(operator_requests.values()) / intervals, 1
                 ),
@@ -340,9 +409,17 @@ def run_row(
                     if key.startswith("http:")
                 },
                 "triton_metrics_requests_per_interval": per_interval("metrics"),
+                "triton_metrics_requests_per_pod_and_interval": round(
+                    per_interval("metrics") / pods, 2
+                ),
                 "prometheus_scrapes_per_interval": per_interval("prometheus"),
                 "prometheus_queries_per_interval": (
                     round((prometheus1[1] - prometheus0[1]) / intervals, 1)
+                    if prometheus0 and prometheus1
+                    else None
+                ),
+                "prometheus_queries_per_set_and_interval": (
+                    round((prometheus1[1] - prometheus0[1]) / intervals / config.sets, 2)
                     if prometheus0 and prometheus1
                     else None
                 ),
@@ -354,6 +431,21 @@ def run_row(
                 **stepped,
                 "bring_up_s": round(bring_up_s, 1),
             }
+            if shards > 1:
+                row["per_shard"] = [
+                    {
+                        "shard": shard,
+                        "autoscalers": sum(1 for o in probe.shard_of.values() if o == {shard}),
+                        "p99_tick_lateness_s": _round(percentile(late_of_shard, 0.99)),
+                        "cpu_cores": round((cpu_each1[shard] - cpu_each0[shard]) / (t1 - t0), 3),
+                    }
+                    for shard, late_of_shard in enumerate(by_shard)
+                ]
+                # A set decided by two shards would show its autoscalers in both.
+                row["autoscalers_ticked_by_two_shards"] = sum(
+                    1 for owners in probe.shard_of.values() if len(owners) > 1
+                )
+                row.update(killed)
             failed = False
     finally:
         if failed:
@@ -408,6 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=int, default=15, help="The autoscalers' intervalSeconds")
     p.add_argument("--steady-intervals", type=int, default=4)
     p.add_argument("--window", type=int, default=30, help="The autoscalers' metricsWindowSeconds")
+    p.add_argument(
+        "--sharded",
+        type=int,
+        nargs="*",
+        metavar="PODS",
+        help="Rows of PODS pods on two operator shards, after the others (full: 2000)",
+    )
     args = p.parse_args(argv)
     if not netns.inside():
         build.build_before_namespace()
@@ -418,10 +517,15 @@ def main(argv: list[str] | None = None) -> int:
     if any(size % PODS_PER_SET for size in sizes):
         p.error(f"--sizes must be multiples of {PODS_PER_SET}")
     sources = args.sources or settings["sources"]
+    sharded = args.sharded if args.sharded is not None else settings["sharded"]
     rows = []
     for size in sizes:
         for source in sources:
             rows.append(run_row(size, source, args.interval, args.steady_intervals, args.window))
+    for size in sharded:
+        rows.append(
+            run_row(size, "scrape", args.interval, args.steady_intervals, args.window, shards=2)
+        )
     result = {"rows": rows, "pods_per_set": PODS_PER_SET, "step_factor": STEP_FACTOR}
     path = common.write_result(NAME, result, args.out)
     if not args.no_plot:
