@@ -22,6 +22,7 @@ from tests.pipeline_load import CHILDREN, PARENT, WINDOW_S, Load, counts, pipeli
 from tritonscale.core.allocator import (
     HIGH_UTILIZATION,
     HOLD_TARGETS,
+    IDLE,
     LOW_TRAFFIC,
     LOW_UTILIZATION,
     MAX_THROUGHPUT,
@@ -185,6 +186,16 @@ CASES = [
         counts(3, 2, 2, 2),
         HOLD_TARGETS,
         {model: LOW_TRAFFIC for model in (PARENT, *CHILDREN)},
+    ),
+    # Nothing finished, nothing queued: the instances are free for the others.
+    Case(
+        "an idle model goes to its minimum",
+        Load(0.0),
+        counts(3, 2, 2, 2),
+        pipeline_specs(16),
+        counts(1, 1),
+        HOLD_TARGETS,
+        {model: IDLE for model in (PARENT, *CHILDREN)},
     ),
     # 1000 MiB per pod; an embed instance takes 300, the others 100: 1/3/1/1 would take 1200.
     Case(

@@ -25,7 +25,7 @@ the largest of the finitely many stage capacities (count x capacity per instance
 whose fewest instances fit. That is a binary search over at most models x maxInstances
 levels, not a search over splits (tests/test_allocator.py checks it against every split of
 small sets). A model that is quiet, unmeasured or `held` keeps its count, and its instances
-count in the budget.
+count in the budget; an idle one (no request finished or queued) goes to its minimum.
 
 Pure: no clock, no I/O.
 """
@@ -48,6 +48,7 @@ WITHIN_TOLERANCE = sizing.WITHIN_TOLERANCE
 MAX_THROUGHPUT = "MaxThroughput"  # the budget is short: this split serves the most
 REALLOCATED = "Reallocated"  # instances taken back for a stage that serves the set more
 LOW_TRAFFIC = "LowTraffic"
+IDLE = "Idle"
 UNMEASURED = "Unmeasured"
 HELD = "Held"
 
@@ -189,6 +190,14 @@ def allocate(
         elif model in pipeline.unmeasured:
             kept = _within(count, spec.min_instances, spec.max_instances)
             fixed[model] = Target(model, count, kept, UNMEASURED, pipeline.unmeasured[model])
+        elif pipeline.stages[model].idle:
+            fixed[model] = Target(
+                model,
+                count,
+                spec.min_instances,
+                IDLE,
+                "no request finished or queued in the window: minInstances is enough",
+            )
         elif model not in active:
             kept = _within(count, spec.min_instances, spec.max_instances)
             fixed[model] = Target(

@@ -30,7 +30,7 @@ Each estimate carries its windows and spread (`Estimate`): service times are ave
 the windows that do not overlap, at the counts the model (and its children) run now; the
 arrival rate is the latest window's, its spread that of the same windows. A model with fewer
 than `MIN_REQUESTS_PER_WINDOW` requests in the latest window is `quiet`: its estimates are
-noise, and it keeps its count.
+noise, and it keeps its count; one with none at all, and none queued, is `idle`.
 
 Pure: no clock (the snapshot carries its time), no I/O.
 """
@@ -255,6 +255,7 @@ class Stage:
     # a window wholly after the last change exists).
     measured_at_counts: bool
     quiet: bool  # too few requests to measure: it keeps its count
+    idle: bool  # quiet with nothing finished and nothing queued: it needs no more than its minimum
     saturated: bool  # busy at or above SATURATED_UTILIZATION
 
     @property
@@ -412,6 +413,7 @@ def _stage(
             or hold_per_execution.value <= 0
         ),
         saturated=saturated,
+        idle=reading.arrival_rate <= 0 and reading.pending_requests <= 0,
     )
 
 
