@@ -254,22 +254,31 @@ def _most_headroom(
     switch_margin: float,
 ) -> dict[str, int] | None:
     """The best split (`best_split`), or today's where it serves within `switch_margin` of
-    it and its bottleneck is not saturated; None when not even the lower bounds fit."""
+    it; None when not even the lower bounds fit.
+
+    Where today's bottleneck is overloaded (saturated, its queue growing), its limit is
+    measured, while the other stages' are lower bounds (their batches grow with the load):
+    those short of saturation get the benefit of the noise (`switch_margin` more capacity),
+    and today's split no protection.
+    """
     demand = {m: stage.demand_rps for m, stage in sized.items()}
     per_instance = {m: stage.capacity_per_instance_rps for m, stage in sized.items()}
+    today = {m: _within(current[m], lower[m], upper[m]) for m in sized}
+    limit = min(today, key=lambda m: headroom({m: today[m]}, demand, per_instance))
+    if sized[limit].overloaded:
+        hopeful = {
+            m: rate if sized[m].saturated else rate * (1 + switch_margin)
+            for m, rate in per_instance.items()
+        }
+        return best_split(demand, hopeful, lower, upper, fits)
     best = best_split(demand, per_instance, lower, upper, fits)
     if best is None:
         return None
-    today = {m: _within(current[m], lower[m], upper[m]) for m in sized}
     kept = headroom(today, demand, per_instance)
     most = headroom(best, demand, per_instance)
-    if not fits(today) or not most * (1 - switch_margin) <= kept < most * (1 - _EQUAL):
-        return best
-    # Today's split serves about as much: within the noise, a move is no gain. Unless its
-    # bottleneck is saturated: that limit is measured, while the other stages' are lower
-    # bounds (their batches grow with the load).
-    limit = min(today, key=lambda m: headroom({m: today[m]}, demand, per_instance))
-    return best if sized[limit].saturated else today
+    if fits(today) and most * (1 - switch_margin) <= kept < most * (1 - _EQUAL):
+        return today  # it serves about as much: within the noise, a move is no gain
+    return best
 
 
 def headroom(

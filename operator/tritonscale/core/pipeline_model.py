@@ -257,6 +257,8 @@ class Stage:
     quiet: bool  # too few requests to measure: it keeps its count
     idle: bool  # quiet with nothing finished and nothing queued: it needs no more than its minimum
     saturated: bool  # busy at or above SATURATED_UTILIZATION
+    # Saturated with its queue growing: more is offered than it serves, a limit measured.
+    overloaded: bool
 
     @property
     def capacity_per_instance_rps(self) -> float:
@@ -387,7 +389,8 @@ def _stage(
         busy_now = reading.execution_s / reading.mean_batch * reading.request_rate
     utilization = busy_now / (reading.pods * instances) if reading.pods > 0 else 0.0
     saturated = utilization >= SATURATED_UTILIZATION
-    offered = reading.arrival_rate + (_backlog_growth(history, model) if saturated else 0.0)
+    backlog_growth = _backlog_growth(history, model) if saturated else 0.0
+    offered = reading.arrival_rate + backlog_growth
     return Stage(
         model=model,
         instances=instances,
@@ -413,6 +416,7 @@ def _stage(
             or hold_per_execution.value <= 0
         ),
         saturated=saturated,
+        overloaded=backlog_growth > 0,
         idle=reading.arrival_rate <= 0 and reading.pending_requests <= 0,
     )
 
