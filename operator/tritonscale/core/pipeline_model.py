@@ -339,22 +339,7 @@ def _stage(
     reading = latest.readings[model]
     instances = counts[model]
     children = tuple(child for child in spec.calls if child in callers)
-    # Service times at today's counts: windows wholly after the last one that ran other counts
-    # of this model or its children (a window that saw the change may have started before it).
-    # Until one exists, windows that ended before the change stand for them (those at today's
-    # counts first, from before a step that was undone): the hold per request does not depend
-    # on the counts where the model's assumption holds, and the verifier tests it.
-    models = (model, *children)
-    changed_at = _changed_at(history, models, counts)
-    serving = [
-        w for w in history.windows if _at_counts(w, models, counts) and w.starts_at >= changed_at
-    ]
-    serving = [w for w in serving if _served(w, model)]
-    at_counts = bool(serving)
-    if not at_counts:
-        before = [w for w in history.windows if w.taken_at <= changed_at and _served(w, model)]
-        # Earlier windows at today's counts (before a step that was undone), else any.
-        serving = [w for w in before if _at_counts(w, models, counts)] or before
+    serving, at_counts = _service_windows(history, model, (model, *children), counts)
     apart = _apart(serving)
 
     # Per execution, the windows agree at one count; per request, the time depends on the
@@ -372,18 +357,7 @@ def _stage(
     arrival = _now(
         _estimate([(w, w.readings[model].arrival_rate) for w in arrivals]), reading.arrival_rate
     )
-    # Calls are made per execution: per request they fall as the parent's batches grow with
-    # the load, so today's window gives the value, the others its spread.
-    calls = {}
-    for child in children:
-        ratios = [
-            (w, _calls_per_request(w, child, callers[child]))
-            for w in arrivals
-            if _served(w, child) and all(_served(w, parent) for parent in callers[child])
-        ]
-        known = [(w, ratio) for w, ratio in ratios if ratio is not None]
-        today = next((ratio for w, ratio in known if w is latest), None)
-        calls[child] = _now(_estimate(known), today)
+    calls = {child: _calls(arrivals, latest, child, callers[child]) for child in children}
     busy_now = 0.0
     if reading.request_rate > 0:
         busy_now = reading.execution_s / reading.mean_batch * reading.request_rate
@@ -423,6 +397,47 @@ def _stage(
 
 def _overlaps(later: Window, earlier: Window) -> bool:
     return later.starts_at < earlier.taken_at
+
+
+def _service_windows(
+    history: PipelineHistory, model: str, models: Sequence[str], counts: Mapping[str, int]
+) -> tuple[list[Window], bool]:
+    """The windows that time `model` at today's counts of `models` (it and its children), and
+    whether they are at today's counts.
+
+    At today's counts: the windows wholly after the last one that ran other counts (a window
+    that saw the change may have started before it). Until one exists, windows that ended
+    before the change stand for them (those at today's counts first, from before a step that
+    was undone): the hold per request does not depend on the counts where the model's
+    assumption holds, and the verifier tests it.
+    """
+    changed_at = _changed_at(history, models, counts)
+    serving = [
+        w
+        for w in history.windows
+        if _at_counts(w, models, counts) and w.starts_at >= changed_at and _served(w, model)
+    ]
+    if serving:
+        return serving, True
+    before = [w for w in history.windows if w.taken_at <= changed_at and _served(w, model)]
+    return [w for w in before if _at_counts(w, models, counts)] or before, False
+
+
+def _calls(
+    windows: Sequence[Window], latest: Window, child: str, parents: Sequence[str]
+) -> Estimate:
+    """Calls per request to `child`. Calls go out per execution: per request they fall as
+    the parents' batches grow with the load, so today's window gives the value, the others
+    its spread."""
+    known = [
+        (w, ratio)
+        for w in windows
+        if _served(w, child) and all(_served(w, parent) for parent in parents)
+        for ratio in [_calls_per_request(w, child, parents)]
+        if ratio is not None
+    ]
+    today = next((ratio for w, ratio in known if w is latest), None)
+    return _now(_estimate(known), today)
 
 
 def _served(window: Window, model: str) -> bool:
