@@ -9,6 +9,7 @@ branch_embed 50, branch_classify and branch_rank 200 each.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,7 @@ from tritonscale.core.allocator import (
     MOST_HEADROOM,
     REALLOCATED,
     Allocation,
+    Prediction,
     Room,
     allocate,
     best_split,
@@ -249,6 +251,11 @@ def test_the_prediction_is_the_slowest_stage_at_the_chosen_counts() -> None:
     assert prediction.stage_capacity_rps["branch_embed"] == pytest.approx(200.0)
     assert prediction.expected_rps == pytest.approx(prediction.capacity_rps)
     assert "bottleneck" in allocation.targets[PARENT].message
+
+
+def test_the_prediction_round_trips_through_a_dict() -> None:
+    prediction = allocated(Load(300.0), counts(1, 4), pipeline_specs(7)).prediction
+    assert Prediction.from_dict(json.loads(json.dumps(prediction.to_dict()))) == prediction
 
 
 def test_a_verifier_ceiling_caps_a_model() -> None:
