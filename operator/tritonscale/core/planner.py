@@ -343,7 +343,7 @@ def _within_room(
     if room.fits(counts):
         return
     for model, model_behaved in behaved.items():
-        if model_behaved.target.count < counts[model] < current[model] + 1:
+        if any(step.reason == behavior.SCALE_DOWN_STABILIZED for step in steps[model]):
             steps[model] = model_behaved.steps(stabilized=False)
             counts[model] = steps[model][-1].count
     rising = sorted(
