@@ -91,6 +91,11 @@ class Reading:
         return self.request_rate + self.failure_rate
 
     @property
+    def served_fraction(self) -> float:
+        """Successes over all requests finished (1 when none finished)."""
+        return self.request_rate / self.arrival_rate if self.arrival_rate > 0 else 1.0
+
+    @property
     def execution_s(self) -> float:
         """Busy seconds per execution (the batch a request ran in), request-weighted."""
         return self.compute_seconds_per_second / self.request_rate
@@ -238,7 +243,7 @@ class Stage:
     # What is offered: the arrival rate, plus the growth of the queue where the stage is
     # saturated (what it finishes is then what it can, not what it is asked).
     offered_rps: float
-    served_fraction: float  # successes over all requests finished, latest window
+    served_fraction: Estimate  # successes over all requests finished, today's
     demand_rps: float  # what the roots are offered, carried down by the calls per request
     utilization: float  # busy fraction per instance, latest window (batching undone)
     execution_s: Estimate  # busy seconds per execution
@@ -371,8 +376,9 @@ def _stage(
         pods=reading.pods,
         arrival_rps=arrival,
         offered_rps=offered,
-        served_fraction=(
-            reading.request_rate / reading.arrival_rate if reading.arrival_rate > 0 else 1.0
+        served_fraction=_now(
+            _estimate([(w, w.readings[model].served_fraction) for w in arrivals]),
+            reading.served_fraction,
         ),
         demand_rps=offered,
         utilization=utilization,

@@ -15,7 +15,7 @@ the windows does not pass off as a gain or a loss (raw throughput would):
   because batching moves them apart: batches shrink after a step and grow with the load;
 - the set's served fraction at its roots (successes over requests finished), where the
   offered load moved by at most `OFFERED_CHANGE` (failures grow with the load too): the step
-  fell short when it dropped by more than `SERVED_FRACTION_NOISE`.
+  fell short when it dropped by more than its windows' noise (at least `SERVED_FRACTION_NOISE`).
 
 A step that fell short is reverted: the models it stepped up go back to their counts before
 it, at once (a verdict, not a reading of the load), and the model is corrected: each of them
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tritonscale.core import gain
-from tritonscale.core.pipeline_model import PipelineModel, Stage
+from tritonscale.core.pipeline_model import NOISE_SIGMAS, PipelineModel, Stage
 from tritonscale.core.signals import MetricSnapshot
 
 STEP_FELL_SHORT = "StepFellShort"
@@ -46,8 +46,9 @@ MAX_WAIT_S = 600.0
 # began to batch), while one more instance waiting on a shared resource adds at least 1/n
 # (12 % at 8 instances).
 MIN_SHORTFALL = 0.1
-# The served fraction a step may lose by chance alone (a failure here and there), and how far
-# the offered load may move for the served fractions before and after to be compared.
+# The least the served fraction may lose by chance alone (a failure here and there; more where
+# its windows spread more), and how far the offered load may move for the served fractions
+# before and after to be compared.
 SERVED_FRACTION_NOISE = 0.02
 OFFERED_CHANGE = 0.1
 
@@ -132,6 +133,7 @@ class StepCheck:
     expectations: tuple[Expectation, ...]
     offered_rps: float  # requests finished per second at the set's roots before the first step
     served_fraction: float  # successes among them
+    served_noise: float  # how far the served fraction strays by chance (absolute)
     last_step_at: float  # the tick of the latest step judged with it
 
     def due(self, snapshot: MetricSnapshot) -> bool:
@@ -143,6 +145,7 @@ class StepCheck:
             "expectations": [e.to_dict() for e in self.expectations],
             "offeredRps": self.offered_rps,
             "servedFraction": self.served_fraction,
+            "servedNoise": self.served_noise,
             "lastStepAt": self.last_step_at,
         }
 
@@ -153,6 +156,7 @@ class StepCheck:
             tuple(Expectation.from_dict(e) for e in d["expectations"]),
             float(d["offeredRps"]),
             float(d["servedFraction"]),
+            float(d["servedNoise"]),
             float(d["lastStepAt"]),
         )
 
@@ -235,8 +239,8 @@ def start(
     if expectations == known:
         return state
     if check is None:
-        offered, served = _roots(pipeline)
-        check = StepCheck(now, (), offered, served, now)
+        offered, served, noise = _roots(pipeline)
+        check = StepCheck(now, (), offered, served, noise, now)
     check = replace(check, expectations=tuple(expectations.values()), last_step_at=now)
     return VerifierState(check, state.corrections)
 
@@ -279,9 +283,9 @@ def judge(
         judged.append(said)
         if longer:
             shortfalls[expectation.model] = said
-    offered, served = _roots(pipeline)
+    offered, served, _ = _roots(pipeline)
     same_load = check.offered_rps > 0 and abs(offered / check.offered_rps - 1) <= OFFERED_CHANGE
-    if same_load and served < check.served_fraction - SERVED_FRACTION_NOISE:
+    if same_load and served < check.served_fraction - check.served_noise:
         # Failures depend on the load too: compared only at about the same offered load.
         said = f"served fraction {check.served_fraction:.3f} -> {served:.3f}"
         judged.append(said)
@@ -299,11 +303,14 @@ def judge(
     return Verdict(VerifierState(None, tuple(learnt.values())), reverts, message)
 
 
-def _roots(pipeline: PipelineModel) -> tuple[float, float]:
-    """Requests finished per second at the set's roots, and the fraction that succeeded."""
+def _roots(pipeline: PipelineModel) -> tuple[float, float, float]:
+    """Requests finished per second at the set's roots, the fraction that succeeded, and how
+    far that strays by chance: two standard deviations of the noisiest root's windows, at
+    least SERVED_FRACTION_NOISE (failures come in bursts, more so under overload)."""
     roots = [pipeline.stages[m] for m in pipeline.roots if not pipeline.stages[m].quiet]
     finished = sum(stage.arrival_rps.value for stage in roots)
     if finished <= 0:
-        return 0.0, 1.0
-    succeeded = sum(stage.arrival_rps.value * stage.served_fraction for stage in roots)
-    return finished, succeeded / finished
+        return 0.0, 1.0, SERVED_FRACTION_NOISE
+    succeeded = sum(stage.arrival_rps.value * stage.served_fraction.value for stage in roots)
+    spread = max((stage.served_fraction.spread for stage in roots), default=0.0)
+    return finished, succeeded / finished, max(SERVED_FRACTION_NOISE, NOISE_SIGMAS * spread)
