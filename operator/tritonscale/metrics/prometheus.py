@@ -157,6 +157,7 @@ class PrometheusSource:
         self._snapshot_counters: dict[
             tuple[str | None, str], dict[str, tuple[float, tuple[float, float]]]
         ] = {}
+        self._pruned_at: dict[str | None, float] = {}  # namespace -> monotonic seconds
 
     async def query(self, promql: str, session: aiohttp.ClientSession | None = None) -> list[dict]:
         """One instant query; MetricsUnavailable with one line on any failure."""
@@ -345,11 +346,19 @@ class PrometheusSource:
             kept = self._snapshot_counters.setdefault((namespace, model), {})
             for pod, total in successes.items():
                 kept[pod] = (now, (failures.get(pod, 0.0), total))
-            # Pods gone for longer than the counters serve are forgotten (replaced pods).
-            for pod in [
-                p for p, (at, _) in kept.items() if now - at > 2 * self.SNAPSHOT_COUNTERS_MAX_AGE_S
-            ]:
-                del kept[pod]
+        # Pods gone for longer than the counters serve are forgotten (replaced pods): a look
+        # over the namespace's pods once per SNAPSHOT_COUNTERS_MAX_AGE_S, not at every
+        # snapshot (a thousand pods share the key).
+        if now - self._pruned_at.get(namespace, 0.0) > self.SNAPSHOT_COUNTERS_MAX_AGE_S:
+            self._pruned_at[namespace] = now
+            for key, kept in self._snapshot_counters.items():
+                if key[0] == namespace:
+                    for pod in [
+                        p
+                        for p, (at, _) in kept.items()
+                        if now - at > 2 * self.SNAPSHOT_COUNTERS_MAX_AGE_S
+                    ]:
+                        del kept[pod]
 
 
 def _gpu(rows: Sequence[Mapping[str, Any]]) -> GpuSignals | None:
