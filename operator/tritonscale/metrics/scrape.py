@@ -64,7 +64,10 @@ class ScrapeSource:
     """Signals computed from each Triton's /metrics, read directly.
 
     `metrics_urls` are used when the endpoints of a snapshot carry no metrics URL.
-    `max_window_s` bounds the history kept per target. `clock` is injectable.
+    `max_window_s` bounds the history kept per target; once snapshots have been asked for, the
+    longest window they asked for does (plus a minute): a fleet's thousand targets then keep a
+    few samples each, not ten minutes of them (memory, and the garbage collector's walks over
+    it, grow with every sample kept). `clock` is injectable.
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class ScrapeSource:
         # The driver's kept-open HTTP session (a session per scrape without it).
         self.connections = connections
         self.max_window_s = max_window_s
+        self._longest_asked_s: float | None = None  # the longest window a snapshot asked for
         self.min_scrape_interval_s = min_scrape_interval_s
         self.timeout_s = timeout_s
         self._clock = clock
@@ -90,6 +94,13 @@ class ScrapeSource:
         # value counted as new requests).
         self._target_locks: dict[str, asyncio.Lock] = {}
         self._failures: dict[str, tuple[float, str]] = {}  # url -> (when, the one line)
+
+    @property
+    def kept_s(self) -> float:
+        """How far back the history goes (besides a minute of slack)."""
+        if self._longest_asked_s is None:
+            return self.max_window_s
+        return min(self.max_window_s, self._longest_asked_s)
 
     def targets(self, endpoints: Sequence[Endpoint] = ()) -> list[str]:
         urls = [e.metrics_url for e in endpoints if e.metrics_url]
@@ -145,13 +156,13 @@ class ScrapeSource:
             raise MetricsUnavailable(problem) from None
         self._failures.pop(url, None)
         history.append(Sample(self._clock(), values))
-        while history and history[0].at < history[-1].at - self.max_window_s - 60:
+        while history and history[0].at < history[-1].at - self.kept_s - 60:
             history.popleft()
         # Forget targets gone for longer than any window (pods replaced in Kubernetes).
         for gone in [
             target
             for target, samples in self._history.items()
-            if samples and samples[-1].at < now - self.max_window_s - 60
+            if samples and samples[-1].at < now - self.kept_s - 60
         ]:
             del self._history[gone]
 
@@ -179,6 +190,7 @@ class ScrapeSource:
         decoupled: Collection[str] = (),
     ) -> MetricSnapshot:
         targets = self.targets(endpoints)
+        self._longest_asked_s = max(self._longest_asked_s or 0.0, window_s)
         await self.scrape(targets)
         wanted = set(models)
         totals: dict[str, dict[str, float]] = {}

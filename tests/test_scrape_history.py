@@ -1,0 +1,38 @@
+"""ScrapeSource keeps only as much history per target as its snapshots ask for."""
+
+from __future__ import annotations
+
+import pytest
+
+from tritonscale.metrics import scrape
+from tritonscale.metrics.scrape import ScrapeSource
+from tritonscale.triton.endpoints import Endpoint
+
+pytestmark = pytest.mark.unit
+
+TEXT = 'nv_inference_request_success{model="m",version="1"} %d\n'
+
+
+async def test_the_history_follows_the_longest_window_asked(monkeypatch) -> None:
+    now = [1000.0]
+    reads = [0]
+
+    async def fetch(session, pod, url, timeout_s) -> str:
+        reads[0] += 1
+        return TEXT % (10 * reads[0])
+
+    monkeypatch.setattr(scrape, "fetch_metrics_text", fetch)
+    source = ScrapeSource(max_window_s=600, min_scrape_interval_s=0, clock=lambda: now[0])
+    pod = Endpoint("p", "p:8000", "http://p:8002/metrics")
+    assert source.kept_s == 600  # nothing asked yet: the most it may keep
+    for _ in range(100):  # a snapshot every 15 s for 25 minutes, over a 30 s window
+        await source.snapshot(["m"], [pod], 30)
+        now[0] += 15
+    kept = list(source._history[pod.metrics_url])
+    # 30 s asked, plus a minute of slack: 7 samples at most, not 600 s worth (41).
+    assert source.kept_s == 30
+    assert len(kept) <= 7
+    snapshot = await source.snapshot(["m"], [pod], 30)
+    signals = snapshot.model("m")
+    assert snapshot.complete and signals is not None
+    assert signals.request_rate == pytest.approx(10 / 15, rel=0.01)
