@@ -1,26 +1,19 @@
 """The set planner as a controller: `tritonscale.core.planner.decide_set`, once a tick.
 
 Its `SetState` goes through its dict form between ticks, as a custom resource's status would
-keep it. Importing this module registers it in `controllers.CONTROLLERS` as `allocator`;
-run it on the scenarios with
+keep it. `controllers.CONTROLLERS` names it `allocator`; run it on the scenarios with
 
-    python -m loadtests.sim.allocator_controller [--scenarios N] [--family F] [--out PATH]
-
-(the arguments of `python -m loadtests.sim`, the controller set to `allocator`).
+    python -m loadtests.sim --controller allocator [--scenarios N] [--family F] [--out PATH]
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
-from loadtests.sim import controllers
 from tritonscale.core.planner import SetState, decide_set
 from tritonscale.core.signals import MetricSnapshot
 from tritonscale.core.spec import AutoscalerSpec
-
-NAME = "allocator"
 
 
 class AllocatorController:
@@ -41,12 +34,3 @@ class AllocatorController:
         self.state = decision.state.to_dict()
         self.reasons = {model: d.reason for model, d in decision.models.items()}
         return decision.targets
-
-
-controllers.CONTROLLERS.setdefault(NAME, AllocatorController)
-
-
-if __name__ == "__main__":
-    from loadtests.sim.__main__ import main
-
-    sys.exit(main(["--controller", NAME, *sys.argv[1:]]))

@@ -121,9 +121,17 @@ class StaticController:
 
 
 # Add a controller here: `--controller NAME` makes a fresh one per scenario.
+def _allocator() -> Controller:
+    # Imported when asked for: the set planner's controller lives in a module of its own.
+    from loadtests.sim.allocator_controller import AllocatorController
+
+    return AllocatorController()
+
+
 CONTROLLERS: dict[str, Callable[[], Controller]] = {
     "policy": PolicyController,
     "static": StaticController,
+    "allocator": _allocator,
 }
 
 
