@@ -505,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         nargs="*",
         metavar="PODS",
-        help="Rows of PODS pods on two operator shards, after the others (full: 2000)",
+        help="Rows of PODS pods on two operator shards, after the others (the full run: 2000; "
+        "none when --sizes or --sources name the rows)",
     )
     args = p.parse_args(argv)
     if not netns.inside():
@@ -517,7 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(size % PODS_PER_SET for size in sizes):
         p.error(f"--sizes must be multiples of {PODS_PER_SET}")
     sources = args.sources or settings["sources"]
-    sharded = args.sharded if args.sharded is not None else settings["sharded"]
+    # Rows named on the command line are the run: the sharded rows only where asked for,
+    # or in the full run.
+    named = args.sizes is not None or args.sources is not None
+    sharded = args.sharded if args.sharded is not None else [] if named else settings["sharded"]
     rows = []
     for size in sizes:
         for source in sources:
