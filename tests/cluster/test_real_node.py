@@ -268,7 +268,10 @@ def test_a_service_address_with_no_endpoint_is_unreachable_at_once(real: RealClu
     """A Service address kube-proxy does not translate fails the pod's connect at once, as a
     client expects; the packet does not leave the machine by its default route."""
     real.wait("both web pods Ready", lambda: ready(real), 120)
-    unserved = "10.0.0.99"  # in the Service range, no Service there
+    # An address of the Service range that no Service holds now: the API server hands out
+    # the range's addresses at random, so a fixed one (10.0.0.99) may be a live Service's.
+    held = {svc["spec"].get("clusterIP") for svc in real.get("services", "-A")["items"]}
+    unserved = next(f"10.0.0.{n}" for n in range(250, 1, -1) if f"10.0.0.{n}" not in held)
     done = subprocess.run(
         [real.kubectl_path, "--kubeconfig", str(real.kubeconfig), "-n", NAMESPACE, "exec",
          PODS[0], "--", "/bin/busybox", "nc", "-w", "5", unserved, "80"],
