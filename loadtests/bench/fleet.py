@@ -364,6 +364,7 @@ def run_row(
             stepped = step(fleet, probe, interval_s)
             step_start, step_end = stepped.pop("step_window")
             step_late = lateness(probe.ticks, step_start, step_end, interval_s)
+            step_requests = probe.operator_requests(step_start, step_end)
             killed = kill_shard(fleet, probe, shards - 1, interval_s) if shards > 1 else {}
 
             def per_interval(key: str) -> float:
@@ -399,6 +400,8 @@ def run_row(
                     k: round(v / intervals, 1) for k, v in sorted(operator_requests.items())
                 },
                 "apiserver_requests_per_interval_all_clients": round((api1 - api0) / intervals, 1),
+                # The step's new counts are status changes: the operator's writes while it ran.
+                "apiserver_requests_in_step_by_kind": dict(sorted(step_requests.items())),
                 "triton_requests_per_interval": round(
                     per_interval("http") + per_interval("metrics"), 1
                 ),
