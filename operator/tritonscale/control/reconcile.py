@@ -1,4 +1,4 @@
-"""One control tick, shared by the Kubernetes driver and the local driver (`tritonscale tune`).
+"""One autoscaler's control tick, in its parts: observe, read the metrics, decide, finish.
 
     state = ReconcileState.from_status(obj_status)        # or ReconcileState() locally
     result = await reconcile(spec, endpoints, source, actuator, state, now=time.time(),
@@ -12,8 +12,7 @@ children's counts (`spec.calls`), take a metrics snapshot, ask `policy.decide`, 
 paused, dry-running or backing off, bring every pod whose count differs from the decision to
 it (`Actuator.apply`: the first pod alone, then the others in parallel). A tick is a coroutine:
 it waits on Triton and Prometheus without holding a thread, and its reads of several pods go
-together. Errors are results,
-not exceptions: `TickResult.errors` holds each with its HPA-style reason (FailedGetMetrics,
+together. Errors are results, not exceptions: `TickResult.errors` holds each with its HPA-style reason (FailedGetMetrics,
 FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec) and one line. A load that does not
 finish within the actuator's deadline ends the tick's wait with ReloadTimeout; while it is in
 flight no other load goes to that pod, each tick says so (ReloadTimeout again), and the next
@@ -24,9 +23,12 @@ back off exponentially per autoscaler (`Backoff`, in the state, on the caller's 
 A model whose spec names a budget (`spec.budget`) shares it with the other members: with a
 `ledger` (tritonscale.control.ledger, one per driver) the tick claims its decision, decides
 again with what the budget grants (an input of `policy.decide`: BudgetExhausted when it grants
-less), applies that and settles what the pods then run. The local driver allocates a round of
-ticks jointly with the two halves of a tick, `plan` (everything up to the decision) and
-`finish` (the grant, the loads, the result).
+less), applies that and settles what the pods then run.
+
+Both drivers tick pod sets (tritonscale.control.set_tick), through the parts of a tick:
+`observe` (heal, the live counts), `read_snapshot` (one metrics read for the set's members),
+`Observation.planned` (the decision) and `finish` (the grant, the loads, the result).
+`reconcile` and `plan` are a whole tick and its first half for one autoscaler alone.
 
 Nothing here imports kopf; the clock is the `now` argument (unix seconds).
 """
