@@ -281,7 +281,8 @@ def operator(
     shard: str,
     verbose: bool,
 ) -> None:
-    """Run the Kubernetes operator: one control loop per InstanceGroupAutoscaler object.
+    """Run the Kubernetes operator: the InstanceGroupAutoscalers of the same pods tick as one
+    pod set; with --total-shards, this replica acts on its share of the sets.
 
     The model-repository key comes from $TRITONSCALE_REPOSITORY_KEY (never the command line).
     """
