@@ -23,6 +23,8 @@ MACHINE_PATH = re.compile(
 ALLOWED = {
     "/tmp": "a container's own temporary folder: the operator's writable emptyDir under a "
     "read-only root filesystem, its image's WORKDIR, where Triton's Python backend writes",
+    "/home/locust": "the Locust containers' home: an emptyDir under their read-only root",
+    "/home/locust/.cache": "XDG_CACHE_HOME inside that emptyDir",
 }
 # A document named in a file, such as `docs/rbac.md`.
 DOCUMENT = re.compile(r"[\w./-]*[\w-]+\.md\b")

@@ -161,12 +161,12 @@ def real_pipeline(models_dir: Path = MODELS_DIR, *, with_sync: bool = False) -> 
 
 
 # The fan-out parent's own work per request: one parent alone served 45 to 47 req/s against
-# a 20 ms branch (ARCHITECTURE.md), about 1.5 ms besides the wait.
+# a 20 ms branch (measured on a real tritonserver), about 1.5 ms besides the wait.
 FAN_OUT_PARENT_MS = 1.5
 
 
 def fan_out(branch_ms: float = 20.0, calls: int = 3, *, sequential: bool = False) -> Pipeline:
-    """The measured fan-out of ARCHITECTURE.md: a parent without batching that sends `calls`
+    """The measured fan-out (loadtests/sim/validation.py): a parent without batching that sends `calls`
     requests to one branch model (at once, or one after another when `sequential`), which
     holds each for `branch_ms`."""
     return Pipeline(

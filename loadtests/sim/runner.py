@@ -35,7 +35,7 @@ from loadtests.sim.queueing import Simulation
 from loadtests.sim.scenarios import Scenario
 from loadtests.sim.static import StaticSearch, configurations
 
-LOAD_SECONDS = (0.2, 1.4)  # a load of a new count on a real Triton (ARCHITECTURE.md)
+LOAD_SECONDS = (0.2, 1.4)  # a load of a new count on a real Triton, as measured
 AT_BEST = 0.98
 
 

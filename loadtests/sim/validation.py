@@ -1,7 +1,7 @@
 """The simulator against what the real server measured: `python -m loadtests.sim.validation`.
 
-Each row is a configuration a benchmark measured on the development machine (loadtests/README.md
-and ARCHITECTURE.md, closed loops on a real tritonserver), simulated under the same closed
+Each row is a configuration a benchmark measured on the development machine (loadtests/README.md,
+and the fan-out below; closed loops on a real tritonserver), simulated under the same closed
 loop: the pipeline's sweep (32 requests of 8 rows in flight; `operator_vs_static` on
 2 December 2026 and `shifted_mix`'s halves) and the 3-way fan-out to a 20 ms branch
 (32 requests of one row). It prints one markdown table, the ranking of each group and whether
@@ -68,7 +68,8 @@ def measured_rows() -> list[tuple[Pipeline, Measured]]:
         ("shifted_mix, second half", PIPELINE_SYNC, "1/3/1/1/1", (255.0, 255.0, 256.2)),
     ):
         rows.append((mix, Measured(group, label, _pipeline_counts(label, mix.names), entry, rps)))
-    # ARCHITECTURE.md: 3-way async fan-out to a 20 ms branch, (branches, parents) -> req/s.
+    # Measured on a real tritonserver: 3-way async fan-out to a 20 ms branch, 32 requests in
+    # flight, (branches, parents) -> req/s.
     fan = fan_out(branch_ms=20.0, calls=3)
     for branches, by_parents in (
         (3, (47, 53, 53, 53)),
