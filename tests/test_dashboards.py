@@ -360,7 +360,7 @@ async def _ticks(
     to 2 instances and back to 1 (real loads), and a source that cannot be reached. The first
     two share a budget (its series feed the budget panels and the adapter rule)."""
     from tritonscale.control.ledger import BudgetLedger
-    from tritonscale.control.reconcile import reconcile
+    from tritonscale.control.set_tick import reconcile
     from tritonscale.control.tick import ReconcileState
     from tritonscale.metrics.prometheus import PrometheusSource
     from tritonscale.triton.actuator import Actuator

@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.tooling import missing, require_local_triton
-from tritonscale.control.reconcile import reconcile
+from tritonscale.control.set_tick import reconcile
 from tritonscale.control.tick import ReconcileState
 from tritonscale.core import sizing
 from tritonscale.core.spec import Targets

@@ -26,7 +26,7 @@ from tests.faults import (
     stub_pids,
 )
 from tests.tooling import missing
-from tritonscale.control.reconcile import reconcile
+from tritonscale.control.set_tick import reconcile
 from tritonscale.control.tick import FAILED_GET_METRICS, ReconcileState
 from tritonscale.local.prometheus_server import LocalPrometheus, prometheus_binary
 from tritonscale.local.triton_server import LocalTriton, LocalTritonError

@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 from tests.model_clients import make_inputs
 from tests.test_pipeline import BRANCHES, OUTPUTS, assert_well_formed, config_override, features
 from tests.tooling import require_local_triton
-from tritonscale.control.reconcile import reconcile
+from tritonscale.control.set_tick import reconcile
 from tritonscale.control.tick import ReconcileState
 from tritonscale.core import sizing
 from tritonscale.core.spec import Targets

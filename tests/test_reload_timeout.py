@@ -53,7 +53,7 @@ from tests.operator_harness import (
     triton_pod,
 )
 from tests.tooling import missing
-from tritonscale.control.reconcile import reconcile
+from tritonscale.control.set_tick import reconcile
 from tritonscale.control.tick import RELOAD_TIMEOUT, ReconcileState, TickResult
 from tritonscale.core import gain
 from tritonscale.drivers import kopf_operator as kopf_driver

@@ -29,7 +29,7 @@ from tests.chart.helm import CI_VALUES, REPO_ROOT, load_tool, run_helm, template
 from tests.faults import kill_stub
 from tests.tooling import missing
 from tritonscale import GRPC_REPOSITORY_KEY_HEADER, REPOSITORY_KEY_HEADER
-from tritonscale.control.reconcile import reconcile
+from tritonscale.control.set_tick import reconcile
 from tritonscale.control.tick import ReconcileState
 from tritonscale.drivers.tune import Tuner, parse_config
 from tritonscale.local.triton_server import LocalTriton, LocalTritonError

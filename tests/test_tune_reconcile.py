@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.faults import FreezableRelay
 from tests.tooling import require_local_triton
 from tritonscale.control.operator_metrics import OperatorMetrics
-from tritonscale.control.reconcile import reconcile
+from tritonscale.control.set_tick import reconcile
 from tritonscale.control.tick import (
     FAILED_GET_METRICS,
     FAILED_RESCALE,

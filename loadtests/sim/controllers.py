@@ -89,7 +89,7 @@ class PolicyController:
         snapshot: MetricSnapshot,
         now: float,
     ) -> reconcile.Plan:
-        """The first half of a tick as `reconcile.plan` builds it, from the simulated pod:
+        """The first half of a tick as `reconcile.observe` and `planned` build it, from the simulated pod:
         `Plan` is where the driver's claim is made and a grant decided again."""
         state = self.states.get(spec.model, ReconcileState())
         live = current[spec.model]

@@ -5,7 +5,7 @@
     result = reconcile(..., metrics=metrics, namespace="ns", autoscaler="pipeline-async")
     metrics.forget("ns", "pipeline-async", "pipeline_async")  # the object was deleted
 
-`reconcile.reconcile` and a set's tick record every tick themselves; a driver only creates,
+A set's tick (tritonscale.control.set_tick) records every tick itself; a driver only creates,
 serves and forgets.
 
 Few series per autoscaler, so that a fleet's operator renders its metrics cheaply (a

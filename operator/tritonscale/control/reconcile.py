@@ -1,9 +1,8 @@
 """One autoscaler's control tick, in its parts: observe, read the metrics, decide, finish.
 
-    state = ReconcileState.from_status(obj_status)        # or ReconcileState() locally
-    result = await reconcile(spec, endpoints, source, actuator, state, now=time.time(),
-                             metrics=metrics, namespace="ns", autoscaler="pipeline-async")
-    patch.status.update(result.status())                  # kopf; tune prints result.line()
+    seen = await observe(spec, endpoints, actuator, state, now=time.time(), healer=healer)
+    plan = seen.planned(await read_snapshot(source, seen.pods, [seen.metrics]))
+    result = await finish(plan, actuator)                 # or with a budget's grant
     state = result.state                                  # pass it to the next tick
 
 A tick: read the live counts on the ready pods (the highest is `current`, so that a restarted
@@ -25,10 +24,8 @@ A model whose spec names a budget (`spec.budget`) shares it with the other membe
 again with what the budget grants (an input of `policy.decide`: BudgetExhausted when it grants
 less), applies that and settles what the pods then run.
 
-Both drivers tick pod sets (tritonscale.control.set_tick), through the parts of a tick:
-`observe` (heal, the live counts), `read_snapshot` (one metrics read for the set's members),
-`Observation.planned` (the decision) and `finish` (the grant, the loads, the result).
-`reconcile` and `plan` are a whole tick and its first half for one autoscaler alone.
+Both drivers tick pod sets through these parts (tritonscale.control.set_tick: `tick_set`,
+and `reconcile` for one autoscaler alone), which share one metrics read among a set's members.
 
 Nothing here imports kopf; the clock is the `now` argument (unix seconds).
 """
@@ -41,8 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tritonscale.control.ledger import BudgetKey, BudgetLedger, Granted
-from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.control.ledger import BudgetKey, Granted
 from tritonscale.control.tick import (
     BACKOFF_BASE_S,
     BACKOFF_CAP_S,
@@ -71,70 +67,6 @@ from tritonscale.triton.healing import NONE as NO_HEALING_ACTION
 from tritonscale.triton.healing import POD_UNREACHABLE, Healer, HealingResult
 
 
-async def reconcile(
-    spec: AutoscalerSpec | Mapping[str, Any],
-    endpoints: Sequence[Endpoint],
-    source: MetricsSource,
-    actuator: Actuator,
-    state: ReconcileState,
-    now: float,
-    *,
-    child_instances: Mapping[str, int] | None = None,
-    metrics: OperatorMetrics | None = None,
-    namespace: str = "local",
-    autoscaler: str | None = None,
-    backoff_base_s: float = BACKOFF_BASE_S,
-    backoff_cap_s: float = BACKOFF_CAP_S,
-    healer: Healer | None = None,
-    ledger: BudgetLedger | None = None,
-) -> TickResult:
-    """Run one control tick for one autoscaler; never raises for Triton's or Prometheus's troubles.
-
-    `spec` may be the raw CR spec (a mapping): an invalid one gives an InvalidSpec result.
-    `endpoints` are the ready pods. `child_instances=None` reads the children's live counts
-    from the pods. `metrics` (optional) records the tick under (namespace, autoscaler, model);
-    `autoscaler` defaults to the model's name. With a `healer`, the model is first checked on
-    every pod and reloaded where its stub died or hangs (tritonscale.triton.healing); the results
-    and a ModelHealthy condition are part of the tick. With a `ledger`, a spec that names a
-    budget gets what the budget grants (the module's docstring).
-    """
-    member = autoscaler or _model_of(spec)
-    planned = await plan(
-        spec,
-        endpoints,
-        source,
-        actuator,
-        state,
-        now,
-        child_instances=child_instances,
-        healer=healer,
-    )
-    if isinstance(planned, TickResult):
-        return _recorded(planned, metrics, namespace, member)
-    granted = None
-    if ledger is not None:
-        if planned.spec.budget is None:
-            for _namespace, budget in ledger.forget(namespace, member):
-                if metrics is not None:
-                    metrics.forget_budget(namespace, budget)
-        else:
-            granted = ledger.request(
-                budget_key(namespace, planned.spec),
-                budget_limits(planned.spec),
-                planned.claim(member),
-            )
-    result = await finish(
-        planned,
-        actuator,
-        granted,
-        backoff_base_s=backoff_base_s,
-        backoff_cap_s=backoff_cap_s,
-    )
-    if ledger is not None and granted is not None:
-        ledger.settle(budget_key(namespace, planned.spec), member, result.holding)
-    return _recorded(result, metrics, namespace, member)
-
-
 def budget_key(namespace: str, spec: AutoscalerSpec) -> BudgetKey:
     """The ledger's key of the spec's budget: budgets are per namespace, as the objects are."""
     assert spec.budget is not None
@@ -147,18 +79,11 @@ def budget_limits(spec: AutoscalerSpec) -> Limits:
     return Limits(spec.budget.instances_per_pod, spec.budget.gpu_memory_per_pod_mib)
 
 
-def _model_of(spec: AutoscalerSpec | Mapping[str, Any]) -> str:
+def model_of(spec: AutoscalerSpec | Mapping[str, Any]) -> str:
+    """The model a spec names, even one that does not read ("?" where it names none)."""
     if isinstance(spec, AutoscalerSpec):
         return spec.model
     return str(spec.get("model") or "?") if isinstance(spec, Mapping) else "?"
-
-
-def _recorded(
-    result: TickResult, metrics: OperatorMetrics | None, namespace: str, autoscaler: str | None
-) -> TickResult:
-    if metrics is not None:
-        metrics.record(result, namespace, autoscaler or result.model)
-    return result
 
 
 @dataclass(frozen=True)
@@ -281,37 +206,6 @@ class Plan:
         )
 
 
-async def plan(
-    spec: AutoscalerSpec | Mapping[str, Any],
-    endpoints: Sequence[Endpoint],
-    source: MetricsSource,
-    actuator: Actuator,
-    state: ReconcileState,
-    now: float,
-    *,
-    child_instances: Mapping[str, int] | None = None,
-    healer: Healer | None = None,
-) -> Plan | TickResult:
-    """The first half of a tick: heal, read the counts and the metrics, decide.
-
-    Returns the finished (failed) TickResult when no decision can be made: an invalid spec,
-    no ready pod, no pod that answers. (A set tick observes all its members first, then
-    reads the metrics of all of them at once: tritonscale.control.set_tick.)
-    """
-    observed = await observe(
-        spec,
-        endpoints,
-        actuator,
-        state,
-        now,
-        child_instances=child_instances,
-        healer=healer,
-    )
-    if isinstance(observed, TickResult):
-        return observed
-    return observed.planned(await read_snapshot(source, observed.pods, [observed.metrics]))
-
-
 @dataclass(frozen=True)
 class MetricsWanted:
     """What one member needs of the metrics source: its models over its window."""
@@ -389,7 +283,7 @@ async def observe(
         try:
             spec = AutoscalerSpec.from_dict(spec)
         except InvalidSpec as error:
-            return tick.failed(_model_of(spec), INVALID_SPEC, str(error))
+            return tick.failed(model_of(spec), INVALID_SPEC, str(error))
     if not endpoints:
         return tick.failed(spec.model, NO_READY_PODS, "no ready Triton pod matches the selector")
     # A pod that did not answer on an earlier tick is left out until it answers again

@@ -18,8 +18,9 @@ A set tick:
 5. issues the loads: members without a budget at once, together; a budget's members one
    after another, in the grant's order (each settles what its pods then run).
 
-Errors are results, as in a single tick (tritonscale.control.reconcile): a member whose
-observation or metrics fail gets its own TickResult with the reason; the others go on.
+Errors are results, not exceptions (tritonscale.control.reconcile): a member whose observation
+or metrics fail gets its own TickResult with the reason; the others go on. `reconcile` is
+the tick of one autoscaler alone.
 """
 
 from __future__ import annotations
@@ -29,9 +30,18 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tritonscale.control import reconcile
 from tritonscale.control.ledger import BudgetLedger
 from tritonscale.control.operator_metrics import OperatorMetrics
+from tritonscale.control.reconcile import (
+    Observation,
+    Plan,
+    budget_key,
+    budget_limits,
+    finish,
+    model_of,
+    observe,
+    read_snapshot,
+)
 from tritonscale.control.tick import BACKOFF_BASE_S, BACKOFF_CAP_S, ReconcileState, TickResult
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec
@@ -73,7 +83,7 @@ async def tick_set(
     member whose load waits for its deadline does not hold back the others' reports)."""
     observed = await asyncio.gather(
         *(
-            reconcile.observe(
+            observe(
                 m.spec,
                 m.endpoints,
                 actuator,
@@ -95,7 +105,7 @@ async def tick_set(
             await on_result(name, result)
         return result
 
-    observations: dict[str, reconcile.Observation] = {}
+    observations: dict[str, Observation] = {}
     for member, seen in zip(members, observed, strict=True):
         if isinstance(seen, TickResult):
             await finished(member.name, seen)
@@ -107,8 +117,8 @@ async def tick_set(
     budgeted = {name: plan for name, plan in plans.items() if plan.spec.budget is not None}
     if ledger is not None:
         for name, plan in budgeted.items():
-            key = reconcile.budget_key(namespace, plan.spec)
-            ledger.claim(key, reconcile.budget_limits(plan.spec), plan.claim(name))
+            key = budget_key(namespace, plan.spec)
+            ledger.claim(key, budget_limits(plan.spec), plan.claim(name))
         for name in plans.keys() - budgeted.keys():
             for _namespace, budget in ledger.forget(namespace, name):
                 if metrics is not None:
@@ -116,14 +126,14 @@ async def tick_set(
     else:
         budgeted = {}
 
-    async def finish(name: str, plan: reconcile.Plan) -> None:
+    async def finish_member(name: str, plan: Plan) -> None:
         if name not in budgeted or ledger is None:
-            result = await reconcile.finish(
+            result = await finish(
                 plan, actuator, backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s
             )
         else:
-            key = reconcile.budget_key(namespace, plan.spec)
-            result = await reconcile.finish(
+            key = budget_key(namespace, plan.spec)
+            result = await finish(
                 plan,
                 actuator,
                 ledger.grant(key, name),
@@ -136,36 +146,75 @@ async def tick_set(
     async def finish_budgeted() -> None:
         # Decreases first: what they release is there for the increases of this tick.
         for name in sorted(budgeted, key=lambda n: (_change(budgeted[n]), n)):
-            await finish(name, budgeted[name])
+            await finish_member(name, budgeted[name])
 
     alone = [name for name in plans if name not in budgeted]
-    await asyncio.gather(finish_budgeted(), *(finish(name, plans[name]) for name in alone))
+    await asyncio.gather(finish_budgeted(), *(finish_member(name, plans[name]) for name in alone))
     return {m.name: done[m.name] for m in members}
 
 
-def _change(plan: reconcile.Plan) -> int:
+def _change(plan: Plan) -> int:
     return plan.decision.desired_instances - plan.current
 
 
-def _reading(seen: reconcile.Observation) -> tuple[tuple[str, ...], float]:
+def _reading(seen: Observation) -> tuple[tuple[str, ...], float]:
     """Members that read the same pods over the same window share one snapshot."""
     return tuple(sorted(e.name for e in seen.endpoints)), seen.metrics.window_s
 
 
 async def _read_metrics(
-    source: MetricsSource, observations: Mapping[str, reconcile.Observation]
+    source: MetricsSource, observations: Mapping[str, Observation]
 ) -> dict[tuple[tuple[str, ...], float], MetricSnapshot | MetricsUnavailable]:
     """One snapshot per reading (pods, window) of the set, the readings together. The pods
     read are those that answered any member sharing the reading."""
-    groups: dict[tuple[tuple[str, ...], float], list[reconcile.Observation]] = {}
+    groups: dict[tuple[tuple[str, ...], float], list[Observation]] = {}
     for seen in observations.values():
         groups.setdefault(_reading(seen), []).append(seen)
 
-    async def read(group: list[reconcile.Observation]) -> MetricSnapshot | MetricsUnavailable:
+    async def read(group: list[Observation]) -> MetricSnapshot | MetricsUnavailable:
         answered = {pod.name for seen in group for pod in seen.pods}
         pods = [e for e in group[0].endpoints if e.name in answered]
-        return await reconcile.read_snapshot(source, pods, [seen.metrics for seen in group])
+        return await read_snapshot(source, pods, [seen.metrics for seen in group])
 
     keys = list(groups)
     snapshots = await asyncio.gather(*(read(groups[key]) for key in keys))
     return dict(zip(keys, snapshots, strict=True))
+
+
+async def reconcile(
+    spec: AutoscalerSpec | Mapping[str, Any],
+    endpoints: Sequence[Endpoint],
+    source: MetricsSource,
+    actuator: Actuator,
+    state: ReconcileState,
+    now: float,
+    *,
+    child_instances: Mapping[str, int] | None = None,
+    metrics: OperatorMetrics | None = None,
+    namespace: str = "local",
+    autoscaler: str | None = None,
+    backoff_base_s: float = BACKOFF_BASE_S,
+    backoff_cap_s: float = BACKOFF_CAP_S,
+    healer: Healer | None = None,
+    ledger: BudgetLedger | None = None,
+) -> TickResult:
+    """One autoscaler's tick: a set of one, through `tick_set`.
+
+    `spec` may be the raw CR spec (a mapping): an invalid one gives an InvalidSpec result.
+    `autoscaler` (the member's name, under which `metrics` records it) defaults to the model's.
+    """
+    name = autoscaler or model_of(spec)
+    member = Member(name, spec, state, endpoints, child_instances)
+    results = await tick_set(
+        [member],
+        source,
+        actuator,
+        now,
+        namespace=namespace,
+        ledger=ledger,
+        healer=healer,
+        metrics=metrics,
+        backoff_base_s=backoff_base_s,
+        backoff_cap_s=backoff_cap_s,
+    )
+    return results[name]

@@ -1,6 +1,6 @@
 """What a control tick produces and carries to the next one: results, errors, back-off, state.
 
-`reconcile.reconcile` makes a `TickResult`; the drivers write its `status()` to the custom
+A tick (tritonscale.control.set_tick) makes a `TickResult`; the drivers write its `status()` to the custom
 resource (kopf) or print its `line()` (tune); `OperatorMetrics.record` exports it. The state
 (`ReconcileState`) is what one autoscaler carries from tick to tick.
 """
