@@ -236,8 +236,37 @@ def grpc_address(host: str | None, grpc_host: str) -> str:
     return f"{http_address(host).rsplit(':', 1)[0]}:{DEFAULT_GRPC_PORT}"
 
 
-def grpc_channel_args() -> list[tuple[str, int]]:
-    """tritonclient's own channel options, plus a subchannel pool per channel.
+# Inference waits for a ready connection (gRPC's wait-for-ready,
+# https://github.com/grpc/grpc/blob/master/doc/wait-for-ready.md): while the channel cannot
+# connect (a pod that died, and kube-proxy still sending new connections to it until its
+# EndpointSlice marks it not ready), a request is held until a connection is READY or its
+# deadline passes, instead of failing at once with UNAVAILABLE. Only the inference methods:
+# health and readiness calls still fail fast, so an unreachable server is reported at once.
+# No retryPolicy: gRPC retries a status in `retryableStatusCodes` until the server has sent
+# response headers (gRFC A6, "When Retries are Valid"), and Triton sends them with the
+# answer, so retrying UNAVAILABLE would silently send again a request that a pod was working
+# on when it died. What never reached Triton's application code (never sent, or refused by
+# the server's HTTP/2 layer, e.g. after a GOAWAY) gRPC retries by itself whatever the
+# configuration (gRFC A6, "Transparent Retries"; `grpc.enable_retries`, on by default).
+INFERENCE_SERVICE_CONFIG = {
+    "methodConfig": [
+        {
+            "name": [
+                {"service": "inference.GRPCInferenceService", "method": "ModelInfer"},
+                {"service": "inference.GRPCInferenceService", "method": "ModelStreamInfer"},
+            ],
+            "waitForReady": True,
+        }
+    ]
+}
+# A Service's endpoints change within seconds: try to connect again within 2 s at most,
+# not after grpc's default back-off (1 s, then x1.6 up to 120 s).
+RECONNECT_BACKOFF_MS = (250, 2000)
+
+
+def grpc_channel_args() -> list[tuple[str, int | str]]:
+    """tritonclient's own channel options, a subchannel pool per channel, inference that
+    waits for a ready connection (INFERENCE_SERVICE_CONFIG) and a short reconnect back-off.
 
     grpcio shares one connection among a process's channels to the same target (its global
     subchannel pool): every user of a Locust worker would send on one TCP connection, and a
@@ -247,6 +276,7 @@ def grpc_channel_args() -> list[tuple[str, int]]:
     """
     keepalive = tritonclient.grpc.KeepAliveOptions()
     largest = 2**31 - 1  # Triton's MAX_GRPC_MESSAGE_SIZE, as tritonclient sets it
+    initial_backoff_ms, max_backoff_ms = RECONNECT_BACKOFF_MS
     return [
         ("grpc.max_send_message_length", largest),
         ("grpc.max_receive_message_length", largest),
@@ -255,6 +285,9 @@ def grpc_channel_args() -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
         ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
         ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.service_config", json.dumps(INFERENCE_SERVICE_CONFIG)),
+        ("grpc.initial_reconnect_backoff_ms", initial_backoff_ms),
+        ("grpc.max_reconnect_backoff_ms", max_backoff_ms),
     ]
 
 

@@ -1,4 +1,5 @@
-"""Each Locust user of loadtests/bls.py has a gRPC connection of its own.
+"""The gRPC connections of loadtests/bls.py's Locust users: one each, inference that waits
+for a ready connection, and no request sent twice.
 
 grpcio shares one connection among a process's channels to the same target, and a
 Kubernetes Service balances connections: with the default options every user of a worker
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +97,105 @@ def test_each_user_opens_a_connection_of_its_own(listener: Listener) -> None:
 def test_without_it_grpcio_shares_one_connection(listener: Listener) -> None:
     # The contrast that makes the option necessary (tritonclient's defaults).
     assert connections_of(listener, "default") == 1
+
+
+# ---- what the gRPC user does when a server is not there, or dies with a request -------------
+
+# A server that takes one inference request and dies with it, as an OOM-killed Triton does:
+# it notes the request, then the process ends without an answer.
+DYING_SERVER = """
+import os
+import sys
+from concurrent import futures
+import grpc
+
+def infer(request, context):
+    with open(sys.argv[1], "a") as log:
+        log.write("request\\n")
+    os._exit(1)
+
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+    "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)})])
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(port, flush=True)
+server.wait_for_termination()
+"""
+
+# One inference and one liveness call with the Locust user's channel options (or, with
+# "retry", those plus a retry policy for UNAVAILABLE); prints each call's status code.
+CALL = """
+import json
+import os
+import sys
+sys.path.insert(0, "loadtests")
+from bls import INFERENCE_SERVICE_CONFIG, grpc_channel_args
+import numpy as np
+import tritonclient.grpc
+from tritonclient.utils import InferenceServerException
+
+address, variant = sys.argv[1], sys.argv[2]
+options = grpc_channel_args()
+if variant == "retry":
+    config = json.loads(json.dumps(INFERENCE_SERVICE_CONFIG))
+    config["methodConfig"][0]["retryPolicy"] = {
+        "maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "0.5s",
+        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
+    options = [(k, json.dumps(config) if k == "grpc.service_config" else v) for k, v in options]
+client = tritonclient.grpc.InferenceServerClient(address, channel_args=options)
+data = tritonclient.grpc.InferInput("INPUT0", [4], "FP32")
+data.set_data_from_numpy(np.zeros(4, dtype=np.float32))
+calls = {"infer": lambda: client.infer("add_sub", [data], client_timeout=3),
+         "live": lambda: client.is_server_live(client_timeout=3)}
+for name in sys.argv[3:]:
+    try:
+        calls[name]()
+        print(name, "OK")
+    except InferenceServerException as error:
+        print(name, error.status())
+os._exit(0)
+"""
+
+
+def call(address: str, variant: str, *names: str) -> dict[str, str]:
+    done = subprocess.run(
+        [sys.executable, "-c", CALL, address, variant, *names],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(line.split(" ", 1) for line in done.stdout.splitlines())
+
+
+def test_inference_waits_for_a_server_while_health_checks_fail_fast() -> None:
+    # Nothing listens at a port closed again: without wait-for-ready, inference would fail
+    # at once with UNAVAILABLE; with it, it waits for a connection until its deadline.
+    closed = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    assert call(address, "ours", "infer", "live") == {
+        "infer": "StatusCode.DEADLINE_EXCEEDED",
+        "live": "StatusCode.UNAVAILABLE",
+    }
+
+
+@pytest.mark.parametrize(
+    ("variant", "status"),
+    [("ours", "StatusCode.UNAVAILABLE"), ("retry", "StatusCode.DEADLINE_EXCEEDED")],
+    ids=["the user's options fail it", "a retry policy for UNAVAILABLE would send it again"],
+)
+def test_a_request_a_server_died_with_is_not_sent_again(
+    tmp_path: Path, variant: str, status: str
+) -> None:
+    log = tmp_path / "requests"
+    with subprocess.Popen(
+        [sys.executable, "-c", DYING_SERVER, str(log)], stdout=subprocess.PIPE, text=True
+    ) as server:
+        try:
+            assert server.stdout is not None
+            port = server.stdout.readline().strip()
+            # A retry finds no server (it died) and waits for one until the deadline.
+            assert call(f"127.0.0.1:{port}", variant, "infer") == {"infer": status}
+        finally:
+            server.kill()
+    assert log.read_text().splitlines() == ["request"]
