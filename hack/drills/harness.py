@@ -4,13 +4,17 @@ drill's record, and `Drills`, the cluster as the drills see it."""
 from __future__ import annotations
 
 import json
+import os
+import select
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,9 @@ class Record:
     p95_before_ms: float | None = None
     p95_during_ms: float | None = None
     recovery_s: float | None = None
+    # The failed requests that were inside a Triton pod when its process ended (killed or
+    # drained): what no client can save. None when no Triton process ended during the drill.
+    requests_in_flight_at_fault: int | None = None
     passed: bool = False
     # Failures the drill allows, and why (0 unless Kubernetes itself cannot promise 0).
     allowed_failures: str = "0"
@@ -265,6 +272,94 @@ class Drills:
         """Containers of `before` that restarted since."""
         now = self.restarts()
         return {name: now[name] - n for name, n in before.items() if now.get(name, n) != n}
+
+
+# ---- the moments Triton processes end ----------------------------------------------------
+
+# How a drill counts `requests_in_flight_at_fault`, and the limits of that count.
+IN_FLIGHT_BASIS = (
+    "from the load's request log: the failed requests that began before a Triton pod's "
+    "tritonserver process ended (its exit seen on the node through a pidfd, within "
+    "milliseconds) and failed less than a second before that moment or after it. A pod's "
+    "process that ended answers nothing more, so every request open on it then fails, and a "
+    "request open then on another pod is answered: which pod held a request is not in the "
+    "log. A request open at that moment that failed for another reason would count too."
+)
+# The kernel closes a dying process's sockets before its exit is reported (and an OOM kill
+# frees the memory first): a client can see its request fail a little before that moment.
+EXIT_SLACK_S = 1.0
+
+
+@contextmanager
+def tritonserver_exits(drills: Drills) -> Iterator[dict[str, float]]:
+    """The moment (time.time()) the tritonserver process of each Triton pod running now
+    ends, by pod name, filled in as they end while the block runs. The node is this
+    machine: a pidfd per process wakes a poll the moment the process is gone."""
+    watched: dict[int, str] = {}
+    for pod in drills.pods(TRITON):
+        try:
+            pid = drills.container_pid(pod, "tritonserver")
+            watched[os.pidfd_open(pid)] = pod["metadata"]["name"]
+        except (KeyError, ValueError, OSError, node.NodeError):
+            continue  # not running (yet): it has no process to end
+    ended: dict[str, float] = {}
+    stop = threading.Event()
+    poller = select.poll()
+    for descriptor in watched:
+        poller.register(descriptor, select.POLLIN)
+
+    def watch() -> None:
+        while not stop.is_set() and len(ended) < len(watched):
+            for descriptor, _ in poller.poll(200):
+                ended.setdefault(watched[descriptor], time.time())
+                poller.unregister(descriptor)
+
+    watcher = threading.Thread(target=watch, name="tritonserver-exits", daemon=True)
+    watcher.start()
+    try:
+        yield ended
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+        for descriptor in watched:
+            os.close(descriptor)
+
+
+def count_in_flight(
+    record: Record,
+    requests: list[dict[str, Any]],
+    ended: dict[str, float],
+    start: float,
+    end: float,
+) -> list[dict[str, Any]]:
+    """Fill `record.requests_in_flight_at_fault` (IN_FLIGHT_BASIS says how) from the log's
+    requests of the drill (begun from `start` to `end`, as `tally` counts them) and the
+    moments Triton processes ended; the failed requests that were in flight then."""
+    record.detail["tritonserver_ended_after_s"] = {
+        name: round(at - start, 2) for name, at in sorted(ended.items(), key=lambda i: i[1])
+    }
+    if not ended:
+        return []
+    requests = [r for r in requests if start <= r["start"] <= end]
+    in_flight = [
+        r
+        for r in requests
+        if r["error"] is not None
+        and any(
+            r["start"] < at <= r["start"] + r["ms"] / 1000 + EXIT_SLACK_S for at in ended.values()
+        )
+    ]
+    record.requests_in_flight_at_fault = len(in_flight)
+    # Failures a client could have been spared: begun after the process had ended (sent to
+    # a pod that was gone), or not near any such moment.
+    record.detail["failed_not_in_flight"] = record.requests_failed - len(in_flight)
+    record.detail["requests_open_at_fault"] = sum(
+        1
+        for r in requests
+        if any(r["start"] < at <= r["start"] + r["ms"] / 1000 for at in ended.values())
+    )
+    record.detail["in_flight_basis"] = IN_FLIGHT_BASIS
+    return in_flight
 
 
 def note_failure_span(record: Record, failed: list[dict[str, Any]], start: float) -> None:

@@ -107,8 +107,9 @@ def oom(drills: Drills) -> tuple[Record, float, float]:
             "kubelet_ready_bound_s": KUBELET_READY_BOUND_S,
         }
         record.allowed_failures = (
-            "the requests in flight on the killed pod and those kube-proxy sent it before "
-            "its EndpointSlice marked it not ready (plus kube-proxy's 1 s sync)"
+            "the requests in flight on the killed pod (requests_in_flight_at_fault), and, "
+            "for clients that do not wait for a ready connection, those kube-proxy sent it "
+            "before its EndpointSlice marked it not ready (plus kube-proxy's 1 s sync)"
         )
         # Every failure must lie between the kill and kube-proxy's next sync (at least 1 s
         # apart, its minSyncPeriod) after the EndpointSlice marked the pod not ready.

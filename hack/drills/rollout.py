@@ -13,8 +13,10 @@ from hack.drills.harness import (
     Drills,
     Load,
     Record,
+    count_in_flight,
     note_failure_span,
     tally,
+    tritonserver_exits,
 )
 
 
@@ -50,9 +52,12 @@ def rollout_over_http(drills: Drills, grpc_load: Load) -> Record:
     log = grpc_load.log.with_name("requests-http.jsonl")
     with Load(drills.service_ip(), log, protocol="http") as http_load:
         drills.settle()
-        record, start, end = rollout(drills)
+        with tritonserver_exits(drills) as ended:
+            record, start, end = rollout(drills)
         time.sleep(2)
-        failed = tally(record, http_load.requests(), start, end, drills.settings.before_s)
+        requests = http_load.requests()
+        failed = tally(record, requests, start, end, drills.settings.before_s)
+        count_in_flight(record, requests, ended, start, end)
     record.drill = "rollout-http"
     bound = USERS * record.detail["pods_replaced"]
     grpc_failed = sum(

@@ -32,8 +32,10 @@ from hack.drills.harness import (
     Load,
     Record,
     Settings,
+    count_in_flight,
     note_failure_span,
     tally,
+    tritonserver_exits,
 )
 from hack.drills.node_restart import node_restart
 from hack.drills.oom import KUBELET_READY_BOUND_S, oom
@@ -106,9 +108,12 @@ def run_drill(drills: Drills, name: str, load: Load | None, values: dict[str, An
     if name == "rollout-http":
         return rollout_over_http(drills, load)
     drills.settle()
-    record, start, end = UNDER_LOAD[name](drills)
+    with tritonserver_exits(drills) as ended:
+        record, start, end = UNDER_LOAD[name](drills)
     time.sleep(2)  # the requests in flight at the end finish
-    failed = tally(record, load.requests(), start, end, drills.settings.before_s)
+    requests = load.requests()
+    failed = tally(record, requests, start, end, drills.settings.before_s)
+    count_in_flight(record, requests, ended, start, end)
     note_failure_span(record, failed, start)
     if name == "oom":
         outside = _outside_window(record, failed)
@@ -155,12 +160,13 @@ def table(records: Sequence[Record]) -> list[str]:
         return "-" if value is None else str(value)
 
     lines = [
-        f"{'drill':<14}{'sent':>7}{'failed':>8}{'p95 before':>12}{'p95 during':>12}"
-        f"{'recovery s':>12}  passed"
+        f"{'drill':<14}{'sent':>7}{'failed':>8}{'in flight':>11}{'p95 before':>12}"
+        f"{'p95 during':>12}{'recovery s':>12}  passed"
     ]
     for r in records:
         lines.append(
             f"{r.drill:<14}{r.requests_sent:>7}{r.requests_failed:>8}"
+            f"{cell(r.requests_in_flight_at_fault):>11}"
             f"{cell(r.p95_before_ms):>12}{cell(r.p95_during_ms):>12}{cell(r.recovery_s):>12}"
             f"  {'yes' if r.passed else 'NO'}"
         )
