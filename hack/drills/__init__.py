@@ -16,9 +16,15 @@ to its end, the failed ones, and the p95 during it against the window before it.
     oom            tritonserver OOM-killed by the kernel at its memory limit
     finalizer      install / uninstall cycles with autoscalers (one in five with a Triton pod)
 
+Beside the failed requests each drill reports `requests_in_flight_at_fault`: the failed ones
+that were open when a Triton pod's process ended, killed or drained (the moment seen on the
+node through a pidfd; hack.drills.harness.IN_FLIGHT_BASIS says how and its limits), which
+no client can save; None when no Triton process ended.
+
 A drill passes with 0 failed requests, except three that state their bound. `oom`: a killed
-process answers nothing, so the requests in flight on that pod, and those kube-proxy sends
-it until the EndpointSlice marks it not ready and kube-proxy syncs, are lost; the drill
+process answers nothing, so the requests in flight on that pod are lost, and a client that
+fails fast also loses those kube-proxy sends it until the EndpointSlice marks it not ready
+and kube-proxy syncs (the load's gRPC user waits for a ready connection instead); the drill
 passes when every failure lies in that window, the pod rejoins at its peers' counts, and a
 watch of the pod saw it Ready with its readiness gate closed only for the kubelet's moments
 (KUBELET_READY_BOUND_S says why).
