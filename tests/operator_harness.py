@@ -219,6 +219,7 @@ async def eventually_async(
 class Operator:
     metrics_url: str
     liveness_url: str
+    readiness_url: str
     thread: threading.Thread
     errors: list[BaseException]
 
@@ -229,11 +230,12 @@ async def running_operator(
     config: kopf_driver.DriverConfig | None = None,
     namespace: str = NAMESPACE,
     peering: str | None = None,
+    priority: int | None = None,
 ) -> AsyncIterator[Operator]:
     """`kopf_driver.run` in a thread of its own; stopped and joined on exit. Its pods' status
     patches (the readinessGate) go to the emulator too, never to a kubeconfig's cluster."""
     stop, ready = threading.Event(), threading.Event()
-    metrics_port, liveness_port = free_ports(2)
+    metrics_port, liveness_port, readiness_port = free_ports(3)
     errors: list[BaseException] = []
 
     def target() -> None:
@@ -244,7 +246,9 @@ async def running_operator(
                 config or kopf_driver.DriverConfig(),
                 namespaces=[namespace],
                 peering=peering,
+                priority=priority,
                 liveness=f"http://127.0.0.1:{liveness_port}/healthz",
+                readiness_url=f"http://127.0.0.1:{readiness_port}/readyz",
                 metrics_port=metrics_port,
                 stop_flag=stop,
                 ready_flag=ready,
@@ -264,6 +268,7 @@ async def running_operator(
         yield Operator(
             metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
             liveness_url=f"http://127.0.0.1:{liveness_port}/healthz",
+            readiness_url=f"http://127.0.0.1:{readiness_port}/readyz",
             thread=thread,
             errors=errors,
         )

@@ -75,6 +75,9 @@ async def test_an_autoscaler_without_ready_pods_gets_status_conditions_and_one_w
         assert condition(status, "AbleToScale")["status"] == "False"
         assert condition(status, "ScalingLimited")["status"] == "False"
         assert "lastTransitionTime" in active
+        # kopf ran its handlers, so its indexes are full: the readinessProbe passes.
+        code, body = await http_get(operator.readiness_url)
+        assert (code, json.loads(body)) == (200, {"ready": True, "reason": "synced"})
 
         # The failure persists over several ticks (intervalSeconds 1): its condition keeps its
         # transition time, and it was announced by one Warning, not one per tick.

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+from tritonscale.control.set_planner import MODEL, PLANNERS
 from tritonscale.drivers.tune import TuneConfigError
 from tritonscale.local.ports import LOOPBACK
 from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
@@ -186,6 +187,13 @@ def serve(
     help="Serve kopf's liveness probe here, e.g. http://0.0.0.0:8080/healthz.",
 )
 @click.option(
+    "--readiness",
+    show_envvar=True,
+    metavar="URL",
+    help="Serve the readiness probe here, e.g. http://0.0.0.0:8081/readyz: 200 once the "
+    "watched objects are listed (or, with --peering, while a standby sees a live active peer).",
+)
+@click.option(
     "--metrics-port",
     show_envvar=True,
     type=click.IntRange(0, 65535),
@@ -263,12 +271,23 @@ def serve(
     "(its ordinal, the number after the last '-').",
 )
 @click.option(
+    "--planner",
+    show_envvar=True,
+    type=click.Choice(PLANNERS),
+    default=MODEL,
+    show_default=True,
+    help="How a pod set's tick decides its autoscalers: each model on its own, or the set's "
+    "models together from a model of the pipeline (docs/instancegroupautoscaler.md, "
+    "'The set planner').",
+)
+@click.option(
     "--verbose", is_flag=True, show_envvar=True, help="Log at debug level, every tick included."
 )
 def operator(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
     liveness: str | None,
+    readiness: str | None,
     metrics_port: int,
     peering: str | None,
     priority: int | None,
@@ -279,6 +298,7 @@ def operator(
     load_deadline_s: float,
     total_shards: int,
     shard: str,
+    planner: str,
     verbose: bool,
 ) -> None:
     """Run the Kubernetes operator: the InstanceGroupAutoscalers of the same pods tick as one
@@ -297,6 +317,12 @@ def operator(
 
     if liveness and (problem := kopf_driver.liveness_problem(liveness)):
         raise click.UsageError(problem)
+    if readiness and (
+        problem := kopf_driver.probe_url_problem(
+            "--readiness", readiness, "http://0.0.0.0:8081/readyz"
+        )
+    ):
+        raise click.UsageError(problem)
     try:
         share = kopf_driver.shard_of(shard, total_shards)
     except ValueError as error:
@@ -310,6 +336,7 @@ def operator(
         triton_metrics_port=triton_metrics_port,
         load_deadline_s=load_deadline_s,
         shard=share,
+        planner=planner,
     )
     try:
         kopf_driver.run(
@@ -320,6 +347,7 @@ def operator(
             priority=priority,
             peering_lifetime_s=peering_lifetime,
             liveness=liveness or None,
+            readiness_url=readiness or None,
             metrics_port=metrics_port or None,
         )
     except kopf_driver.OperatorError as error:

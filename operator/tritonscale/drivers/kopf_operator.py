@@ -48,12 +48,15 @@ import copy
 import functools
 import json
 import logging
+import os
 import random
+import socket
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
+from uuid import uuid4
 
 import kopf
 
@@ -67,7 +70,7 @@ from tritonscale.control.tick import ReconcileState, TickResult, iso_time
 from tritonscale.core.budget import Claim
 from tritonscale.core.selectors import selector_to_string
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
-from tritonscale.drivers import admission, pods
+from tritonscale.drivers import admission, pods, readiness
 from tritonscale.drivers.status import (
     GROUP,
     HEARTBEAT,
@@ -131,6 +134,10 @@ class Runtime:
     healer: Healer
     connections: Connections
     health: Health = field(default_factory=Health)
+    # What the readinessProbe answers from (tritonscale.drivers.readiness), and its server.
+    readiness: readiness.Readiness = field(default_factory=readiness.Readiness)
+    readiness_url: str | None = None
+    probe_server: readiness.ProbeServer | None = None
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
     pod_status: admission.PodStatusWriter = field(default_factory=admission.PodStatusWriter)
     # Per (namespace, autoscaler): the status as this operator last wrote it, and what its
@@ -638,6 +645,36 @@ async def close_connections(memo: kopf.Memo, **_: Any) -> None:
     await memo.runtime.connections.close()
 
 
+@kopf.on.event("pods", when=lambda memo, **_: not memo.runtime.readiness.synced)
+@kopf.on.event(GROUP, VERSION, PLURAL, when=lambda memo, **_: not memo.runtime.readiness.synced)
+async def note_indexes_synced(memo: kopf.Memo, **_: Any) -> None:
+    """kopf calls no handler before every index is full: the first call says they are (the
+    readinessProbe: tritonscale.drivers.readiness)."""
+    memo.runtime.readiness.note_synced()
+
+
+@kopf.on.startup()
+async def serve_readiness(memo: kopf.Memo, **_: Any) -> None:
+    """The readinessProbe's endpoint, on kopf's loop (`--readiness`)."""
+    runtime: Runtime = memo.runtime
+    if runtime.readiness_url is None:
+        return
+    server = readiness.ProbeServer(runtime.readiness_url, runtime.readiness)
+    try:
+        await server.start()
+    except OSError as error:
+        raise kopf.PermanentError(
+            f"cannot serve the readiness probe at {runtime.readiness_url}: {error.strerror}"
+        ) from None
+    runtime.probe_server = server
+
+
+@kopf.on.cleanup()
+async def stop_readiness(memo: kopf.Memo, **_: Any) -> None:
+    if memo.runtime.probe_server is not None:
+        await memo.runtime.probe_server.stop()
+
+
 @kopf.on.probe(id="ticks")
 async def ticks_probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     """In kopf's liveness answer: how many ticks ran, and when the last one ended."""
@@ -693,13 +730,18 @@ def credentials_problem() -> str | None:
 
 def liveness_problem(url: str) -> str | None:
     """kopf serves its probe on http://HOST:PORT/PATH; anything else fails deep inside it."""
+    return probe_url_problem("--liveness", url, "http://0.0.0.0:8080/healthz")
+
+
+def probe_url_problem(option: str, url: str, example: str) -> str | None:
+    """A probe's endpoint must be http://HOST:PORT/PATH; why `url` is not, in one line."""
     parts = urlsplit(url)
     try:
         port = parts.port
     except ValueError:
         port = None
     if parts.scheme != "http" or not parts.hostname or port is None:
-        return f"--liveness must look like http://0.0.0.0:8080/healthz, got {url!r}"
+        return f"{option} must look like {example}, got {url!r}"
     return None
 
 
@@ -718,6 +760,25 @@ def settings(peering_lifetime_s: int = 60) -> kopf.OperatorSettings:
     return operator_settings
 
 
+def _readiness(
+    runtime: Runtime,
+    identity: str,
+    namespaces: Collection[str],
+    peering: str | None,
+    priority: int,
+) -> readiness.Readiness:
+    """What the readinessProbe asks, and of whom (an empty `namespaces`: cluster-wide)."""
+    reads = readiness.ApiReads(lambda: runtime.pod_status.api_client, namespaces, peering)
+    return readiness.Readiness(
+        peering=peering,
+        identity=identity,
+        priority=priority,
+        namespaces=list(namespaces) or [""],
+        nothing_to_index=reads.nothing_to_index,
+        read_peering=reads.peering_status,
+    )
+
+
 def run(
     config: DriverConfig,
     *,
@@ -727,6 +788,7 @@ def run(
     priority: int | None = None,
     peering_lifetime_s: int = 60,
     liveness: str | None = None,
+    readiness_url: str | None = None,
     metrics_port: int | None = 9102,
     metrics: OperatorMetrics | None = None,
     stop_flag: Any = None,
@@ -741,6 +803,8 @@ def run(
     peering must not share a priority (kopf pauses all of them then): by default each picks
     a random one, so exactly one is active and another takes over when it goes: at once when
     it stops cleanly, within `peering_lifetime_s` when it is killed.
+    `liveness` and `readiness_url` are where kopf's liveness probe and the readinessProbe
+    (tritonscale.drivers.readiness) are served, if anywhere.
     `vault`, `loop` and `pod_status` are for tests (credentials for a mock API server, a
     thread's loop, the client that patches the pods' readinessGate condition).
     """
@@ -749,6 +813,11 @@ def run(
     if peering and priority is None:
         priority = random.randint(1, 2**31 - 1)
     runtime = make_runtime(config, metrics, pod_status)
+    # kopf names a replica in the peering object by this (the chart sets POD_ID to the pod's
+    # name); the readinessProbe finds it there.
+    identity = os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}/{uuid4().hex[:6]}"
+    runtime.readiness_url = readiness_url
+    runtime.readiness = _readiness(runtime, identity, namespaces, peering, priority or 0)
     logging.getLogger("kopf.activities.probe").addFilter(_QuietProbes())
     server = None
     if metrics_port is not None:
@@ -765,6 +834,7 @@ def run(
             standalone=peering is None,
             peering_name=peering,
             priority=priority or 0,
+            identity=identity,
             liveness_endpoint=liveness,
             clusterwide=clusterwide,
             namespaces=list(namespaces),
