@@ -16,7 +16,6 @@ from pathlib import Path
 import click
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
-from tritonscale.control.set_planner import MODEL, PLANNERS
 from tritonscale.drivers.tune import TuneConfigError
 from tritonscale.local.ports import LOOPBACK
 from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
@@ -271,16 +270,6 @@ def serve(
     "(its ordinal, the number after the last '-').",
 )
 @click.option(
-    "--planner",
-    show_envvar=True,
-    type=click.Choice(PLANNERS),
-    default=MODEL,
-    show_default=True,
-    help="How a pod set's tick decides its autoscalers: each model on its own, or the set's "
-    "models together from a model of the pipeline (docs/instancegroupautoscaler.md, "
-    "'The set planner').",
-)
-@click.option(
     "--verbose", is_flag=True, show_envvar=True, help="Log at debug level, every tick included."
 )
 def operator(
@@ -298,7 +287,6 @@ def operator(
     load_deadline_s: float,
     total_shards: int,
     shard: str,
-    planner: str,
     verbose: bool,
 ) -> None:
     """Run the Kubernetes operator: the InstanceGroupAutoscalers of the same pods tick as one
@@ -336,7 +324,6 @@ def operator(
         triton_metrics_port=triton_metrics_port,
         load_deadline_s=load_deadline_s,
         shard=share,
-        planner=planner,
     )
     try:
         kopf_driver.run(
