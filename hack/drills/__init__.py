@@ -18,7 +18,7 @@ to its end, the failed ones, and the p95 during it against the window before it.
 
 Beside the failed requests each drill reports `requests_in_flight_at_fault`: the failed ones
 that were open when a Triton pod's process ended, killed or drained (the moment seen on the
-node through a pidfd; hack.drills.harness.IN_FLIGHT_BASIS says how and its limits), which
+node in /proc; hack.drills.harness.IN_FLIGHT_BASIS says how and its limits), which
 no client can save; None when no Triton process ended.
 
 A drill passes with 0 failed requests, except three that state their bound. `oom`: a killed

@@ -4,8 +4,6 @@ drill's record, and `Drills`, the cluster as the drills see it."""
 from __future__ import annotations
 
 import json
-import os
-import select
 import signal
 import statistics
 import subprocess
@@ -279,40 +277,52 @@ class Drills:
 # How a drill counts `requests_in_flight_at_fault`, and the limits of that count.
 IN_FLIGHT_BASIS = (
     "from the load's request log: the failed requests that began before a Triton pod's "
-    "tritonserver process ended (its exit seen on the node through a pidfd, within "
-    "milliseconds) and failed less than a second before that moment or after it. A pod's "
-    "process that ended answers nothing more, so every request open on it then fails, and a "
-    "request open then on another pod is answered: which pod held a request is not in the "
-    "log. A request open at that moment that failed for another reason would count too."
+    "tritonserver process started to exit (seen on the node in /proc, polled every 50 ms) "
+    "and failed less than a second before that moment or after it. A process that exits "
+    "answers nothing more, so every request open on it then fails, and a request open then "
+    "on another pod is answered: which pod held a request is not in the log. A request open "
+    "at that moment that failed for another reason would count too."
 )
-# The kernel closes a dying process's sockets before its exit is reported (and an OOM kill
-# frees the memory first): a client can see its request fail a little before that moment.
+# The kernel closes a dying process's sockets after it marks it exiting, so a client sees
+# its request fail after that moment, but the poll can note the moment up to a poll late.
 EXIT_SLACK_S = 1.0
+EXIT_POLL_S = 0.05
+PF_EXITING = 0x4  # include/linux/sched.h: set as a process starts to exit
+
+
+def exiting(pid: int) -> bool:
+    """Whether process `pid` has started to exit or is gone. Its exit is reported (a pidfd,
+    waitpid) only once it has fully ended, and a container's first process ends only after
+    every other process of its pid namespace: after an OOM kill that took more than a
+    second here, long after its sockets had closed. /proc/PID/stat's flags say it at once."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    # "pid (comm) state ppid pgrp session tty_nr tpgid flags ...": comm may hold spaces.
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] in "ZX" or bool(int(fields[6]) & PF_EXITING)
 
 
 @contextmanager
 def tritonserver_exits(drills: Drills) -> Iterator[dict[str, float]]:
     """The moment (time.time()) the tritonserver process of each Triton pod running now
-    ends, by pod name, filled in as they end while the block runs. The node is this
-    machine: a pidfd per process wakes a poll the moment the process is gone."""
-    watched: dict[int, str] = {}
+    starts to exit, by pod name, filled in as they do while the block runs (the node is this
+    machine: its processes are in /proc)."""
+    watched: dict[str, int] = {}
     for pod in drills.pods(TRITON):
         try:
-            pid = drills.container_pid(pod, "tritonserver")
-            watched[os.pidfd_open(pid)] = pod["metadata"]["name"]
-        except (KeyError, ValueError, OSError, node.NodeError):
+            watched[pod["metadata"]["name"]] = drills.container_pid(pod, "tritonserver")
+        except (KeyError, node.NodeError):
             continue  # not running (yet): it has no process to end
     ended: dict[str, float] = {}
     stop = threading.Event()
-    poller = select.poll()
-    for descriptor in watched:
-        poller.register(descriptor, select.POLLIN)
 
     def watch() -> None:
-        while not stop.is_set() and len(ended) < len(watched):
-            for descriptor, _ in poller.poll(200):
-                ended.setdefault(watched[descriptor], time.time())
-                poller.unregister(descriptor)
+        while len(ended) < len(watched) and not stop.wait(EXIT_POLL_S):
+            for name, pid in watched.items():
+                if name not in ended and exiting(pid):
+                    ended[name] = time.time()
 
     watcher = threading.Thread(target=watch, name="tritonserver-exits", daemon=True)
     watcher.start()
@@ -321,8 +331,6 @@ def tritonserver_exits(drills: Drills) -> Iterator[dict[str, float]]:
     finally:
         stop.set()
         watcher.join(timeout=5)
-        for descriptor in watched:
-            os.close(descriptor)
 
 
 def count_in_flight(
