@@ -93,8 +93,9 @@ async def test_the_charts_command_and_environment_run_the_operator_until_sigterm
     options = {name: value for name, value in env.items() if name.startswith("TRITONSCALE_")}
     assert options["TRITONSCALE_OPERATOR_LIVENESS"] == "http://0.0.0.0:8080/healthz"
     assert options["TRITONSCALE_OPERATOR_METRICS_PORT"] == "9102"
-    liveness_port, metrics_port = free_ports(2)
+    liveness_port, readiness_port, metrics_port = free_ports(3)
     options["TRITONSCALE_OPERATOR_LIVENESS"] = f"http://127.0.0.1:{liveness_port}/healthz"
+    options["TRITONSCALE_OPERATOR_READINESS"] = f"http://127.0.0.1:{readiness_port}/readyz"
     options["TRITONSCALE_OPERATOR_METRICS_PORT"] = str(metrics_port)
 
     if "TRITONSCALE_OPERATOR_PEERING" in options:
@@ -141,6 +142,12 @@ async def test_the_charts_command_and_environment_run_the_operator_until_sigterm
             lambda: http_get(f"http://127.0.0.1:{liveness_port}/healthz"),
             lambda got: got[0] == 200,
             "the liveness endpoint",
+        )
+        # The one replica is active (its own peering, if any): Ready once kopf has listed.
+        await eventually_async(
+            lambda: http_get(f"http://127.0.0.1:{readiness_port}/readyz"),
+            lambda got: got[0] == 200,
+            "the readiness endpoint to answer Ready",
         )
         _, metrics = await http_get(f"http://127.0.0.1:{metrics_port}/metrics")
         assert 'tritonscale_reconcile_errors_total{autoscaler="from-chart"' in metrics
@@ -203,6 +210,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
             2,
             "Error: --liveness must look like http://0.0.0.0:8080/healthz",
             id="a liveness address without scheme",
+        ),
+        pytest.param(
+            ["--namespace", "ml", "--readiness", "http://0.0.0.0/readyz"],
+            2,
+            "Error: --readiness must look like http://0.0.0.0:8081/readyz",
+            id="a readiness address without port",
         ),
     ],
 )

@@ -343,7 +343,12 @@ class TestOperator:
         assert env["TRITONSCALE_OPERATOR_PEERING"] == "demo-tritonscale"
         assert env["TRITONSCALE_OPERATOR_NAMESPACES"] == "inference inference-canary"
         assert env["TRITONSCALE_OPERATOR_PROMETHEUS_URL"].startswith("http://")
-        assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+        # A new replica must be Ready before an old one goes: a rollout of an operator that
+        # never gets Ready stops at its first new pod.
+        assert deployment["spec"]["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
 
     def test_without_peering_one_operator_never_overlaps_another(self, render) -> None:
         deployment = one(render().objects, "Deployment", "-operator")
@@ -412,6 +417,13 @@ class TestOperator:
             }
         }
 
+    def test_an_operator_image_older_than_the_readiness_probe_runs_without_it(self, render) -> None:
+        objects = render(sets=("operator.readinessProbe.enabled=false",)).objects
+        operator = container(one(objects, "Deployment", "-operator"), "operator")
+        assert "readinessProbe" not in operator
+        assert "readyz" not in {p["name"] for p in operator["ports"]}
+        assert "TRITONSCALE_OPERATOR_READINESS" not in {e["name"] for e in operator["env"]}
+
     def test_operator_pod_runs_the_cli_non_root_read_only_with_probes_and_metrics(
         self, render
     ) -> None:
@@ -422,10 +434,12 @@ class TestOperator:
         assert operator["image"] == "ghcr.io/tritonscale/tritonscale-operator:0.1.0"
         assert operator["command"] == ["tritonscale", "operator"]
         assert operator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+        assert operator["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "readyz"}
         ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
-        assert ports == {"healthz": 8080, "metrics": 9102}
+        assert ports == {"healthz": 8080, "readyz": 8081, "metrics": 9102}
         env = {e["name"]: e.get("value") for e in operator["env"]}
         assert env["TRITONSCALE_OPERATOR_LIVENESS"] == "http://0.0.0.0:8080/healthz"
+        assert env["TRITONSCALE_OPERATOR_READINESS"] == "http://0.0.0.0:8081/readyz"
         assert env["TRITONSCALE_OPERATOR_METRICS_PORT"] == "9102"
         assert operator["securityContext"]["readOnlyRootFilesystem"] is True
         assert operator["securityContext"]["runAsNonRoot"] is True
@@ -816,6 +830,7 @@ def test_operator_environment_names_options_the_cli_really_has(
     }
     assert parsed["metrics_port"] == 9102
     assert parsed["liveness"] == "http://0.0.0.0:8080/healthz"
+    assert parsed["readiness"] == "http://0.0.0.0:8081/readyz"
     assert NAMESPACE in parsed["namespaces"]
     if values_file == "peering-values.yaml":
         assert parsed["namespaces"] == (NAMESPACE, "inference-canary")

@@ -84,6 +84,10 @@ spec:
           value: {{ join " " (fromJsonArray (include "tritonscale.watchNamespaces" .)) | quote }}
         - name: TRITONSCALE_OPERATOR_LIVENESS
           value: "http://0.0.0.0:8080/healthz"
+        {{- if $operator.readinessProbe.enabled }}
+        - name: TRITONSCALE_OPERATOR_READINESS
+          value: "http://0.0.0.0:8081/readyz"
+        {{- end }}
         - name: TRITONSCALE_OPERATOR_METRICS_PORT
           value: "9102"
         {{- if $operator.peering.enabled }}
@@ -103,9 +107,26 @@ spec:
         - name: healthz
           containerPort: 8080
           protocol: TCP
+        {{- if $operator.readinessProbe.enabled }}
+        - name: readyz
+          containerPort: 8081
+          protocol: TCP
+        {{- end }}
         - name: metrics
           containerPort: 9102
           protocol: TCP
+      {{- if $operator.readinessProbe.enabled }}
+      # Ready once it has listed what it watches, or as a standby that sees a live active peer
+      # (tritonscale.drivers.readiness): a rollout waits on it, and stops at a new pod that
+      # never gets there.
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: readyz
+        periodSeconds: {{ $operator.readinessProbe.periodSeconds }}
+        failureThreshold: {{ $operator.readinessProbe.failureThreshold }}
+        timeoutSeconds: {{ $operator.readinessProbe.timeoutSeconds }}
+      {{- end }}
       livenessProbe:
         httpGet:
           path: /healthz
