@@ -10,7 +10,9 @@ find the operator releasing every finalizer itself. `make drills` runs every dri
 
 from __future__ import annotations
 
+import datetime
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,13 @@ import yaml
 
 from hack import drills as hack_drills
 from hack.demo_k8s import CHART, Kubectl
-from tests.cluster.harness import Cluster, Stopwatch, restricted_namespace, wait_namespace_gone
+from tests.cluster.harness import (
+    Cluster,
+    Stopwatch,
+    is_ready,
+    restricted_namespace,
+    wait_namespace_gone,
+)
 
 NAMESPACE = "e2e-drills"
 Subject = tuple[hack_drills.Drills, hack_drills.Load, dict]
@@ -85,6 +93,119 @@ def test_operators_resume_ticking_after_the_active_one_is_killed_with_no_stale_c
     assert detail["budget_after"] == detail["budget_before"], detail
     assert all(b is not None and b[0] == 4 for b in detail["budget_after"].values()), detail
     assert detail["rescale_events_during"] == 0, detail
+
+
+def test_a_rollout_of_an_operator_that_never_gets_ready_stops_at_its_first_pod(
+    drills: Subject, cluster: Cluster
+) -> None:
+    operators = hack_drills.harness.OPERATOR
+    deployment = f"{hack_drills.RELEASE}-tritonscale-operator"
+
+    def both_ready() -> list[dict] | None:
+        ready = cluster.ready_pods(NAMESPACE, operators)
+        return ready if len(ready) == 2 else None
+
+    ready = cluster.wait(
+        "both operator replicas Ready", both_ready, timeout_s=120, namespace=NAMESPACE
+    )
+    old = {p["metadata"]["name"] for p in ready}
+    # A wrong API address: the container starts and serves its liveness probe, but the
+    # operator reaches nothing (kopf gives up after about a minute, and the container
+    # restarts). Without a readinessProbe it would count as available as soon as it runs,
+    # and the rollout would replace both replicas with it.
+    broken = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": "1"},
+    ]
+    started = time.time()
+    upgrade(cluster, f"operator.extraEnv={json.dumps(broken)}")
+    seen_ready: set[str] = set()
+
+    def new_pod() -> dict | None:
+        pods = cluster.pods(NAMESPACE, operators)
+        seen_ready.update(
+            p["metadata"]["name"] for p in pods if is_ready(p) and p["metadata"]["name"] not in old
+        )
+        fresh = [p for p in pods if p["metadata"]["name"] not in old]
+        return fresh[0] if len(fresh) == 1 else None
+
+    def ran_a_while() -> dict | None:
+        pod = new_pod()
+        if pod is None:
+            return None
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            running = (status.get("state") or {}).get("running")
+            # Four readiness periods (5 s): long enough to have counted as available.
+            if status.get("restartCount") or (
+                running and time.time() - parse_time(running["startedAt"]) >= 20
+            ):
+                return pod
+        return None
+
+    pod = cluster.wait(
+        "the new operator pod to run 20 s", ran_a_while, timeout_s=240, namespace=NAMESPACE
+    )
+    name = pod["metadata"]["name"]
+    # Its probe answered, and said not Ready (the kubelet's event), rather than not answering.
+    cluster.wait(
+        f"a readiness probe of {name} answered 503",
+        lambda: any(
+            "statuscode: 503" in (event.get("message") or "")
+            for event in cluster.items(
+                "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={name}"
+            )
+        ),
+        timeout_s=60,
+        namespace=NAMESPACE,
+    )
+    # The old replicas keep ticking: a status written since the upgrade.
+    cluster.wait(
+        "an autoscaler's status written by the old operators after the upgrade",
+        lambda: any(
+            parse_time(item.get("status", {}).get("lastTickTime", "1970-01-01T00:00:00Z")) > started
+            for item in cluster.items("instancegroupautoscalers", "-n", NAMESPACE)
+        ),
+        timeout_s=150,
+        namespace=NAMESPACE,
+    )
+    state = cluster.get("deployment", deployment, "-n", NAMESPACE)["status"]
+    assert new_pod() is not None, "the rollout went past its first new pod"
+    assert {p["metadata"]["name"] for p in cluster.ready_pods(NAMESPACE, operators)} == old
+    assert not seen_ready, f"the broken operator pod was Ready: {seen_ready}"
+    assert state.get("updatedReplicas") == 1, state
+    assert state.get("availableReplicas") == 2, state
+
+    # Fixed (the old template again): the broken pod goes, the old replicas stay.
+    upgrade(cluster, "operator.extraEnv=[]")
+    cluster.kubectl(
+        "rollout", "status", f"deployment/{deployment}", "-n", NAMESPACE, "--timeout=240s",
+        timeout=260,
+    )  # fmt: skip
+    cluster.wait(
+        "the broken operator pod gone and both replicas Ready",
+        lambda: (
+            {p["metadata"]["name"] for p in cluster.pods(NAMESPACE, operators)}
+            == {p["metadata"]["name"] for p in cluster.ready_pods(NAMESPACE, operators)}
+            and len(cluster.ready_pods(NAMESPACE, operators)) == 2
+        ),
+        timeout_s=120,
+        namespace=NAMESPACE,
+    )
+
+
+def upgrade(cluster: Cluster, value: str) -> None:
+    """helm upgrade of the drills' release with one `--set-json`; conflicts forced, as after
+    the scale-in drill `spec.replicas` of the Triton Deployment belongs to kubectl (it is
+    back at the release's count)."""
+    cluster.helm(
+        "upgrade", hack_drills.RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values",
+        "--force-conflicts", "--set-json", value,
+    )  # fmt: skip
+
+
+def parse_time(stamp: str) -> float:
+    """An API server's RFC 3339 time (seconds, Z) as a Unix time."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def test_an_oom_kill_loses_only_the_requests_of_the_moment_the_pod_died(drills: Subject) -> None:
