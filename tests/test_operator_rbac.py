@@ -24,6 +24,7 @@ from tests.operator_harness import (
     autoscaler,
     delete_object,
     eventually,
+    http_get,
     register_resources,
     running_operator,
     status_of,
@@ -101,10 +102,13 @@ async def test_every_call_of_the_operator_is_granted_by_the_charts_role(
     spec = {"selector": {"matchLabels": TRITON_LABELS}, "model": "add_sub"}
     api.objects[IGA, NAMESPACE, "rbac"] = autoscaler("rbac", spec, namespace=NAMESPACE)
 
-    async with running_operator(api, namespace=NAMESPACE, peering=PEERING_NAME):
+    async with running_operator(api, namespace=NAMESPACE, peering=PEERING_NAME) as operator:
         await eventually(
             lambda: status_of(api, "rbac", NAMESPACE).get("conditions"), "a tick", timeout_s=60
         )
+        # The readinessProbe reads the peering object too.
+        code, body = await http_get(operator.readiness_url)
+        assert code == 200, body
         await eventually(
             lambda: len(api.objects[PODS, NAMESPACE, "waiting-0"]["status"]["conditions"]) > 1,
             "the pod's gate to open",
