@@ -105,6 +105,11 @@ def _run_cli(tmp_path: Path, text: str) -> tuple[int, str]:
             "triton.metrics must have one URL per triton.http URL (2), got 1",
             id="metrics URLs do not pair with the HTTP URLs",
         ),
+        pytest.param(
+            yaml.safe_dump({**_config(), "planner": "global"}),
+            "planner must be one of model, set, got 'global'",
+            id="an unknown planner",
+        ),
         pytest.param("", "the file must be a mapping", id="an empty file"),
     ],
 )

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
+from tritonscale.control.set_planner import MODEL, PLANNERS
 from tritonscale.drivers.tune import TuneConfigError
 from tritonscale.local.ports import LOOPBACK
 from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
@@ -270,6 +271,16 @@ def serve(
     "(its ordinal, the number after the last '-').",
 )
 @click.option(
+    "--planner",
+    show_envvar=True,
+    type=click.Choice(PLANNERS),
+    default=MODEL,
+    show_default=True,
+    help="How a pod set's tick decides its autoscalers: each model on its own, or the set's "
+    "models together from a model of the pipeline (docs/instancegroupautoscaler.md, "
+    "'The set planner').",
+)
+@click.option(
     "--verbose", is_flag=True, show_envvar=True, help="Log at debug level, every tick included."
 )
 def operator(
@@ -287,6 +298,7 @@ def operator(
     load_deadline_s: float,
     total_shards: int,
     shard: str,
+    planner: str,
     verbose: bool,
 ) -> None:
     """Run the Kubernetes operator: the InstanceGroupAutoscalers of the same pods tick as one
@@ -324,6 +336,7 @@ def operator(
         triton_metrics_port=triton_metrics_port,
         load_deadline_s=load_deadline_s,
         shard=share,
+        planner=planner,
     )
     try:
         kopf_driver.run(

@@ -40,6 +40,7 @@ disable_created_metrics()
 
 LABELS = ("namespace", "autoscaler", "model")
 BUDGET_LABELS = ("namespace", "budget")
+SET_LABELS = ("namespace", "set")
 MIB = 2**20
 
 # status.observedMetrics key -> the `signal` label.
@@ -154,6 +155,19 @@ class OperatorMetrics:
             BUDGET_LABELS,
             registry=r,
         )
+        self.set_predicted = Gauge(
+            queries.SET_PREDICTED_RPS,
+            "Requests per second the set planner predicted its last counts serve, at the set's "
+            "roots.",
+            SET_LABELS,
+            registry=r,
+        )
+        self.set_served = Gauge(
+            queries.SET_SERVED_RPS,
+            "Requests per second the set's roots served (successes), latest window.",
+            SET_LABELS,
+            registry=r,
+        )
         self._lock = threading.Lock()
         self._signals_seen: dict[tuple[str, str, str], set[str]] = {}
 
@@ -196,6 +210,17 @@ class OperatorMetrics:
         if budget.limits.gpu_memory_mib:
             self.budget_memory_limit.labels(*labels).set(budget.limits.gpu_memory_mib * MIB)
             self.budget_memory_used.labels(*labels).set(budget.gpu_memory_used_mib * MIB)
+
+    def record_set(
+        self, namespace: str, name: str, predicted_rps: float | None, served_rps: float | None
+    ) -> None:
+        """Export the set planner's last prediction beside what the set served (either is left
+        as it was when None: a tick without a usable snapshot changes neither)."""
+        with self._lock:
+            if predicted_rps is not None:
+                self.set_predicted.labels(namespace, name).set(predicted_rps)
+            if served_rps is not None:
+                self.set_served.labels(namespace, name).set(served_rps)
 
     def forget_budget(self, namespace: str, budget: str) -> None:
         """Drop a budget's series (its last member left it)."""

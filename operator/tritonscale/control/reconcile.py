@@ -56,6 +56,7 @@ from tritonscale.control.tick import (
     iso_time,
 )
 from tritonscale.core import policy, sizing
+from tritonscale.core.allocator import Prediction
 from tritonscale.core.budget import Claim, Grant, Limits
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
@@ -165,9 +166,16 @@ class Plan:
     errors: tuple[TickError, ...]
     notes: tuple[str, ...]
     healing: tuple[HealingResult, ...]
+    # The set planner's decision for this model (tritonscale.control.set_planner), made for
+    # the whole set; None: the policy decides the model on its own.
+    chosen: policy.Decision | None = None
+    prediction: Prediction | None = None
 
     def decide(self, grant: Grant | None = None) -> policy.Decision:
-        """The policy on this tick's inputs, of which a budget's grant is one."""
+        """The policy on this tick's inputs, of which a budget's grant is one; or the set
+        planner's decision, cut to the grant."""
+        if self.chosen is not None:
+            return policy.granted(self.spec.model, self.chosen, grant)
         return policy.decide(
             self.spec,
             self.current,
@@ -437,6 +445,7 @@ async def finish(
         finished_at=time.time(),
         healing=list(planned.healing),
         budget=granted.budget if granted is not None else None,
+        prediction=planned.prediction,
     )
 
 

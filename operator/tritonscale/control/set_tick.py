@@ -11,7 +11,8 @@ A set tick:
 1. observes every member (heal, the live counts of its model and children), together;
 2. reads the metrics once for the members that share pods and a window: one snapshot of all
    their models (one read of each pod when scraping, one query per signal with Prometheus);
-3. decides every member (the policy, unchanged: tritonscale.core.policy);
+3. decides every member: each on its own (tritonscale.core.policy), or, with a `planner`
+   (tritonscale.control.set_planner), all of them together;
 4. grants the budgets once: every member that names one claims first, then each is granted,
    the ones that give instances back first, so that what they release is there for the
    others in the same tick;
@@ -42,6 +43,7 @@ from tritonscale.control.reconcile import (
     observe,
     read_snapshot,
 )
+from tritonscale.control.set_planner import SetPlanner
 from tritonscale.control.tick import BACKOFF_BASE_S, BACKOFF_CAP_S, ReconcileState, TickResult
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec
@@ -75,9 +77,11 @@ async def tick_set(
     backoff_base_s: float = BACKOFF_BASE_S,
     backoff_cap_s: float = BACKOFF_CAP_S,
     on_result: Callable[[str, TickResult], Awaitable[None]] | None = None,
+    planner: SetPlanner | None = None,
 ) -> dict[str, TickResult]:
     """Tick `members` as one; each member's result, by name. Never raises for Triton's or
-    Prometheus's troubles.
+    Prometheus's troubles. With a `planner` (the set's, kept by the driver between ticks) the
+    members are decided together.
 
     `on_result(name, result)` is awaited for each member as soon as its result is ready (a
     member whose load waits for its deadline does not hold back the others' reports)."""
@@ -113,6 +117,15 @@ async def tick_set(
             observations[member.name] = seen
     snapshots = await _read_metrics(source, observations)
     plans = {name: seen.planned(snapshots[_reading(seen)]) for name, seen in observations.items()}
+    if planner is not None:
+        plans = planner.planned(plans, now)
+        if metrics is not None and planner.last is not None:
+            metrics.record_set(
+                namespace,
+                planner.name,
+                planner.prediction.expected_rps if planner.prediction is not None else None,
+                planner.last.served_rps,
+            )
 
     budgeted = {name: plan for name, plan in plans.items() if plan.spec.budget is not None}
     if ledger is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from tritonscale.control.ledger import BudgetStatus
 from tritonscale.core import policy
+from tritonscale.core.allocator import Prediction
 from tritonscale.core.behavior import PolicyState
 from tritonscale.core.signals import MetricSnapshot
 from tritonscale.triton.actuator import PodResult
@@ -118,6 +119,9 @@ class TickResult:
     healing: list[HealingResult] = field(default_factory=list)
     # The budget the model shares (spec.budget) as this tick's grant left it.
     budget: BudgetStatus | None = None
+    # What the set's planner predicted its counts serve (tritonscale.core.planner); None when
+    # the model was decided on its own, or nothing was allocated this tick.
+    prediction: Prediction | None = None
 
     @property
     def healing_actions(self) -> list[HealingResult]:
@@ -201,6 +205,7 @@ class TickResult:
             "dryRun": self.dry_run,
             "durationSeconds": round(self.duration_s, 4),
             "budget": self.budget.to_dict() if self.budget is not None else None,
+            "prediction": _prediction(self.prediction),
         }
 
     def status(self) -> dict[str, Any]:
@@ -226,7 +231,24 @@ class TickResult:
             status["observedMetrics"] = dict(decision.observed)
         if self.budget is not None:
             status["budget"] = self.budget.to_dict()
+        if self.prediction is not None:
+            status["prediction"] = _prediction(self.prediction)
         return status
+
+
+def _prediction(prediction: Prediction | None) -> dict[str, Any] | None:
+    """The set planner's prediction for people: requests per second to one decimal."""
+    if prediction is None:
+        return None
+    return {
+        "expectedRps": round(prediction.expected_rps, 1),
+        "offeredRps": round(prediction.offered_rps, 1),
+        "capacityRps": round(prediction.capacity_rps, 1),
+        "bottleneck": prediction.bottleneck,
+        "stageCapacityRps": {
+            model: round(rps, 1) for model, rps in sorted(prediction.stage_capacity_rps.items())
+        },
+    }
 
 
 def iso_time(t: float) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tritonscale.core import behavior, verifier
+from tritonscale.core import behavior, policy, sizing, verifier
 from tritonscale.core.allocator import Allocation, Prediction, Room, Target, allocate
 from tritonscale.core.behavior import PolicyState
 from tritonscale.core.budget import BUDGET_EXHAUSTED
@@ -46,7 +46,7 @@ from tritonscale.core.policy import (
 from tritonscale.core.signals import MetricSnapshot
 from tritonscale.core.spec import AutoscalerSpec
 
-__all__ = ["ModelDecision", "SetDecision", "SetState", "decide_set"]
+__all__ = ["ModelDecision", "SetDecision", "SetState", "as_policy_decision", "decide_set"]
 
 
 @dataclass(frozen=True)
@@ -107,10 +107,63 @@ class SetDecision:
     prediction: Prediction | None  # None when nothing was allocated this tick
     message: str  # the set in one sentence
     state: SetState  # store it and pass it to the next call
+    # What the set's roots served, successes per second, over the latest window; None
+    # without a usable snapshot. Beside the last prediction: how far the model is off.
+    served_rps: float | None = None
 
     @property
     def targets(self) -> dict[str, int]:
         return {model: d.desired_instances for model, d in self.models.items()}
+
+
+_INACTIVE = frozenset({PAUSED, METRICS_MISSING, METRICS_STALE, WARMING_UP})
+
+
+def as_policy_decision(
+    spec: AutoscalerSpec,
+    decided: SetDecision,
+    snapshot: MetricSnapshot | None,
+) -> policy.Decision:
+    """One model's part of a set's decision in the form the drivers report and apply
+    (tritonscale.core.policy.Decision): its conditions, observed metrics and behavior state."""
+    model = decided.models[spec.model]
+    current, desired, reason = model.current_instances, model.desired_instances, model.reason
+    if reason in _INACTIVE:
+        active = policy.Condition(False, reason, model.message)
+    else:
+        active = policy.Condition(True, policy.VALID_METRIC_FOUND, f"the set: {decided.message}")
+    if reason in policy.LIMITING_REASONS or reason == verifier.STEP_FELL_SHORT:
+        limited = policy.Condition(True, reason, model.message)
+    else:
+        limited = policy.Condition(
+            False, policy.DESIRED_WITHIN_RANGE, "the desired count is within range"
+        )
+    if reason in policy.STABILIZED_REASONS:
+        able = policy.Condition(True, reason, model.message)
+    else:
+        able = policy.Condition(
+            True, policy.READY_FOR_NEW_SCALE, "no stabilization window holds the count"
+        )
+    signals = snapshot.model(spec.model) if snapshot is not None else None
+    if signals is not None and sizing.unusable_field(signals) is not None:
+        signals = None
+    return policy.Decision(
+        current_instances=current,
+        desired_instances=desired,
+        recommended_instances=model.allocated_instances,
+        direction=policy.UP
+        if desired > current
+        else policy.DOWN
+        if desired < current
+        else policy.NONE,
+        reason=reason,
+        message=model.message,
+        able_to_scale=able,
+        scaling_active=active,
+        scaling_limited=limited,
+        observed=policy.observed_metrics(spec, current, signals, snapshot),
+        state=decided.state.policies[spec.model],
+    )
 
 
 @dataclass(frozen=True)
@@ -145,6 +198,7 @@ def decide_set(
     held = {model: step for model, step in held.items() if step is not None}
     history, checks = state.history, state.verifier
     allocation = None
+    served = None
     problem = _unusable(specs, snapshot, now)
     if problem is not None or snapshot is None:
         reason, why = problem or (METRICS_MISSING, "no metrics snapshot")
@@ -152,6 +206,7 @@ def decide_set(
     else:
         history = history.observed(snapshot, current)
         pipeline = measure(specs, current, history)
+        served = _served_rps(pipeline)
         verdict = verifier.judge(checks, pipeline, current, snapshot, now)
         checks = verdict.state
         if verdict.reverts:
@@ -183,7 +238,7 @@ def decide_set(
         decisions[model] = _rendered(model, current[model], steps[model], allocated)
     prediction = allocation.prediction if allocation is not None else None
     new_state = SetState(history, policies, checks)
-    return SetDecision(decisions, prediction, _summary(prediction, decisions), new_state)
+    return SetDecision(decisions, prediction, _summary(prediction, decisions), new_state, served)
 
 
 def _reverting(
@@ -261,6 +316,14 @@ def _unusable(
     if not snapshot.complete:
         return WARMING_UP, f"the metrics cover {snapshot.window_s:.0f} s of a window (warming up)"
     return None
+
+
+def _served_rps(pipeline: PipelineModel) -> float:
+    """Successes per second at the set's roots, latest window."""
+    return sum(
+        pipeline.stages[root].arrival_rps.value * pipeline.stages[root].served_fraction.value
+        for root in pipeline.roots
+    )
 
 
 def _switch_margin(pipeline: PipelineModel) -> float:

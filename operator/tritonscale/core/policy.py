@@ -46,7 +46,9 @@ __all__ = [
     "Decision",
     "PolicyState",
     "decide",
+    "granted",
     "max_snapshot_age_s",
+    "observed_metrics",
 ]
 
 UP, DOWN, NONE = "up", "down", "none"
@@ -179,7 +181,9 @@ def decide(
     asked = proposal.steps[-1]
     granted = _within_grant(grant, current, asked.count, asked.reason)
     proposal = replace(proposal, steps=(*proposal.steps, granted))
-    return _rendered(spec, current, proposal, _observed(spec, current, signals, snapshot), now)
+    return _rendered(
+        spec, current, proposal, observed_metrics(spec, current, signals, snapshot), now
+    )
 
 
 class _Step(NamedTuple):
@@ -448,6 +452,33 @@ def _rate_limited(
     return _Step(allowed, limit_reason, f"the {rules} policies allow {_instances(allowed)} now")
 
 
+def granted(model: str, decision: Decision, grant: Grant | None) -> Decision:
+    """A decision made for a whole pod set (tritonscale.core.planner) cut to what `model`'s
+    budget grants, as `decide` cuts its own: only an increase is cut, never below the current
+    count.
+
+    The planner fits its counts to the budget already; a grant cuts only when a member of the
+    budget outside this tick holds more than the planner saw. The decision's state keeps the
+    count the planner chose: the behavior history then counts a step that did not happen in
+    full, which slows the next step up (the safe side)."""
+    current, asked = decision.current_instances, decision.desired_instances
+    step = _within_grant(grant, current, asked, decision.reason)
+    if step.count == asked:
+        return decision
+    message = (
+        f"{_outcome(model, current, step.count)}: {step.clause} "
+        f"(the set's planner asked for {_instances(asked)})"
+    )
+    return replace(
+        decision,
+        desired_instances=step.count,
+        direction=UP if step.count > current else NONE,
+        reason=BUDGET_EXHAUSTED,
+        message=message,
+        scaling_limited=Condition(True, BUDGET_EXHAUSTED, message),
+    )
+
+
 def _within_grant(grant: Grant | None, current: int, count: int, reason: str) -> _Step:
     """A budget only ever cuts an increase, to what it grants (at least the current count)."""
     if grant is None or grant.granted >= count:
@@ -541,7 +572,7 @@ def _usable_signals(
     return signals, None
 
 
-def _observed(
+def observed_metrics(
     spec: AutoscalerSpec,
     current: int,
     signals: ModelSignals | None,

@@ -66,6 +66,10 @@ BUDGET_EXHAUSTED = "tritonscale_budget_exhausted"
 BUDGET_DEMAND_RATIO = "tritonscale_budget_demand_ratio"
 BUDGET_GPU_MEMORY_LIMIT = "tritonscale_budget_gpu_memory_limit_bytes"
 BUDGET_GPU_MEMORY_USED = "tritonscale_budget_gpu_memory_used_bytes"
+# Per (namespace, set), with the set planner: what it predicted its counts serve, and what the
+# set's roots served.
+SET_PREDICTED_RPS = "tritonscale_set_predicted_rps"
+SET_SERVED_RPS = "tritonscale_set_served_rps"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,133 @@
+"""The set planner in the control loop (tritonscale.control.set_planner): the members' plans
+of one set tick decided together, and a budget's grant that cuts a planned increase
+(tritonscale.core.policy.granted). The planner itself is tests/test_planner.py's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import pytest
+
+from tests.pipeline_load import CHILDREN, PARENT, Load, counts, pipeline_specs
+from tritonscale.control.reconcile import Plan, _Tick
+from tritonscale.control.set_planner import SetPlanner
+from tritonscale.control.tick import ReconcileState
+from tritonscale.core import policy
+from tritonscale.core.budget import BUDGET_EXHAUSTED, Grant
+from tritonscale.core.signals import MetricSnapshot
+from tritonscale.core.spec import AutoscalerSpec
+from tritonscale.triton.endpoints import Endpoint
+
+pytestmark = pytest.mark.unit
+
+START = 1_000_000.0
+TICK_S = 15.0
+POD = Endpoint("pod-0", "http://127.0.0.1:1")
+
+
+def plans(
+    specs: Mapping[str, AutoscalerSpec],
+    at: Mapping[str, int],
+    snapshot: MetricSnapshot | None,
+    now: float,
+    states: Mapping[str, ReconcileState] | None = None,
+) -> dict[str, Plan]:
+    """One plan a member (named after its model with dashes), as a set tick has them once the
+    snapshot is read."""
+    states = states or {}
+    return {
+        model.replace("_", "-"): Plan(
+            spec=spec,
+            tick=_Tick(now, states.get(model, ReconcileState()), time.monotonic()),
+            endpoints=(POD,),
+            live={POD.name: at[model]},
+            current=at[model],
+            children={child: at[child] for child in spec.calls},
+            snapshot=snapshot,
+            errors=(),
+            notes=(),
+            healing=(),
+        )
+        for model, spec in specs.items()
+    }
+
+
+def test_a_set_under_load_ends_on_its_best_split_within_the_budget() -> None:
+    specs = pipeline_specs(7)
+    planner, at = SetPlanner(), counts(1, 1)
+    load = Load(400.0)
+    moved: list[dict[str, int]] = []
+    for tick in range(6):
+        now = START + tick * TICK_S
+        decided = planner.planned(plans(specs, at, load.snapshot(now, at), now), now)
+        for name, plan in decided.items():
+            assert plan.chosen is not None, f"{name} was not decided by the set's planner"
+            assert plan.decision is plan.chosen
+        at = {plan.spec.model: plan.decision.desired_instances for plan in decided.values()}
+        moved.append(at)
+        assert sum(at.values()) <= 7, f"tick {tick} went over the budget: {at}"
+    final = moved[-1]
+    served = load.served_rps(final)
+    best = max(
+        load.served_rps(counts(p, e, c, r))
+        for p in range(1, 5)
+        for e in range(1, 5)
+        for c in range(1, 5)
+        for r in range(1, 5)
+        if p + e + c + r <= 7
+    )
+    assert served >= 0.98 * best, f"ended on {final}: {served:.0f} of the best {best:.0f} req/s"
+    assert planner.prediction is not None and planner.prediction.bottleneck in {PARENT, *CHILDREN}
+    for plan in decided.values():
+        assert plan.decision.scaling_active.status
+        assert plan.decision.state is planner.state.policies[plan.spec.model]
+        assert plan.prediction is planner.last.prediction
+
+
+def test_members_that_read_different_snapshots_are_decided_on_their_own() -> None:
+    specs = pipeline_specs(7)
+    at, now = counts(1, 1), START
+    together = plans(specs, at, Load(100.0).snapshot(now, at), now)
+    apart = {**together}
+    apart["branch-rank"] = plans(specs, at, Load(100.0).snapshot(now, at), now)["branch-rank"]
+    decided = SetPlanner().planned(apart, now)
+    for name, plan in decided.items():
+        assert plan.chosen is None, f"{name} was decided by the planner from another snapshot"
+        assert any("decided on its own" in note for note in plan.notes)
+        assert plan.decision.desired_instances >= 1  # the policy decides it
+
+
+def test_without_metrics_every_member_holds_and_says_why() -> None:
+    specs = pipeline_specs(7)
+    at = counts(2, 2)
+    decided = SetPlanner().planned(plans(specs, at, None, START), START)
+    for plan in decided.values():
+        assert plan.decision.desired_instances == at[plan.spec.model]
+        assert plan.decision.reason == policy.METRICS_MISSING
+        assert not plan.decision.scaling_active.status
+
+
+def test_a_grant_cuts_a_planned_increase_but_never_below_the_current_count() -> None:
+    specs = pipeline_specs(7)
+    at = counts(1, 1)
+    now = START + 10 * TICK_S
+    planner = SetPlanner()
+    decided = {}
+    for tick in range(3):
+        now = START + tick * TICK_S
+        decided = planner.planned(plans(specs, at, Load(400.0).snapshot(now, at), now), now)
+        rising = [p for p in decided.values() if p.decision.desired_instances > p.current]
+        if rising:
+            break
+    assert rising, "no model was planned up under a load the set cannot serve at 1 each"
+    plan = rising[0]
+    asked = plan.decision.desired_instances
+    cut = plan.decide(Grant(plan.spec.model, asked, plan.current, "the pod is full"))
+    assert cut.desired_instances == plan.current
+    assert cut.reason == BUDGET_EXHAUSTED and cut.scaling_limited.status
+    assert "the pod is full" in cut.message and str(asked) in cut.message
+    whole = plan.decide(Grant(plan.spec.model, asked, asked, ""))
+    assert whole is plan.chosen
+    below = plan.decide(Grant(plan.spec.model, asked, 0, "nothing left"))
+    assert below.desired_instances == plan.current
