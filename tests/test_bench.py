@@ -160,10 +160,21 @@ def test_vegeta_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert isinstance(doc["flags"], list) and doc["tolerance"] == 0.1
 
 
-def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
+@pytest.mark.parametrize("planner", ["model", "set"])
+def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path, planner: str) -> None:
     before = _counts(triton)
-    result = operator_vs_static.run(triton, operator_vs_static.QUICK)
-    assert result["operator"].pop("decision_log").count("\n") == result["operator"]["decisions"]
+    result = operator_vs_static.run(triton, {**operator_vs_static.QUICK, "planner": planner})
+    log = [json.loads(line) for line in result["operator"].pop("decision_log").splitlines()]
+    assert len(log) == result["operator"]["decisions"]
+    assert result["operator"]["policy_file"]["planner"] == planner
+    # The set planner's decisions carry its prediction once a window is measured; the
+    # policy's never do.
+    predicted = [record for record in log if record["prediction"] is not None]
+    if planner == "set":
+        assert predicted, [record["reason"] for record in log]
+        assert all(record["prediction"]["expectedRps"] > 0 for record in predicted)
+    else:
+        assert not predicted
     doc = _written(
         "operator_vs_static", result, tmp_path, lambda p: operator_vs_static.plot(result, p)
     )

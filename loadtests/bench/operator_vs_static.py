@@ -164,6 +164,7 @@ def policies(
     return {
         "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
         "metrics": {"source": "scrape"},
+        "planner": settings.get("planner", "model"),
         "policies": [
             {
                 "name": model.replace("_", "-"),
