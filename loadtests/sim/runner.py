@@ -85,6 +85,8 @@ def run_scenario(
             ]
         )
         sim.offer(entry, times.tolist())
+    for entry, clients in scenario.phases[0].clients.items():
+        sim.closed_loop(entry, clients)
 
     # The bar of each phase: the best configuration within the budget under its load.
     offered = [
@@ -92,13 +94,18 @@ def run_scenario(
         for phase in scenario.phases
     ]
     pipelines = [scenario.pipeline_in(i) for i in range(len(scenario.phases))]
-    bests = [search.best(pipelines[i], candidates, offered[i]) for i in range(len(scenario.phases))]
+    # A closed loop is judged by what it serves with its clients (it offers what it gets).
+    clients = [phase.clients for phase in scenario.phases]
+    bests = [
+        search.best(pipelines[i], candidates, offered[i], clients[i])
+        for i in range(len(scenario.phases))
+    ]
 
     def share_of_best(index: int, counts: Mapping[str, int]) -> float:
         best = bests[index].served_rps
         if best <= 0:
             return 1.0
-        return search.served(pipelines[index], counts, offered[index]) / best
+        return search.served(pipelines[index], counts, offered[index], clients[index]) / best
 
     controller = make_controller()
     source = SimulatedSource(sim)
@@ -119,6 +126,8 @@ def run_scenario(
             last_direction = {}
             for model in scenario.phases[phase].costs:
                 sim.set_shape(pipelines[phase].models[model])
+            for entry, count in clients[phase].items():
+                sim.closed_loop(entry, count)
         tally = tallies[phase]
         held = sim.counts()
         if tally.seconds_to_098 is None and share_of_best(phase, held) >= AT_BEST:
@@ -151,6 +160,8 @@ def run_scenario(
         held_ratio = share_of_best(i, held_at_end[i])
         tally = tallies[i]
         offered_mean = sum(sum(rates) / len(rates) for rates in offered[i].values())
+        if clients[i]:
+            offered_mean = served  # a closed loop offers what it is served
         rows.append(
             {
                 "phase": phase_spec.name,

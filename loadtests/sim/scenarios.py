@@ -21,6 +21,9 @@ Families (`FAMILIES`, with how many scenarios each makes):
 - tight_budget: a budget of 5 or 6 instances under a load that needs 8 or more;
 - shapes: other pipelines: branch_rank as the bottleneck, a fourth branch, a child shared
   by two parents loaded at once.
+- closed_loop: a low open-loop load, then a closed loop of 8 to 64 clients (each answer
+  sends the next request at once, as Locust's users and the benchmarks' loads do): what is
+  offered is then never seen in a rate, only in the queue it keeps standing.
 
 The autoscalers' specs are the benchmarks' (loadtests/bench/operator_vs_static.py): a tick
 every 2 s over 6 s of rates, up by 2 instances a tick, down by one after 15 s of lower
@@ -106,26 +109,43 @@ Load = Constant | Ramp | Wave | Spike
 
 
 @dataclass(frozen=True)
+class Clients:
+    """A closed loop: `count` requests in flight from the phase's start to the scenario's end
+    (each answer sends the next at once)."""
+
+    count: int
+
+
+@dataclass(frozen=True)
 class Phase:
     name: str
     duration_s: float
-    loads: Mapping[str, Load]  # entry model -> offered load (entries left out get none)
+    loads: Mapping[str, Load | Clients]  # entry model -> its load (entries left out get none)
     steady: bool = True
     costs: Mapping[str, float] = field(default_factory=dict)  # model -> new execute_ms
 
+    @property
+    def clients(self) -> dict[str, int]:
+        """Entry model -> the closed loop that starts with this phase."""
+        return {
+            entry: load.count for entry, load in self.loads.items() if isinstance(load, Clients)
+        }
+
     def offered_per_second(self, entry: str) -> list[float]:
-        """The offered rate at the middle of each second of the phase."""
+        """The offered rate at the middle of each second of the phase (none for a closed loop:
+        it offers what it is served)."""
         load = self.loads.get(entry)
         seconds = max(1, round(self.duration_s))
-        if load is None:
+        if load is None or isinstance(load, Clients):
             return [0.0] * seconds
         middles = np.arange(seconds, dtype=float) + 0.5
         return [float(rate) for rate in load.rate(middles, self.duration_s)]
 
     def arrivals(self, entry: str, start_s: float, rng: np.random.Generator) -> np.ndarray:
-        """Poisson arrivals at the phase's rate (thinned from its highest rate)."""
+        """Poisson arrivals at the phase's rate (thinned from its highest rate); none for a
+        closed loop (the runner starts its clients)."""
         load = self.loads.get(entry)
-        if load is None:
+        if load is None or isinstance(load, Clients):
             return np.empty(0)
         grid = np.linspace(0.0, self.duration_s, 200)
         highest = float(np.max(load.rate(grid, self.duration_s)))
@@ -412,6 +432,21 @@ def _shapes(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
     )
 
 
+def _closed_loop(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
+    clients = (8, 16, 32, 64)[seed % 4]
+    return Scenario(
+        f"closed_loop-{clients}-{seed}",
+        "closed_loop",
+        seed,
+        base,
+        7,
+        (
+            Phase("low", 30, {PIPELINE: Constant(rng.uniform(40, 120))}),
+            Phase(f"{clients} clients", 80, {PIPELINE: Clients(clients)}),
+        ),
+    )
+
+
 Family = Callable[[random.Random, int, Pipeline], Scenario]
 FAMILIES: Mapping[str, tuple[Family, int]] = MappingProxyType(
     {
@@ -423,6 +458,7 @@ FAMILIES: Mapping[str, tuple[Family, int]] = MappingProxyType(
         "cost_change": (_cost_change, 25),
         "tight_budget": (_tight_budget, 20),
         "shapes": (_shapes, 30),
+        "closed_loop": (_closed_loop, 20),
     }
 )
 

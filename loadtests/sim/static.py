@@ -58,13 +58,21 @@ class StaticSearch:
         self._served: dict[tuple, float] = {}
         self.simulated = 0  # configurations simulated (not found in the cache)
 
-    def capacity(self, pipeline: Pipeline, counts: Mapping[str, int], entry: str) -> float:
-        """Requests per second `entry` serves with every instance kept busy."""
-        key = (pipeline.key(), tuple(counts[m] for m in pipeline.names), entry)
+    def capacity(
+        self,
+        pipeline: Pipeline,
+        counts: Mapping[str, int],
+        entry: str,
+        clients: int | None = None,
+    ) -> float:
+        """Requests per second `entry` serves with every instance kept busy, or under a closed
+        loop of `clients`."""
+        key = (pipeline.key(), tuple(counts[m] for m in pipeline.names), entry, clients)
         if key not in self._capacity:
-            shape = pipeline.models[entry]
-            per_batch = max(1, shape.max_batch_rows // self.rows_per_request)
-            clients = max(32, 2 * counts[entry] * per_batch)
+            if clients is None:
+                shape = pipeline.models[entry]
+                per_batch = max(1, shape.max_batch_rows // self.rows_per_request)
+                clients = max(32, 2 * counts[entry] * per_batch)
             sim = Simulation(pipeline, counts, rows_per_request=self.rows_per_request)
             sim.closed_loop(entry, clients)
             sim.run_until(WARM_UP_S)
@@ -99,9 +107,14 @@ class StaticSearch:
         pipeline: Pipeline,
         counts: Mapping[str, int],
         offered: Mapping[str, Sequence[float]],
+        clients: Mapping[str, int] | None = None,
     ) -> float:
         """Mean requests per second a configuration serves of `offered` (entry -> the offered
-        rate, second by second)."""
+        rate, second by second), or under the closed loops `clients` (entry -> requests in
+        flight; one entry)."""
+        if clients:
+            ((entry, count),) = clients.items()
+            return self.capacity(pipeline, counts, entry, count)
         active = {entry: rates for entry, rates in offered.items() if any(rates)}
         if not active:
             return 0.0
@@ -117,9 +130,13 @@ class StaticSearch:
         pipeline: Pipeline,
         candidates: Sequence[Mapping[str, int]],
         offered: Mapping[str, Sequence[float]],
+        clients: Mapping[str, int] | None = None,
     ) -> Best:
-        """The configuration that serves `offered` best; fewest instances among equals."""
-        scored = [(self.served(pipeline, counts, offered), counts) for counts in candidates]
+        """The configuration that serves `offered` (or the closed loops `clients`) best; fewest
+        instances among equals."""
+        scored = [
+            (self.served(pipeline, counts, offered, clients), counts) for counts in candidates
+        ]
         top = max(rate for rate, _ in scored)
         equal = [
             (sum(counts.values()), tuple(counts.values()), rate, counts)
