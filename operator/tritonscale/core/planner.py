@@ -16,7 +16,9 @@ count with a reason and a message, the prediction, and the state to keep. Stages
 6. the room: an increase that the budget cannot hold until another model has given its
    instances back (as slowly as that model's behavior allows) waits for them.
 
-Not yet the operator's default: tritonscale.core.policy decides each model on its own there.
+The drivers call it through tritonscale.control.set_planner when asked to (`--planner set`);
+by default tritonscale.core.policy decides each model on its own. `as_policy_decision` gives
+one model's part of the result in the policy's form, which the drivers report and apply.
 """
 
 from __future__ import annotations
