@@ -100,6 +100,15 @@ def test_gateway_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert [b["branch"] for b in doc["branches_alone"]] == list(gateway.BRANCHES)
     assert all(b["rows_per_s"] > 0 and b["failures"] == 0 for b in doc["branches_alone"])
     assert doc["gateway_over_best_other_min"] == point["gateway_over_best_other"]
+    # Every variant on each of its users' paths: unary gRPC and HTTP, or a stream per user.
+    [users] = doc["users_paths"]
+    for variant, paths in gateway.USERS_PATHS.items():
+        assert set(users["variants"][variant]) == set(paths), variant
+        for path, run in users["variants"][variant].items():
+            assert run["requests"] > 0 and run["failures"] == 0, (variant, path, run)
+            assert run["rows_per_branch_call"] >= 1, (variant, path, run)
+    assert set(users["gateway_over_async"]) == {"grpc", "http"}
+    assert all(ratio > 0 for ratio in users["gateway_over_async"].values())
     after = {
         **_counts(triton),
         "pipeline_gateway": common.Instances(triton).get("pipeline_gateway"),

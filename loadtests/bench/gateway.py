@@ -1,10 +1,12 @@
 """The decoupled gateway against pipeline_async and pipeline_sync, side by side in one run.
 
-    python -m loadtests.bench.gateway            # full, about ten minutes
-    python -m loadtests.bench.gateway --quick    # one point per part, seconds (CI)
+    python -m loadtests.bench.gateway                # full, about eighteen minutes
+    python -m loadtests.bench.gateway --quick        # one point per part, seconds (CI)
+    python -m loadtests.bench.gateway --parts users  # only the users' client paths
 
 Five variants of the same pipeline, at equal instances, under the same closed-loop load over
-a gRPC stream (the only way to a decoupled model; the others get the same client path):
+one gRPC stream (the only way to a decoupled model; the others get the same client path), and
+then each on the path its users take:
 
 - gateway: pipeline_gateway as shipped (decoupled, its own micro-batcher);
 - plain gateway: pipeline_gateway reloaded with `max_batch_rows: 1`, so every request makes
@@ -15,25 +17,36 @@ a gRPC stream (the only way to a decoupled model; the others get the same client
   score as Python models of their own, at the parents' count; Triton's C++ scheduler moves
   the tensors, no Python orchestrates).
 
-Parts:
+Parts (`--parts` picks some; all by default):
 
-1. Concurrency sweep, 1 to 64 requests in flight, one instance of each model. Variants run in
+1. Concurrency sweep (sweep), 1 to 64 requests in flight, one instance of each model, every
+   variant over one shared gRPC stream. Variants run in
    the order A B C D D C B A, and each result is the mean of its two runs, so that a machine
    whose load drifts favours none. Per variant: throughput, p95, the ratio to sync, the
    fraction of the branch-time ceiling reached (min(in flight, branch instances x 64 rows) per
    15 ms, branch_embed's emulated time: what the branches alone would allow), rows per
    branch call, and the server's CPU per request (steadier than throughput on a shared box).
-2. Branches alone: each branch at its count under more load than any pipeline sends it, so
-   the report can show that the branches were not the bottleneck.
-3. The grid of async_vs_sync (pipeline instances x instances of each branch) at 32 in flight.
-4. The pre-processing pool: pipeline_async and the gateway with `preprocess_threads` 0 (on
-   the event loop) and 2 (a thread pool), at 8 and 32 in flight.
+2. The users' client paths (users), 1 to 32 in flight, one instance of each model: each
+   in-flight request is a user in a closed loop, on the path that user takes. The
+   non-decoupled models (pipeline_async, pipeline_sync, the ensemble) over unary gRPC and
+   over unary HTTP; the two decoupled gateways over a gRPC stream per user, one request at
+   a time (as loadtests/bls.py's users call it). The (variant, path) pairs run in rounds of
+   alternating order (A B C, C B A, A B C, ...; `--rounds`, 2 by default), and the
+   gateway's ratio to pipeline_async on each of its paths is given per round as well as
+   for the means: on a shared machine the spread of the rounds says how far to trust it.
+3. Branches alone (branches): each branch at its count under more load than any pipeline
+   sends it, so the report can show that the branches were not the bottleneck.
+4. The grid of async_vs_sync (grid): pipeline instances x instances of each branch at 32 in
+   flight.
+5. The pre-processing pool (pool): pipeline_async and the gateway with `preprocess_threads`
+   0 (on the event loop) and 2 (a thread pool), at 8 and 32 in flight.
 
 Result: reports/bench/gateway.json (+ .png).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -63,6 +76,17 @@ VARIANTS: dict[str, tuple[str, dict[str, str] | None]] = {
     "sync": ("pipeline_sync", None),
     "ensemble": (ENSEMBLE, None),
 }
+# The client path shared by every variant in the sweep: one gRPC stream for all requests.
+SHARED_STREAM = "shared_stream"
+# Variant -> the paths its users take (common.CLIENT_PATHS): a decoupled model only streams.
+USERS_PATHS: dict[str, tuple[str, ...]] = {
+    "gateway": ("stream",),
+    "plain_gateway": ("stream",),
+    "async": ("grpc", "http"),
+    "sync": ("grpc", "http"),
+    "ensemble": ("grpc", "http"),
+}
+PARTS = ("sweep", "users", "branches", "grid", "pool")
 
 
 def ceiling_rps(in_flight: int, branch_instances: int) -> float:
@@ -129,23 +153,26 @@ class Bench:
         common.set_parameters(self.triton, GATEWAY, {**self.shipped, **wanted})
         self.gateway_parameters = wanted
 
-    def run(self, variant: str, in_flight: int) -> dict[str, Any]:
+    def run(self, variant: str, in_flight: int, path: str = SHARED_STREAM) -> dict[str, Any]:
         model, parameters = VARIANTS[variant]
         if model == GATEWAY:
             self.use_gateway_parameters(parameters)
-        return self.measure(model, in_flight)
+        return self.measure(model, in_flight, path)
 
-    def measure(self, model: str, in_flight: int) -> dict[str, Any]:
+    def measure(self, model: str, in_flight: int, path: str = SHARED_STREAM) -> dict[str, Any]:
         before = {m: self.counters.read(m) for m in (model, "branch_embed")}
         cpu_before = self.cpu.per_process()
-        result = common.measure_stream(
-            self.triton.grpc_url,
-            model,
-            common.pipeline_inputs(self.settings["rows"]),
-            concurrency=in_flight,
-            seconds=self.settings["seconds"],
-            warmup_s=self.settings["warmup_s"],
-        )
+        load = {
+            "concurrency": in_flight,
+            "seconds": self.settings["seconds"],
+            "warmup_s": self.settings["warmup_s"],
+        }
+        inputs = common.pipeline_inputs(self.settings["rows"])
+        if path == SHARED_STREAM:
+            result = common.measure_stream(self.triton.grpc_url, model, inputs, **load)
+        else:
+            url = self.triton.http_url if path == "http" else self.triton.grpc_url
+            result = common.measure_on_path(url, model, inputs, path=path, **load)
         cpu_s = self.cpu.spent(cpu_before, self.cpu.per_process())
         after = self.counters.settled((model, "branch_embed"))
         answered = after[model][0] - before[model][0]
@@ -208,6 +235,54 @@ def sweep(bench: Bench, in_flight: int, branch_instances: int) -> dict[str, Any]
             for v, r in point["variants"].items()
         )
         + f"; gateway / best other x{point['gateway_over_best_other']}"
+    )
+    return point
+
+
+def users_paths(bench: Bench, in_flight: int, branch_instances: int) -> dict[str, Any]:
+    """Every variant on each path its users take (USERS_PATHS), at `in_flight` users, and the
+    gateway's ratio to pipeline_async on each of async's paths."""
+    order = [(variant, path) for variant, paths in USERS_PATHS.items() for path in paths]
+    runs: dict[tuple[str, str], list[dict]] = {pair: [] for pair in order}
+    for number in range(bench.settings["users_rounds"]):
+        for variant, path in order if number % 2 == 0 else order[::-1]:
+            runs[variant, path].append(bench.run(variant, in_flight, path))
+    ceiling = ceiling_rps(in_flight, branch_instances)
+    variants: dict[str, dict[str, Any]] = {variant: {} for variant in USERS_PATHS}
+    for (variant, path), measured in runs.items():
+        run = mean_of(measured)
+        run["fraction_of_ceiling"] = round(run["throughput_rps"] / ceiling, 3)
+        variants[variant][path] = run
+    by_round = {
+        path: [
+            common.ratio(gateway["throughput_rps"], other["throughput_rps"])
+            for gateway, other in zip(runs["gateway", "stream"], runs["async", path], strict=True)
+        ]
+        for path in USERS_PATHS["async"]
+    }
+    gateway_rps = variants["gateway"]["stream"]["throughput_rps"]
+    point = {
+        "in_flight": in_flight,
+        "ceiling_rps": round(ceiling, 1),
+        "variants": variants,
+        "gateway_over_async": {
+            path: common.ratio(gateway_rps, variants["async"][path]["throughput_rps"])
+            for path in USERS_PATHS["async"]
+        },
+        "gateway_over_async_by_round": by_round,
+    }
+    common.progress(
+        f"  {in_flight:>3} in flight: "
+        + ", ".join(
+            f"{variant} {path} {run['throughput_rps']:.0f} rps (p95 {run['p95_ms'] or 0:.0f} ms)"
+            for variant, paths in variants.items()
+            for path, run in paths.items()
+        )
+        + "; gateway / async: "
+        + ", ".join(
+            f"{path} x{ratio} (rounds {', '.join(str(r) for r in by_round[path])})"
+            for path, ratio in point["gateway_over_async"].items()
+        )
     )
     return point
 
@@ -303,29 +378,53 @@ def preprocess_pool(bench: Bench) -> list[dict[str, Any]]:
 
 
 def plot(result: dict[str, Any], path: Any) -> None:
+    """Throughput and p95 per variant: a row for the sweep (one shared stream) and one for
+    the users' paths, each where the run had that part."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = result["by_in_flight"]
-    xs = [p["in_flight"] for p in points]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for variant in VARIANTS:
-        left.plot(
-            xs, [p["variants"][variant]["throughput_rps"] for p in points], "o-", label=variant
+    # (title, points, {label: function from a point to its variant's run})
+    rows = []
+    if result["by_in_flight"]:
+        rows.append(
+            (
+                "every variant on one shared gRPC stream",
+                result["by_in_flight"],
+                {v: (lambda p, v=v: p["variants"][v]) for v in VARIANTS},
+            )
         )
-        right.plot(xs, [p["variants"][variant]["p95_ms"] or 0 for p in points], "o-", label=variant)
-    left.plot(xs, [p["ceiling_rps"] for p in points], "k:", label="branch-time ceiling")
-    for axes, label in ((left, "requests/s"), (right, "p95 latency (ms)")):
-        axes.set_xscale("log", base=2)
-        axes.set_xticks(xs, [str(x) for x in xs])
-        axes.set_xlabel("requests in flight")
-        axes.set_ylabel(label)
-        axes.legend()
-    left.set_ylim(
-        0, max(max(p["variants"][v]["throughput_rps"] for v in VARIANTS) for p in points) * 1.3
+    if result["users_paths"]:
+        rows.append(
+            (
+                "each variant on its users' paths",
+                result["users_paths"],
+                {
+                    f"{v} ({path})": (lambda p, v=v, path=path: p["variants"][v][path])
+                    for v, paths in USERS_PATHS.items()
+                    for path in paths
+                },
+            )
+        )
+    figure, axes_rows = plt.subplots(
+        max(len(rows), 1), 2, figsize=(11, 4 * max(len(rows), 1)), squeeze=False
     )
+    for (title, points, runs), (left, right) in zip(rows, axes_rows, strict=False):
+        xs = [p["in_flight"] for p in points]
+        for label, run_of in runs.items():
+            left.plot(xs, [run_of(p)["throughput_rps"] for p in points], "o-", label=label)
+            right.plot(xs, [run_of(p)["p95_ms"] or 0 for p in points], "o-", label=label)
+        left.plot(xs, [p["ceiling_rps"] for p in points], "k:", label="branch-time ceiling")
+        highest = max(run_of(p)["throughput_rps"] for run_of in runs.values() for p in points)
+        left.set_ylim(0, highest * 1.3)
+        for axes, label in ((left, "requests/s"), (right, "p95 latency (ms)")):
+            axes.set_xscale("log", base=2)
+            axes.set_xticks(xs, [str(x) for x in xs])
+            axes.set_xlabel("requests in flight")
+            axes.set_ylabel(label)
+            axes.set_title(title, fontsize="medium")
+            axes.legend(fontsize="small")
     figure.suptitle("Pipeline variants at one instance each (branches: one instance each)")
     figure.tight_layout()
     figure.savefig(path, dpi=90)
@@ -333,7 +432,10 @@ def plot(result: dict[str, Any], path: Any) -> None:
 
 
 QUICK = {
+    "parts": list(PARTS),
     "in_flight": [2],
+    "users_in_flight": [2],
+    "users_rounds": 1,
     "balanced_rounds": False,
     "rows": 1,
     "seconds": 1.0,
@@ -346,7 +448,10 @@ QUICK = {
     "pool_in_flight": [],
 }
 FULL = {
+    "parts": list(PARTS),
     "in_flight": [1, 2, 4, 8, 16, 32, 64],
+    "users_in_flight": [1, 2, 4, 8, 16, 32],
+    "users_rounds": 2,
     "balanced_rounds": True,
     "rows": 1,
     "seconds": 4.0,
@@ -362,27 +467,44 @@ FULL = {
 
 def run(triton: Any, settings: dict) -> dict[str, Any]:
     """The whole benchmark on a running server; counts and parameters are put back."""
+    # On a shared machine the load at the start says what the run competed with.
+    load_average = [round(x, 2) for x in os.getloadavg()]
     bench = Bench(triton, settings)
+    parts = settings["parts"]
+    points: list[dict[str, Any]] = []
+    users: list[dict[str, Any]] = []
+    alone: list[dict[str, Any]] = []
+    grid_points: list[dict[str, Any]] = []
+    pool: list[dict[str, Any]] = []
     try:
         bench.instances.set({**dict.fromkeys(PARENTS, 1), **dict.fromkeys(BRANCHES, 1)})
-        common.progress("concurrency sweep, one instance of each model")
-        points = [sweep(bench, in_flight, 1) for in_flight in settings["in_flight"]]
-        common.progress("each branch alone, one instance")
-        alone = branches_alone(bench, 1)
-        common.progress(f"grid at {settings['grid_in_flight']} in flight")
-        grid_points = grid(bench)
-        common.progress("pre-processing: inline vs a thread pool")
-        pool = preprocess_pool(bench)
+        if "sweep" in parts:
+            common.progress("concurrency sweep, one instance of each model, one shared stream")
+            points = [sweep(bench, in_flight, 1) for in_flight in settings["in_flight"]]
+        if "users" in parts:
+            common.progress("each variant on its users' paths, one instance of each model")
+            users = [users_paths(bench, n, 1) for n in settings["users_in_flight"]]
+        if "branches" in parts:
+            common.progress("each branch alone, one instance")
+            alone = branches_alone(bench, 1)
+        if "grid" in parts:
+            common.progress(f"grid at {settings['grid_in_flight']} in flight")
+            grid_points = grid(bench)
+        if "pool" in parts:
+            common.progress("pre-processing: inline vs a thread pool")
+            pool = preprocess_pool(bench)
     finally:
         bench.restore()
     ratios = [p["gateway_over_best_other"] for p in points if p["gateway_over_best_other"]]
     return {
         "settings": settings,
+        "load_average_at_run_start": load_average,
         "variants": {v: {"model": m, "parameters": p or {}} for v, (m, p) in VARIANTS.items()},
         "gateway_parameters": bench.shipped,
         "branch_emulated_ms": BRANCH_MS,
         "by_in_flight": points,
         "gateway_over_best_other_min": min(ratios) if ratios else None,
+        "users_paths": users,
         "branches_alone": alone,
         "grid": grid_points,
         "preprocess_pool": pool,
@@ -390,17 +512,42 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = common.parser(__doc__.splitlines()[0]).parse_args(argv)
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"Comma-separated parts to run, of {', '.join(PARTS)} (default: all)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="Rounds of the users' paths, in alternating order (default: 2, --quick 1)",
+    )
+    args = p.parse_args(argv)
+    if args.rounds is not None and args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    parts = [part.strip() for part in args.parts.split(",") if part.strip()]
+    if unknown := sorted(set(parts) - set(PARTS)):
+        p.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    settings = {**(QUICK if args.quick else FULL), "parts": parts}
+    if args.rounds is not None:
+        settings["users_rounds"] = args.rounds
     models = [*PARENTS, *BRANCHES, ENSEMBLE]
     with common.local_triton(models) as triton:
-        result = run(triton, QUICK if args.quick else FULL)
+        result = run(triton, settings)
     path = common.write_result("gateway", result, args.out)
     if not args.no_plot:
         plot(result, common.plot_path(path))
-    common.progress(
-        f"gateway / better of async and the plain gateway: at least "
-        f"x{result['gateway_over_best_other_min']} from 1 to 64 in flight"
-    )
+    if result["by_in_flight"]:
+        common.progress(
+            "one shared stream, gateway / better of async and the plain gateway: at least "
+            f"x{result['gateway_over_best_other_min']}"
+        )
+    for point in result["users_paths"]:
+        common.progress(
+            f"users' paths, {point['in_flight']} in flight, gateway (a stream each) / "
+            + ", ".join(f"async {k} x{v}" for k, v in point["gateway_over_async"].items())
+        )
 
 
 if __name__ == "__main__":

@@ -279,6 +279,36 @@ def gateway(doc: dict) -> list[str]:
             + " | ".join(cells)
             + f" | {_f(p['gateway_over_best_other'], 2)} |"
         )
+    if doc.get("users_paths"):
+        pairs = [
+            (v, path) for v, paths in doc["users_paths"][0]["variants"].items() for path in paths
+        ]
+        lines += [
+            "",
+            "Each variant on its users' paths (unary gRPC and HTTP; a gRPC stream per user for "
+            "the decoupled gateways). Requests/s (p95 ms); server CPU ms per request; then the "
+            "gateway over pipeline_async on each path, for the means and (per round):",
+            "",
+            "| in flight | "
+            + " | ".join(f"{v} ({path})" for v, path in pairs)
+            + " | gateway / async gRPC | gateway / async HTTP |",
+            "|---|" + "---|" * (len(pairs) + 2),
+        ]
+        for p in doc["users_paths"]:
+            cells = []
+            for v, path in pairs:
+                r = p["variants"][v][path]
+                cells.append(
+                    f"{_f(r['throughput_rps'], 0)} ({_f(r['p95_ms'], 0)}); "
+                    f"{_f(r['server_cpu_ms_per_request'], 2)}"
+                )
+            ratios = [
+                f"{_f(p['gateway_over_async'][path], 2)} ("
+                + ", ".join(_f(r, 2) for r in p["gateway_over_async_by_round"][path])
+                + ")"
+                for path in ("grpc", "http")
+            ]
+            lines.append(f"| {p['in_flight']} | " + " | ".join(cells + ratios) + " |")
     if doc["branches_alone"]:
         lines += ["", "Each branch alone at its count (rows/s it can take):", ""]
         for b in doc["branches_alone"]:
