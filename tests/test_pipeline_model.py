@@ -131,6 +131,44 @@ class TestOneWindow:
         assert parent.offered_rps == pytest.approx(55.0)
         assert model.stages["branch_embed"].demand_rps == pytest.approx(55.0)
 
+    def test_a_root_whose_queue_stands_is_overloaded_and_a_child_whose_queue_stands_is_not(
+        self,
+    ) -> None:
+        # A closed loop of clients keeps a queue in front of the set that does not grow:
+        # what the clients would send with more capacity shows in no rate, only there.
+        at = counts(1, 1)
+        load = Load(200.0)
+        snapshots = []
+        for i in range(2):
+            snapshot = load.snapshot(START + i * WINDOW_S, at)
+            models = dict(snapshot.models)
+            for model in (PARENT, "branch_embed"):
+                signals = models[model]
+                # More requests wait than run, the same in both windows.
+                models[model] = replace(
+                    signals,
+                    queue_seconds_per_second=2 * signals.compute_seconds_per_second,
+                    pending_requests=40.0,
+                )
+            snapshots.append(MetricSnapshot(snapshot.taken_at, WINDOW_S, models))
+        model, _ = measured(snapshots, at)
+        parent, embed = model.stages[PARENT], model.stages["branch_embed"]
+        assert parent.saturated and embed.saturated
+        assert parent.offered_rps == pytest.approx(parent.arrival_rps.value)  # not a rate
+        assert parent.overloaded
+        assert not embed.overloaded
+        # Below saturation the same queue says nothing of a closed loop (a batcher's delay,
+        # a burst).
+        roomy = counts(4, 4)
+        snapshot = Load(20.0).snapshot(START, roomy)
+        signals = snapshot.models[PARENT]
+        queued = replace(signals, queue_seconds_per_second=2 * signals.compute_seconds_per_second)
+        light, _ = measured(
+            [MetricSnapshot(START, WINDOW_S, {**snapshot.models, PARENT: queued})], roomy
+        )
+        assert not light.stages[PARENT].saturated
+        assert not light.stages[PARENT].overloaded
+
     def test_a_model_with_too_little_traffic_is_quiet(self) -> None:
         at = counts(1, 1)
         rate = 0.9 * MIN_REQUESTS_PER_WINDOW / WINDOW_S

@@ -262,7 +262,9 @@ class Stage:
     quiet: bool  # too few requests to measure: it keeps its count
     idle: bool  # quiet with nothing finished and nothing queued: it needs no more than its minimum
     saturated: bool  # busy at or above SATURATED_UTILIZATION
-    # Saturated with its queue growing: more is offered than it serves, a limit measured.
+    # Saturated with its queue growing, or a root saturated with more requests waiting than
+    # running (a closed loop's standing queue): more is offered, or would be sent, than it
+    # serves; a limit measured.
     overloaded: bool
 
     @property
@@ -396,7 +398,11 @@ def _stage(
             or hold_per_execution.value <= 0
         ),
         saturated=saturated,
-        overloaded=backlog_growth > 0,
+        # A root that queues more requests than it runs: the clients wait on the set, and a
+        # closed loop of them sends more as soon as the set serves more (its queue stands,
+        # it does not grow). A child's queue says only that it is today's bottleneck.
+        overloaded=backlog_growth > 0
+        or (saturated and not callers.get(model) and _queue_stands(reading)),
         idle=reading.arrival_rate <= 0 and reading.pending_requests <= 0,
     )
 
@@ -498,6 +504,12 @@ def _backlog_growth(history: PipelineHistory, model: str) -> float:
         windows[-1].readings[model].pending_requests - windows[-2].readings[model].pending_requests
     )
     return max(0.0, grown / (windows[-1].taken_at - windows[-2].taken_at))
+
+
+def _queue_stands(reading: Reading) -> bool:
+    """More requests wait for the model than run in it: a queue that stands (a closed loop of
+    clients keeps one in front of its bottleneck without growing it)."""
+    return reading.queue_seconds_per_second > reading.compute_seconds_per_second > 0
 
 
 def _now(estimate: Estimate, value: float | None) -> Estimate:
