@@ -26,8 +26,14 @@ ALLOWED = {
     "/home/locust": "the Locust containers' home: an emptyDir under their read-only root",
     "/home/locust/.cache": "XDG_CACHE_HOME inside that emptyDir",
 }
-# A document named in a file, such as `docs/rbac.md`.
-DOCUMENT = re.compile(r"[\w./-]*[\w-]+\.md\b")
+# A document named in a file, such as `docs/rbac.md`; a URL is skipped whole (a page of
+# another project's documentation is cited, not kept here).
+DOCUMENT = re.compile(r"[a-z][a-z0-9+.-]*://\S+|[\w./-]*[\w-]+\.md\b")
+
+
+def documents(text: str) -> set[str]:
+    """The repository documents `text` names (URLs left out)."""
+    return {found for found in DOCUMENT.findall(text) if "://" not in found}
 
 
 def machine_paths(text: str) -> list[str]:
@@ -81,6 +87,19 @@ def test_the_check_finds_machine_paths_and_lets_the_allowed_ones_be(
     assert machine_paths(text) == found
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("see docs/rbac.md and README.md.", {"docs/rbac.md", "README.md"}),
+        ("https://github.com/grpc/grpc/blob/master/doc/wait-for-ready.md", set()),
+        ("(gRPC's <https://grpc.io/docs/guides/retry.md>) then docs/rbac.md", {"docs/rbac.md"}),
+    ],
+)
+def test_the_check_names_repository_documents_not_urls(text: str, found: set[str]) -> None:
+    assert documents(text) == found
+
+
 def test_no_file_holds_a_path_of_a_developers_machine(files: dict[str, str]) -> None:
     found = [
         f"{name}:{number}: {path}"
@@ -98,7 +117,7 @@ def test_every_document_a_file_names_is_in_the_repository(files: dict[str, str])
     missing = sorted(
         f"{name}: {document}"
         for name, text in files.items()
-        for document in set(DOCUMENT.findall(text))
+        for document in documents(text)
         if Path(document).name not in names
     )
     assert missing == [], "documents named but not in the repository:\n" + "\n".join(missing)
