@@ -195,6 +195,21 @@ class TestVerifier:
         assert all(at["branch_embed"] == 1 for at in ticks.ran[reverted + 1 :])
         assert ticks.last.state.verifier.ceilings(START + 30 * TICK_S) == {"branch_embed": 1}
 
+    def test_a_step_whose_instances_share_the_cpu_and_still_serve_more_is_kept(self) -> None:
+        # branch_embed's instances share the cores: each added one makes every request 40 %
+        # longer (1 -> 2 instances: each holds 28 ms, not 20), and two still serve 1.43 times
+        # what one does. A step that bought that much stands.
+        def shared_cores(now: float, at: Mapping[str, int]) -> MetricSnapshot:
+            embed_s = 0.020 * (1 + 0.4 * (at["branch_embed"] - 1))
+            service = {"branch_embed": embed_s, "branch_classify": 0.005, "branch_rank": 0.005}
+            return Load(70.0, service_s=service).snapshot(now, at)
+
+        ticks = run(pipeline_specs(7), counts(1, 1), shared_cores, 20)
+        assert any(at["branch_embed"] > 1 for at in ticks.ran)
+        reasons = {d.reason for decision in ticks.decisions for d in decision.models.values()}
+        assert verifier.STEP_FELL_SHORT not in reasons
+        assert ticks.ran[-1]["branch_embed"] > 1
+
     def test_failures_that_come_with_more_load_are_no_shortfall(self) -> None:
         # The offered load doubles with the step: failures are the load's, not the step's.
         def busier_later(now: float, at: Mapping[str, int]) -> MetricSnapshot:
