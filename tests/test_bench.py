@@ -7,6 +7,7 @@ documented command, with its own server.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -34,6 +35,8 @@ from loadtests.bench import (
 from tests.tooling import missing
 from tritonscale.drivers.tune import parse_config
 from tritonscale.local.triton_server import LocalTriton
+from tritonscale.triton.client import TritonClient
+from tritonscale.triton.endpoints import Endpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PIPELINE_MODELS = (
@@ -169,10 +172,45 @@ def test_vegeta_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert isinstance(doc["flags"], list) and doc["tolerance"] == 0.1
 
 
-@pytest.mark.parametrize("planner", ["model", "set"])
-def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path, planner: str) -> None:
-    before = _counts(triton)
-    result = operator_vs_static.run(triton, {**operator_vs_static.QUICK, "planner": planner})
+def _rank_cost(triton: LocalTriton) -> str:
+    with TritonClient(Endpoint("local", triton.http_url), triton.repository_key) as client:
+        config = client.model_config("branch_rank")
+    return config["parameters"][common.COST_PARAMETER]["string_value"]
+
+
+def test_emulated_costs_hold_inside_and_are_undone_after(triton: LocalTriton) -> None:
+    before = _rank_cost(triton)
+    with common.emulated_costs(triton, {"branch_rank": 12.5}):
+        assert _rank_cost(triton) == "12.5"
+        common.Instances(triton).set({"branch_rank": 2})  # a count change keeps the cost
+        assert _rank_cost(triton) == "12.5"
+        common.Instances(triton).set({"branch_rank": 1})
+    assert _rank_cost(triton) == before
+
+
+@pytest.mark.unit
+def test_costs_on_the_command_line_are_model_equals_milliseconds() -> None:
+    assert common.parse_costs("branch_embed=5, branch_rank=20.5") == {
+        "branch_embed": 5.0,
+        "branch_rank": 20.5,
+    }
+    for bad in ("branch_embed", "branch_embed=-1", "=5", "branch_embed=fast"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not MODEL=MS"):
+            common.parse_costs(bad)
+
+
+@pytest.mark.parametrize(
+    ("planner", "costs"), [("model", {}), ("set", {"branch_rank": 12.0})], ids=["model", "set"]
+)
+def test_operator_vs_static_quick(
+    triton: LocalTriton, tmp_path: Path, planner: str, costs: dict[str, float]
+) -> None:
+    before, cost_before = _counts(triton), _rank_cost(triton)
+    result = operator_vs_static.run(
+        triton, {**operator_vs_static.QUICK, "planner": planner, "costs": costs}
+    )
+    # The branches' costs given are back to the repository's after the run.
+    assert _rank_cost(triton) == cost_before
     log = [json.loads(line) for line in result["operator"].pop("decision_log").splitlines()]
     assert len(log) == result["operator"]["decisions"]
     assert result["operator"]["policy_file"]["planner"] == planner

@@ -474,13 +474,78 @@ def budget_arguments(
     --quick, else `full`'s, with the budget given (at least one instance per model)."""
     p = parser(description)
     p.add_argument("--budget", type=int, help=budget_help)
+    p.add_argument(
+        "--planner",
+        choices=("model", "set"),
+        default="model",
+        help="how `tritonscale tune` decides: each model on its own (default) or the set together",
+    )
+    p.add_argument(
+        "--costs",
+        type=parse_costs,
+        default={},
+        metavar="MODEL=MS,...",
+        help=f"the branches' emulated execution time ({COST_PARAMETER} in their config.pbtxt), "
+        "e.g. branch_embed=5,branch_rank=20: the bottleneck moves with them",
+    )
     args = p.parse_args(argv)
     settings = dict(quick if args.quick else full)
+    settings["planner"] = args.planner
+    settings["costs"] = args.costs
     if args.budget is not None:
         if args.budget < len(models):
             p.error(f"--budget must be at least {len(models)} (one instance per model)")
         settings["budget"] = args.budget
     return args, settings
+
+
+# ---- the branches' emulated costs ---------------------------------------------------
+
+# The parameter of models/branch_*/config.pbtxt that sets how long a branch holds a batch.
+COST_PARAMETER = "emulated_compute_ms"
+
+
+def parse_costs(text: str) -> dict[str, float]:
+    """`branch_embed=5,branch_rank=20` -> {"branch_embed": 5.0, "branch_rank": 20.0}."""
+    costs: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        model, sep, value = item.partition("=")
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = -1.0
+        if not sep or not model or ms < 0:
+            raise argparse.ArgumentTypeError(f"{item!r} is not MODEL=MS (milliseconds, at least 0)")
+        costs[model.strip()] = ms
+    return costs
+
+
+@contextmanager
+def emulated_costs(triton: LocalTriton, costs: Mapping[str, float]) -> Iterator[None]:
+    """Each model of `costs` reloaded with its emulated execution time set (its live config,
+    `COST_PARAMETER` changed), and back to its own once done. Later loads of other instance
+    counts keep it: the actuator changes only the instance group of the live config."""
+    from tritonscale.triton.client import TritonClient
+
+    endpoint = Endpoint("local", triton.http_url)
+    originals: dict[str, dict[str, Any]] = {}
+    with TritonClient(endpoint, triton.repository_key) as client:
+        try:
+            for model, ms in costs.items():
+                config = client.model_config(model)
+                if COST_PARAMETER not in config.get("parameters", {}):
+                    raise SystemExit(f"bench: {model} has no {COST_PARAMETER} parameter to set")
+                originals[model] = config
+                changed = json.loads(json.dumps(config))
+                changed["parameters"][COST_PARAMETER] = {"string_value": f"{ms:g}"}
+                progress(f"{model}: {COST_PARAMETER} {ms:g}")
+                client.load(model, changed)
+            yield
+        finally:
+            for model, config in originals.items():
+                live = client.model_config(model)
+                live["parameters"][COST_PARAMETER] = config["parameters"][COST_PARAMETER]
+                client.load(model, live)
 
 
 def progress(line: str) -> None:

@@ -162,6 +162,11 @@ def _static(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(triton: Any, settings: dict) -> dict[str, Any]:
+    with common.emulated_costs(triton, settings.get("costs", {})):
+        return _run(triton, settings)
+
+
+def _run(triton: Any, settings: dict) -> dict[str, Any]:
     instances = common.Instances(triton)
     try:
         static = sweep(triton, instances, settings)
