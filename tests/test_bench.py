@@ -120,6 +120,24 @@ def test_gateway_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert gateway.live_parameters(triton, "pipeline_gateway") == shipped
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--parts", "sweep,users,grids"], "unknown part(s) grids"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+    ],
+    ids=["an unknown part is named", "no round at all is refused"],
+)
+def test_the_gateway_command_line_refuses_before_starting_a_server(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        gateway.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_bls_hop_quick(triton: LocalTriton, tmp_path: Path) -> None:
     result = bls_hop.run(triton, bls_hop.QUICK)
     doc = _written("bls_hop", result, tmp_path, lambda p: bls_hop.plot(result["by_concurrency"], p))
