@@ -97,7 +97,7 @@ class _UserStream:
         self.outbox.put_nowait(
             {"model_name": self.model, "inputs": inputs, "request_id": str(self.sent)}
         )
-        _, error = await self.responses.__anext__()
+        _, error = await anext(self.responses)
         if error is not None:
             raise error
 
