@@ -644,10 +644,3 @@ class ServerCpu:
         replaced by a reload) drops out of `after`, so only the processes alive at the end
         count: subtracting its whole past would make the total negative."""
         return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
-    p.add_argument(
-        "--planner",
-        choices=("model", "set"),
-        default="model",
-        help="how `tritonscale tune` decides: each model on its own (default) or the set together",
-    )
-    settings["planner"] = args.planner
