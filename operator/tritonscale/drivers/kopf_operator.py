@@ -71,7 +71,7 @@ from tritonscale.control.tick import ReconcileState, TickResult, iso_time
 from tritonscale.core.budget import Claim
 from tritonscale.core.selectors import selector_to_string
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
-from tritonscale.drivers import admission, pods, readiness
+from tritonscale.drivers import admission, kopf_startup, pods, readiness
 from tritonscale.drivers.status import (
     GROUP,
     HEARTBEAT,
@@ -829,6 +829,9 @@ def run(
     if peering and priority is None:
         priority = random.randint(1, 2**31 - 1)
     runtime = make_runtime(config, metrics, pod_status)
+    # A restarted replica waits on kopf's indexing of every pod and autoscaler before its
+    # first tick; kopf's own barrier for it is quadratic in their number.
+    kopf_startup.install()
     # kopf names a replica in the peering object by this (the chart sets POD_ID to the pod's
     # name); the readinessProbe finds it there.
     identity = os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}/{uuid4().hex[:6]}"
