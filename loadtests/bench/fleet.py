@@ -92,14 +92,13 @@ class Probe:
             except OSError:  # not serving yet
                 self.fleet.check_alive()
                 continue
+            process_seconds, process_count = tick_totals(text)
+            seconds += process_seconds
+            count += process_count
             for line in text.splitlines():
                 if not line or line.startswith("#"):
                     continue
                 series += 1
-                if line.startswith(TICK_SECONDS + "_sum{"):
-                    seconds += float(line.rsplit(" ", 1)[1])
-                elif line.startswith(TICK_SECONDS + "_count{"):
-                    count += float(line.rsplit(" ", 1)[1])
                 if not line.startswith(LAST_TICK + "{"):
                     continue
                 labels, value = line[len(LAST_TICK) :].rsplit(" ", 1)
@@ -287,20 +286,59 @@ def step(fleet: Fleet, probe: Probe, interval_s: float) -> dict[str, Any]:
 
 def kill_shard(fleet: Fleet, probe: Probe, shard: int, interval_s: float) -> dict[str, Any]:
     """SIGKILL one operator process and start it again at once (as the kubelet restarts a
-    StatefulSet's pod): the seconds until every autoscaler it owned ticked again."""
+    StatefulSet's pod): the seconds until every autoscaler it owned ticked again, and where
+    they went: until the new process served its metrics (start-up and imports), until its
+    first tick ended (kopf's listing and indexes, its daemons, that tick), the mean length of
+    its ticks so far, and its CPU seconds meanwhile."""
     owned = [name for name, shards in probe.shard_of.items() if shard in shards]
     killed_at = time.time()
     fleet.kill_operator(shard)
     fleet.start_operator(shard)
     common.progress(f"  shard {shard} killed and started again; {len(owned)} autoscalers")
+    name = fleet.operator_name(shard)
+    pid = fleet.processes[name].pid
+    timeline: dict[str, Any] = {"killed_shard": shard}
+
+    def since_kill(at: float) -> float:
+        return round(at - killed_at, 1)
+
     deadline = time.monotonic() + 8 * interval_s + 120
     while time.monotonic() < deadline:
-        probe.sleep(probe.poll_s)
-        again = [n for n in owned if any(t > killed_at for t in probe.ticks.get(n, ()))]
-        if len(again) == len(owned):
-            last = max(min(t for t in probe.ticks[n] if t > killed_at) for n in owned)
-            return {"killed_shard": shard, "seconds_to_tick_again": round(last - killed_at, 1)}
-    return {"killed_shard": shard, "seconds_to_tick_again": None, "ticked_again": len(again)}
+        if "seconds_to_serve_metrics" not in timeline:
+            try:
+                fleet.operator_metrics(shard)
+                timeline["seconds_to_serve_metrics"] = since_kill(time.time())
+            except OSError:
+                pass
+        probe.sleep(
+            min(1.0, probe.poll_s) if "seconds_to_first_tick" not in timeline else probe.poll_s
+        )
+        firsts = [
+            min(t for t in probe.ticks.get(n, ()) if t > killed_at)
+            for n in owned
+            if any(t > killed_at for t in probe.ticks.get(n, ()))
+        ]
+        if firsts and "seconds_to_first_tick" not in timeline:
+            timeline["seconds_to_first_tick"] = since_kill(min(firsts))
+            timeline["cpu_s_to_first_tick"] = round(probe.cpu_s(pid), 1)
+        if len(firsts) == len(owned):
+            timeline["seconds_to_tick_again"] = since_kill(max(firsts))
+            timeline["cpu_s_to_tick_again"] = round(probe.cpu_s(pid), 1)
+            seconds, count = tick_totals(fleet.operator_metrics(shard))
+            timeline["mean_tick_s_after_restart"] = _round(seconds / count if count else None)
+            return timeline
+    return {**timeline, "seconds_to_tick_again": None, "ticked_again": len(firsts)}
+
+
+def tick_totals(metrics_text: str) -> tuple[float, float]:
+    """One operator process's ticks since it started: their seconds and their count."""
+    seconds = count = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(TICK_SECONDS + "_sum{"):
+            seconds += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(TICK_SECONDS + "_count{"):
+            count += float(line.rsplit(" ", 1)[1])
+    return seconds, count
 
 
 def run_row(
@@ -509,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         metavar="PODS",
         help="Rows of PODS pods on two operator shards, after the others (the full run: 2000; "
-        "none when --sizes or --sources name the rows)",
+        "none when --sizes or --sources name the rows; alone, the only rows)",
     )
     args = p.parse_args(argv)
     if not netns.inside():
@@ -517,12 +555,12 @@ def main(argv: list[str] | None = None) -> int:
         return netns.reexec(f"loadtests.bench.{NAME}", sys.argv[1:] if argv is None else argv)
     netns.stop_on_sigterm()
     settings = dict(QUICK if args.quick else FULL)
-    sizes = args.sizes or settings["sizes"]
+    # Rows named on the command line are the run: the sharded rows only where asked for, or
+    # in the full run; with --sharded alone, only those.
+    sizes = args.sizes or ([] if args.sharded else settings["sizes"])
     if any(size % PODS_PER_SET for size in sizes):
         p.error(f"--sizes must be multiples of {PODS_PER_SET}")
     sources = args.sources or settings["sources"]
-    # Rows named on the command line are the run: the sharded rows only where asked for,
-    # or in the full run.
     named = args.sizes is not None or args.sources is not None
     sharded = args.sharded if args.sharded is not None else [] if named else settings["sharded"]
     rows = []
