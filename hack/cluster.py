@@ -57,6 +57,8 @@ CONTROLLERS = (
     "deployment-controller",
     "daemonset-controller",
     "replicaset-controller",
+    # The chart's operator shards (operator.shards) are a StatefulSet.
+    "statefulset-controller",
     "job-controller",
     "resourcequota-controller",
     "endpoints-controller",

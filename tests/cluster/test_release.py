@@ -6,7 +6,8 @@ ResourceQuota on CPU and memory; the real node runs its pods as containers of th
 with its own service account, Locust). The tests run in this file's order,
 each leaving the release as the next one expects: installed, rejecting bad autoscalers,
 reconciling, passing `helm test`, scaled to two pods, under load and after, restarted
-after a crash, upgraded, and finally uninstalled with nothing left behind.
+after a crash, upgraded, split over two operator shards, and finally uninstalled with nothing
+left behind.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from tests.cluster.harness import (
     wait_namespace_gone,
     wait_release_gone,
 )
+from tritonscale.control.pod_sets import owner
+from tritonscale.triton import metrics_text
 
 NAMESPACE = "e2e-helm4"
 RELEASE = "demo"
@@ -560,6 +563,138 @@ def test_the_operators_rbac_is_what_docs_rbac_md_says(release: Cluster) -> None:
     assert can_i_table(CAN_I) in RBAC_DOC.read_text(), (
         f"docs/rbac.md must show this table of `kubectl auth can-i`:\n{can_i_table(CAN_I)}"
     )
+
+
+# Shards: an autoscaler that selects no pod is a pod set of its own (its tick finds no ready
+# pod and says so), which the stable hash gives to the shard that does not own the release's
+# set (tritonscale.control.pod_sets.owner: set-a8a3b5c9c2 is shard 0's of two, the release's
+# set-996b985d0f shard 1's).
+IDLE_AUTOSCALER = "idle-shard-probe"
+IDLE_INTERVAL_S = 15
+OPERATOR = f"{INSTANCE},app.kubernetes.io/component=operator"
+LAST_TICK = "tritonscale_last_reconcile_timestamp_seconds"
+
+
+def last_ticks(pod: dict[str, Any]) -> dict[str, float] | None:
+    """autoscaler -> its last tick's end (unix seconds), as the operator process in `pod`
+    exports them: the autoscalers this process ticked since it started. None while it does
+    not answer."""
+    try:
+        text = requests.get(f"http://{pod['status']['podIP']}:9102/metrics", timeout=5).text
+    except (requests.RequestException, KeyError):
+        return None
+    return {
+        dict(labels)["autoscaler"]: value
+        for (_name, labels), value in metrics_text.parse_metrics(text, {LAST_TICK}).items()
+    }
+
+
+def test_two_shards_split_the_sets_and_a_killed_shard_ticks_its_own_again(
+    release: Cluster,
+) -> None:
+    """With operator.shards=2 each set has one owner (status.podSet.shard, and only its owner's
+    process ticks it); a shard killed with SIGKILL is restarted by the kubelet and ticks its
+    sets again within two of their intervals, while the other shard never touches them."""
+    release.kubectl(
+        "create", "-n", NAMESPACE, "-f", "-",
+        stdin=autoscaler(
+            IDLE_AUTOSCALER,
+            selector={"matchLabels": {"app.kubernetes.io/component": "idle"}},
+            intervalSeconds=IDLE_INTERVAL_S,
+        ),
+    )  # fmt: skip
+    try:
+        upgrade(release, "operator.shards=2")
+        shards = {f"{RELEASE}-tritonscale-operator-{i}" for i in range(2)}
+        release.wait(
+            "the operator's two shard pods Ready, and the Deployment's pod gone",
+            lambda: (
+                (pods := release.pods(NAMESPACE, OPERATOR))
+                and {p["metadata"]["name"] for p in pods} == shards
+                and all(is_ready(p) for p in pods)
+            ),
+            timeout_s=240,
+            namespace=NAMESPACE,
+        )
+        names = [*(a["metadata"]["name"] for a in autoscalers(release).values()), IDLE_AUTOSCALER]
+
+        def split() -> dict[str, int] | None:
+            """autoscaler -> its set's owner, once every status names it (`i/2`)."""
+            owners = {}
+            for item in release.items("instancegroupautoscalers", "-n", NAMESPACE):
+                pod_set = (item.get("status") or {}).get("podSet") or {}
+                if "name" not in pod_set:
+                    return None
+                shard = owner(pod_set["name"], 2)
+                if pod_set.get("shard") != f"{shard}/2":
+                    return None
+                owners[item["metadata"]["name"]] = shard
+            return owners if sorted(owners) == sorted(names) else None
+
+        owners = release.wait(
+            "every autoscaler's status.podSet.shard to name its set's owner of two",
+            split,
+            timeout_s=60,
+            namespace=NAMESPACE,
+        )
+        assert set(owners.values()) == {0, 1}, f"one shard owns every set: {owners}"
+        idle_shard = owners[IDLE_AUTOSCALER]
+        pod_of = {i: f"{RELEASE}-tritonscale-operator-{i}" for i in range(2)}
+
+        def ticked_by_owners() -> dict[int, dict[str, float]] | None:
+            """Each shard's exported ticks, once they are those of its own autoscalers."""
+            seen = {}
+            for shard, pod in pod_of.items():
+                ticks = last_ticks(release.get("pod", pod, "-n", NAMESPACE))
+                if ticks is None or set(ticks) != {n for n, o in owners.items() if o == shard}:
+                    return None
+                seen[shard] = ticks
+            return seen
+
+        before = release.wait(
+            "each shard's process to export the ticks of its own autoscalers, and only those",
+            ticked_by_owners,
+            timeout_s=2 * IDLE_INTERVAL_S,
+            namespace=NAMESPACE,
+        )
+        victim = release.get("pod", pod_of[idle_shard], "-n", NAMESPACE)
+        restarts = victim["status"]["containerStatuses"][0]["restartCount"]
+        killed_at = time.time()
+        os.kill(release.container_pid(NAMESPACE, pod_of[idle_shard], "operator"), signal.SIGKILL)
+        started = time.monotonic()
+
+        def ticking_again() -> dict[int, dict[str, float]] | None:
+            pod = release.get("pod", pod_of[idle_shard], "-n", NAMESPACE)
+            if pod["status"]["containerStatuses"][0]["restartCount"] != restarts + 1:
+                return None
+            seen = ticked_by_owners()
+            if seen is None or min(seen[idle_shard].values()) <= killed_at:
+                return None
+            return seen
+
+        after = release.wait(
+            f"the killed shard {idle_shard}, restarted, to tick each of its sets again within "
+            "two intervals, and the other shard none of them",
+            ticking_again,
+            timeout_s=2 * IDLE_INTERVAL_S,
+            namespace=NAMESPACE,
+            every_s=0.5,
+        )
+        release.timings["a killed shard: SIGKILL to its sets ticked again"] = round(
+            time.monotonic() - started, 1
+        )
+        # The other shard went on with its own sets meanwhile.
+        other = 1 - idle_shard
+        assert all(after[other][n] > before[other][n] for n in before[other]), (before, after)
+    finally:
+        # Gone while the shards run, which let it go; without them, without kopf's finalizer
+        # (the namespace would wait for it otherwise).
+        deleted = release.run(
+            "kubectl", "delete", "iga", IDLE_AUTOSCALER, "-n", NAMESPACE, "--timeout=60s"
+        )
+        if deleted.returncode != 0:
+            release.run("kubectl", "patch", "iga", IDLE_AUTOSCALER, "-n", NAMESPACE,
+                        "--type=merge", "-p", '{"metadata":{"finalizers":null}}')  # fmt: skip
 
 
 def test_uninstall_leaves_nothing_and_the_namespace_deletes(release: Cluster) -> None:
