@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tritonscale.metrics import scrape
@@ -36,3 +38,34 @@ async def test_the_history_follows_the_longest_window_asked(monkeypatch) -> None
     signals = snapshot.model("m")
     assert snapshot.complete and signals is not None
     assert signals.request_rate == pytest.approx(10 / 15, rel=0.01)
+
+
+async def test_a_target_forgotten_while_its_read_is_in_flight_keeps_the_sample(
+    monkeypatch,
+) -> None:
+    # A slow pod's last sample is older than the history kept; while its next read is in
+    # flight another pod's scrape forgets it. The read must still land where the tick's
+    # readers look, not in a history nobody holds (that was a KeyError in the healer's
+    # request_counters and an IndexError in the snapshot, and each ended a set's tick).
+    now = [1000.0]
+    slow_read = asyncio.Event()
+    slow = Endpoint("slow", "slow:8000", "http://slow:8002/metrics")
+    fast = Endpoint("fast", "fast:8000", "http://fast:8002/metrics")
+
+    async def fetch(session, pod, url, timeout_s) -> str:
+        if url == slow.metrics_url and now[0] > 1000.0:
+            await slow_read.wait()
+        return TEXT % int(now[0])
+
+    monkeypatch.setattr(scrape, "fetch_metrics_text", fetch)
+    source = ScrapeSource(max_window_s=30, min_scrape_interval_s=0, clock=lambda: now[0])
+    await source.scrape([slow.metrics_url, fast.metrics_url])
+    now[0] += 300  # the slow pod's sample is now older than kept_s + 60
+    reading = asyncio.ensure_future(source.request_counters(slow, "m"))
+    await asyncio.sleep(0)  # one turn of the loop: its read starts and waits
+    await source.scrape([fast.metrics_url])  # forgets the slow pod's old history
+    slow_read.set()
+    failures, successes = await reading
+    assert successes == 1300
+    snapshot = await source.snapshot(["m"], [slow, fast], 30)
+    assert snapshot.model("m") is not None

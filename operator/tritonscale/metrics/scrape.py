@@ -138,7 +138,7 @@ class ScrapeSource:
         """One sample of `url`, unless a fresh one exists; a failure of a scrape that was in
         flight when this one was asked for is this one's failure too (no second wait)."""
         now = self._clock()
-        history = self._history.setdefault(url, deque())
+        history = self._history.get(url)
         if history and now - history[-1].at < self.min_scrape_interval_s:
             return
         failed = self._failures.get(url)
@@ -155,6 +155,9 @@ class ScrapeSource:
             self._failed(url, problem)
             raise MetricsUnavailable(problem) from None
         self._failures.pop(url, None)
+        # Looked up again after the read: while it was in flight another target's scrape may
+        # have forgotten this one (its last sample too old), and a history is never empty.
+        history = self._history.setdefault(url, deque())
         history.append(Sample(self._clock(), values))
         while history and history[0].at < history[-1].at - self.kept_s - 60:
             history.popleft()
