@@ -36,9 +36,13 @@ class SetPlanner:
 
     def __init__(self, name: str = "") -> None:
         self.name = name  # the set's (tritonscale.control.pod_sets), for the metrics
-        self.state = SetState()
         self.last: SetDecision | None = None  # the last tick's decision, for reports
         self.prediction: Prediction | None = None  # the last prediction made
+
+    @property
+    def state(self) -> SetState:
+        """What the next tick starts from: the last decision's state, or a fresh one."""
+        return self.last.state if self.last is not None else SetState()
 
     def planned(self, plans: Mapping[str, Plan], now: float) -> dict[str, Plan]:
         """`plans` (by member) with the set's decision in each; unchanged where the members
@@ -55,7 +59,7 @@ class SetPlanner:
         specs = {plan.spec.model: plan.spec for plan in plans.values()}
         current = {plan.spec.model: plan.current for plan in plans.values()}
         decided = decide_set(specs, current, snapshot, self.state, now)
-        self.state, self.last = decided.state, decided
+        self.last = decided
         if decided.prediction is not None:
             self.prediction = decided.prediction
         return {
