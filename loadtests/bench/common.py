@@ -5,9 +5,9 @@ The load generators are tritonscale.local.loadgen's, over `tritonclient.grpc.aio
 keeps a fixed number of requests in flight (closed loop), `measure_stream` does the same over
 one gRPC stream (decoupled models), `OpenLoopLoad` sends at a rate;
 one process, no gevent, so that at these rates the generator is not the bottleneck
-(bench/loadgen_headroom.py measures how far that holds). `measure_on_path` runs the same
-closed loop on the path a model's users take: unary gRPC, unary HTTP, or a gRPC stream per
-user.
+(bench/loadgen_headroom.py measures how far that holds). `measure(..., path=...)` runs the
+same closed loop on the path a model's users take: unary gRPC, unary HTTP, or a gRPC stream
+per user.
 """
 
 from __future__ import annotations
@@ -37,12 +37,10 @@ import tritonclient.http
 import tritonclient.http.aio
 
 from tritonscale.local.loadgen import (
+    CLIENT_PATHS,
     Inputs,
     Measurement,
     OpenLoopLoad,
-    _infer_inputs,
-    _measurement,
-    _one_line,
     measure,
     measure_stream,
 )
@@ -54,7 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "reports" / "bench"
 
 # The load generators live in tritonscale.local.loadgen (the demo uses them too).
-__all__ = ["Inputs", "Measurement", "OpenLoopLoad", "measure", "measure_stream"]
+__all__ = ["CLIENT_PATHS", "Inputs", "Measurement", "OpenLoopLoad", "measure", "measure_stream"]
 
 
 def pipeline_inputs(rows: int = 1) -> Callable[[np.random.Generator], Inputs]:
@@ -67,124 +65,6 @@ def pair_inputs(rng: np.random.Generator) -> Inputs:
 
 def stream_count_inputs(count: int = 4) -> Callable[[np.random.Generator], Inputs]:
     return lambda rng: {"IN": np.array([count], dtype=np.int32)}
-
-
-# ---- closed loops on the path a model's users take ----------------------------------
-
-# How a client reaches a model: unary gRPC, unary HTTP (tritonclient.http, JSON with the
-# binary tensor extension), or a gRPC stream of its own per user, one request at a time
-# (a decoupled model, as loadtests/bls.py's users call pipeline_gateway).
-CLIENT_PATHS = ("grpc", "http", "stream")
-# A request's deadline on every path.
-REQUEST_TIMEOUT_S = 30.0
-
-
-class _UserStream:
-    """One user's gRPC stream: a request, then its single (final) response, then the next."""
-
-    def __init__(self, client: Any, model: str) -> None:
-        self.model = model
-        self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        self.responses = client.stream_infer(self._requests())
-        self.sent = 0
-
-    async def _requests(self) -> Any:
-        while (request := await self.outbox.get()) is not None:
-            yield request
-
-    async def infer(self, inputs: list[Any]) -> None:
-        self.sent += 1
-        self.outbox.put_nowait(
-            {"model_name": self.model, "inputs": inputs, "request_id": str(self.sent)}
-        )
-        _, error = await anext(self.responses)
-        if error is not None:
-            raise error
-
-    def close(self) -> None:
-        self.outbox.put_nowait(None)
-        self.responses.cancel()
-
-
-async def _closed_loop_on_path(
-    url: str,
-    model: str,
-    make: Callable[[np.random.Generator], Inputs],
-    path: str,
-    concurrency: int,
-    warmup_s: float,
-    seconds: float,
-) -> Measurement:
-    """`concurrency` users, each sending a request and waiting for its answer, on `path`.
-    The users share one client (one gRPC channel; HTTP: a pool of `concurrency` connections),
-    as loadgen's `measure` does."""
-    if path == "http":
-        client: Any = tritonclient.http.aio.InferenceServerClient(url, conn_limit=concurrency)
-        module: Any = tritonclient.http
-    else:
-        client = tritonclient.grpc.aio.InferenceServerClient(url)
-        module = tritonclient.grpc
-    latencies: list[float] = []
-    failures = 0
-    first_error: str | None = None
-    started = time.perf_counter()
-    measure_from = started + warmup_s
-    measure_to = measure_from + seconds
-
-    async def user(index: int) -> None:
-        nonlocal failures, first_error
-        rng = np.random.default_rng(index)
-        stream = _UserStream(client, model) if path == "stream" else None
-        try:
-            while time.perf_counter() < measure_to:
-                inputs = _infer_inputs(make(rng), module)
-                sent = time.perf_counter()
-                try:
-                    async with asyncio.timeout(REQUEST_TIMEOUT_S):
-                        if stream is not None:
-                            await stream.infer(inputs)
-                        else:
-                            await client.infer(model, inputs)
-                    ok = True
-                except Exception as error:  # counted: a failure is a result, not a crash
-                    ok = False
-                    first_error = first_error or _one_line(error)
-                    if stream is not None:  # its answer may still come: start afresh
-                        stream.close()
-                        stream = _UserStream(client, model)
-                    await asyncio.sleep(0.01)
-                done = time.perf_counter()
-                if measure_from <= done < measure_to:
-                    if ok:
-                        latencies.append(done - sent)
-                    else:
-                        failures += 1
-        finally:
-            if stream is not None:
-                stream.close()
-
-    try:
-        await asyncio.gather(*(user(i) for i in range(concurrency)))
-    finally:
-        await client.close()
-    return _measurement(model, concurrency, seconds, latencies, failures, first_error)
-
-
-def measure_on_path(
-    url: str,
-    model: str,
-    make: Callable[[np.random.Generator], Inputs],
-    *,
-    path: str,
-    concurrency: int,
-    seconds: float,
-    warmup_s: float = 1.0,
-) -> Measurement:
-    """As `measure`, with `concurrency` users on one of CLIENT_PATHS (`url`: the server's
-    gRPC address for "grpc" and "stream", its HTTP one for "http")."""
-    if path not in CLIENT_PATHS:
-        raise ValueError(f"path must be one of {', '.join(CLIENT_PATHS)}, got {path!r}")
-    return asyncio.run(_closed_loop_on_path(url, model, make, path, concurrency, warmup_s, seconds))
 
 
 # ---- the server and its instance counts ---------------------------------------------

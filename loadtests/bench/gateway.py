@@ -172,7 +172,7 @@ class Bench:
             result = common.measure_stream(self.triton.grpc_url, model, inputs, **load)
         else:
             url = self.triton.http_url if path == "http" else self.triton.grpc_url
-            result = common.measure_on_path(url, model, inputs, path=path, **load)
+            result = common.measure(url, model, inputs, path=path, **load)
         cpu_s = self.cpu.spent(cpu_before, self.cpu.per_process())
         after = self.counters.settled((model, "branch_embed"))
         answered = after[model][0] - before[model][0]

@@ -10,8 +10,9 @@
   generators that speak HTTP.
 - `measure`: a closed loop with a fixed number of requests in flight for a few seconds, the
   throughput a configuration can give (the benchmarks' measurement, and the demo's
-  capacity check).
-- `measure_stream`: the same closed loop over one gRPC stream, the only way to a decoupled
+  capacity check); over unary gRPC, or on the path a model's users take (`path`: unary
+  HTTP, or a gRPC stream per user).
+- `measure_stream`: the same number in flight over one shared gRPC stream, the only way to a decoupled
   model.
 - `ClosedLoopLoad`: users as threads, each sending, waiting for the answer, and pausing.
 
@@ -419,6 +420,41 @@ def _measurement(
     )
 
 
+# How a client reaches a model in `measure`: unary gRPC, unary HTTP (tritonclient.http, JSON
+# with the binary tensor extension), or a gRPC stream of its own per user, one request at a
+# time (a decoupled model, as loadtests/bls.py's users call pipeline_gateway).
+CLIENT_PATHS = ("grpc", "http", "stream")
+# A closed loop's request deadline, on every path.
+REQUEST_TIMEOUT_S = 30.0
+
+
+class _UserStream:
+    """One user's gRPC stream: a request, then its single (final) response, then the next."""
+
+    def __init__(self, client: Any, model: str) -> None:
+        self.model = model
+        self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.responses = client.stream_infer(self._requests())
+        self.sent = 0
+
+    async def _requests(self) -> Any:
+        while (request := await self.outbox.get()) is not None:
+            yield request
+
+    async def infer(self, inputs: list[Any]) -> None:
+        self.sent += 1
+        self.outbox.put_nowait(
+            {"model_name": self.model, "inputs": inputs, "request_id": str(self.sent)}
+        )
+        _, error = await anext(self.responses)
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        self.outbox.put_nowait(None)
+        self.responses.cancel()
+
+
 async def _closed_loop(
     url: str,
     model: str,
@@ -426,8 +462,16 @@ async def _closed_loop(
     concurrency: int,
     warmup_s: float,
     seconds: float,
+    path: str = "grpc",
 ) -> Measurement:
-    client = grpc_aio.InferenceServerClient(url)
+    """`concurrency` users, each sending a request and waiting for its answer, on `path`.
+    The users share one client (one gRPC channel; HTTP: a pool of `concurrency` connections)."""
+    if path == "http":
+        client: Any = http_aio.InferenceServerClient(url, conn_limit=concurrency)
+        module: Any = httpclient
+    else:
+        client = grpc_aio.InferenceServerClient(url)
+        module = grpcclient
     latencies: list[float] = []
     failures = 0
     first_error: str | None = None
@@ -435,28 +479,40 @@ async def _closed_loop(
     measure_from = started + warmup_s
     measure_to = measure_from + seconds
 
-    async def worker(index: int) -> None:
+    async def user(index: int) -> None:
         nonlocal failures, first_error
         rng = np.random.default_rng(index)
-        while time.perf_counter() < measure_to:
-            inputs = _infer_inputs(make(rng))
-            sent = time.perf_counter()
-            try:
-                await client.infer(model, inputs, client_timeout=30)
-                ok = True
-            except Exception as error:  # counted: a failure is a result, not a crash
-                ok = False
-                first_error = first_error or _one_line(error)
-                await asyncio.sleep(0.01)
-            done = time.perf_counter()
-            if measure_from <= done < measure_to:
-                if ok:
-                    latencies.append(done - sent)
-                else:
-                    failures += 1
+        stream = _UserStream(client, model) if path == "stream" else None
+        try:
+            while time.perf_counter() < measure_to:
+                inputs = _infer_inputs(make(rng), module)
+                sent = time.perf_counter()
+                try:
+                    async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                        if stream is not None:
+                            await stream.infer(inputs)
+                        else:
+                            await client.infer(model, inputs)
+                    ok = True
+                except Exception as error:  # counted: a failure is a result, not a crash
+                    ok = False
+                    first_error = first_error or _one_line(error)
+                    if stream is not None:  # its answer may still come: start afresh
+                        stream.close()
+                        stream = _UserStream(client, model)
+                    await asyncio.sleep(0.01)
+                done = time.perf_counter()
+                if measure_from <= done < measure_to:
+                    if ok:
+                        latencies.append(done - sent)
+                    else:
+                        failures += 1
+        finally:
+            if stream is not None:
+                stream.close()
 
     try:
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        await asyncio.gather(*(user(i) for i in range(concurrency)))
     finally:
         await client.close()
     return _measurement(model, concurrency, seconds, latencies, failures, first_error)
@@ -536,13 +592,18 @@ def measure(
     seconds: float,
     warmup_s: float = 1.0,
     rows: int = 1,
+    path: str = "grpc",
 ) -> Measurement:
     """Requests/s and latency of `model` with `concurrency` requests always in flight.
 
-    `make` builds each request's arrays (default: `input_arrays(model, rows, rng)`).
+    `make` builds each request's arrays (default: `input_arrays(model, rows, rng)`). `path`
+    is how the users reach the model, one of CLIENT_PATHS (`url`: the server's gRPC address
+    for "grpc" and "stream", its HTTP one for "http").
     """
+    if path not in CLIENT_PATHS:
+        raise ValueError(f"path must be one of {', '.join(CLIENT_PATHS)}, got {path!r}")
     make = make or (lambda rng: input_arrays(model, rows, rng))
-    return asyncio.run(_closed_loop(url, model, make, concurrency, warmup_s, seconds))
+    return asyncio.run(_closed_loop(url, model, make, concurrency, warmup_s, seconds, path))
 
 
 def measure_stream(
