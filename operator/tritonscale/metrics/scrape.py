@@ -38,6 +38,8 @@ COUNTERS = {
 }
 _MICROSECONDS = {"compute_seconds_per_second", "queue_seconds_per_second"}
 GPU_GAUGES = (queries.GPU_UTILIZATION, queries.GPU_MEMORY_USED, queries.GPU_MEMORY_TOTAL)
+# How often the targets are walked for those gone (their history older than any window).
+FORGET_EVERY_S = 30.0
 _KEPT = {*COUNTERS, queries.PENDING_REQUESTS, queries.STREAMS_IN_FLIGHT, *GPU_GAUGES}
 
 
@@ -94,6 +96,7 @@ class ScrapeSource:
         # value counted as new requests).
         self._target_locks: dict[str, asyncio.Lock] = {}
         self._failures: dict[str, tuple[float, str]] = {}  # url -> (when, the one line)
+        self._forgotten_at = -math.inf  # when gone targets were last looked for
 
     @property
     def kept_s(self) -> float:
@@ -118,6 +121,7 @@ class ScrapeSource:
         else:
             async with aiohttp.ClientSession() as session:
                 failures = await self._scrape_all(session, targets, asked)
+        self._forget_gone(asked)
         for failure in failures:
             if isinstance(failure, BaseException):
                 raise failure
@@ -161,7 +165,13 @@ class ScrapeSource:
         history.append(Sample(self._clock(), values))
         while history and history[0].at < history[-1].at - self.kept_s - 60:
             history.popleft()
-        # Forget targets gone for longer than any window (pods replaced in Kubernetes).
+
+    def _forget_gone(self, now: float) -> None:
+        """Forget targets gone for longer than any window (pods replaced in Kubernetes): a walk
+        over every target, so at most once every FORGET_EVERY_S (a fleet has thousands)."""
+        if now - self._forgotten_at < FORGET_EVERY_S:
+            return
+        self._forgotten_at = now
         for gone in [
             target
             for target, samples in self._history.items()
