@@ -69,3 +69,25 @@ async def test_a_target_forgotten_while_its_read_is_in_flight_keeps_the_sample(
     assert successes == 1300
     snapshot = await source.snapshot(["m"], [slow, fast], 30)
     assert snapshot.model("m") is not None
+
+
+async def test_a_read_made_earlier_in_the_tick_serves_its_snapshot(monkeypatch) -> None:
+    # The healer reads a pod's counters while the set tick observes its members; on a busy
+    # operator the snapshot comes seconds later. It must not read the pod a second time.
+    now = [1000.0]
+    reads = [0]
+
+    async def fetch(session, pod, url, timeout_s) -> str:
+        reads[0] += 1
+        return TEXT % (10 * reads[0])
+
+    monkeypatch.setattr(scrape, "fetch_metrics_text", fetch)
+    source = ScrapeSource(clock=lambda: now[0])
+    pod = Endpoint("p", "p:8000", "http://p:8002/metrics")
+    await source.request_counters(pod, "m")  # the healer, at the tick's start
+    now[0] += 2.0  # the rest of the observation, longer than min_scrape_interval_s
+    await source.snapshot(["m"], [pod], 30, reuse_within_s=2.5)
+    assert reads[0] == 1
+    # Without the tick's reuse (or past it), a sample older than the minimum is read again.
+    await source.snapshot(["m"], [pod], 30)
+    assert reads[0] == 2

@@ -224,15 +224,21 @@ class MetricsWanted:
 
 
 async def read_snapshot(
-    source: MetricsSource, pods: Sequence[Endpoint], wanted: Sequence[MetricsWanted]
+    source: MetricsSource,
+    pods: Sequence[Endpoint],
+    wanted: Sequence[MetricsWanted],
+    reuse_within_s: float = 0.0,
 ) -> MetricSnapshot | MetricsUnavailable:
     """One snapshot of every model `wanted` on `pods` (the longest window asked): a set's
-    members share it. The source's failure is returned, not raised: each member reports it."""
+    members share it. A pod read in the last `reuse_within_s` seconds (by this tick) is not
+    read again. The source's failure is returned, not raised: each member reports it."""
     models = sorted({model for w in wanted for model in w.models})
     decoupled = {model for w in wanted for model in w.decoupled}
     window_s = max(w.window_s for w in wanted)
     try:
-        return await source.snapshot(models, pods, window_s, decoupled=decoupled)
+        return await source.snapshot(
+            models, pods, window_s, decoupled=decoupled, reuse_within_s=reuse_within_s
+        )
     except MetricsUnavailable as error:
         return error
 

@@ -27,6 +27,7 @@ the tick of one autoscaler alone.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +86,7 @@ async def tick_set(
 
     `on_result(name, result)` is awaited for each member as soon as its result is ready (a
     member whose load waits for its deadline does not hold back the others' reports)."""
+    started = time.monotonic()
     observed = await asyncio.gather(
         *(
             observe(
@@ -115,7 +117,8 @@ async def tick_set(
             await finished(member.name, seen)
         else:
             observations[member.name] = seen
-    snapshots = await _read_metrics(source, observations)
+    # A pod the healer read while observing was read for this tick: it serves the snapshot.
+    snapshots = await _read_metrics(source, observations, time.monotonic() - started)
     plans = {name: seen.planned(snapshots[_reading(seen)]) for name, seen in observations.items()}
     if planner is not None:
         plans = planner.planned(plans, now)
@@ -176,10 +179,11 @@ def _reading(seen: Observation) -> tuple[tuple[str, ...], float]:
 
 
 async def _read_metrics(
-    source: MetricsSource, observations: Mapping[str, Observation]
+    source: MetricsSource, observations: Mapping[str, Observation], reuse_within_s: float
 ) -> dict[tuple[tuple[str, ...], float], MetricSnapshot | MetricsUnavailable]:
     """One snapshot per reading (pods, window) of the set, the readings together. The pods
-    read are those that answered any member sharing the reading."""
+    read are those that answered any member sharing the reading; a pod read in the last
+    `reuse_within_s` seconds is not read again."""
     groups: dict[tuple[tuple[str, ...], float], list[Observation]] = {}
     for seen in observations.values():
         groups.setdefault(_reading(seen), []).append(seen)
@@ -187,7 +191,7 @@ async def _read_metrics(
     async def read(group: list[Observation]) -> MetricSnapshot | MetricsUnavailable:
         answered = {pod.name for seen in group for pod in seen.pods}
         pods = [e for e in group[0].endpoints if e.name in answered]
-        return await read_snapshot(source, pods, [seen.metrics for seen in group])
+        return await read_snapshot(source, pods, [seen.metrics for seen in group], reuse_within_s)
 
     keys = list(groups)
     snapshots = await asyncio.gather(*(read(groups[key]) for key in keys))

@@ -227,6 +227,7 @@ class PrometheusSource:
         endpoints: Sequence[Endpoint],
         window_s: float,
         decoupled: Collection[str] = (),
+        reuse_within_s: float = 0.0,  # Prometheus reads the pods on its own schedule
     ) -> MetricSnapshot:
         if self.connections is not None:
             session = self.connections.session()

@@ -109,41 +109,54 @@ class ScrapeSource:
         urls = [e.metrics_url for e in endpoints if e.metrics_url]
         return urls or list(self.metrics_urls)
 
-    async def scrape(self, targets: Sequence[str] | None = None) -> None:
-        """Take one sample of each target (skipped when the last is fresher than the minimum);
-        the targets are read together."""
+    async def scrape(
+        self, targets: Sequence[str] | None = None, *, reuse_within_s: float = 0.0
+    ) -> None:
+        """Take one sample of each target, skipped where the last is younger than
+        `min_scrape_interval_s` or `reuse_within_s`; the targets are read together."""
         targets = self.targets() if targets is None else targets
         if not targets:
             raise MetricsUnavailable("no Triton metrics URL to scrape")
         asked = self._clock()
+        fresh_s = max(self.min_scrape_interval_s, reuse_within_s)
         if self.connections is not None:
-            failures = await self._scrape_all(self.connections.session(), targets, asked)
+            session = self.connections.session()
+            failures = await self._scrape_all(session, targets, asked, fresh_s)
         else:
             async with aiohttp.ClientSession() as session:
-                failures = await self._scrape_all(session, targets, asked)
+                failures = await self._scrape_all(session, targets, asked, fresh_s)
         self._forget_gone(asked)
         for failure in failures:
             if isinstance(failure, BaseException):
                 raise failure
 
     async def _scrape_all(
-        self, session: aiohttp.ClientSession, targets: Sequence[str], asked: float
+        self,
+        session: aiohttp.ClientSession,
+        targets: Sequence[str],
+        asked: float,
+        fresh_s: float,
     ) -> list[BaseException | None]:
         return await asyncio.gather(
-            *(self._scrape_locked(session, url, asked) for url in targets),
+            *(self._scrape_locked(session, url, asked, fresh_s) for url in targets),
             return_exceptions=True,
         )
 
-    async def _scrape_locked(self, session: aiohttp.ClientSession, url: str, asked: float) -> None:
+    async def _scrape_locked(
+        self, session: aiohttp.ClientSession, url: str, asked: float, fresh_s: float
+    ) -> None:
         async with self._target_locks.setdefault(url, asyncio.Lock()):
-            await self._scrape_one(session, url, asked)
+            await self._scrape_one(session, url, asked, fresh_s)
 
-    async def _scrape_one(self, session: aiohttp.ClientSession, url: str, asked: float) -> None:
-        """One sample of `url`, unless a fresh one exists; a failure of a scrape that was in
-        flight when this one was asked for is this one's failure too (no second wait)."""
+    async def _scrape_one(
+        self, session: aiohttp.ClientSession, url: str, asked: float, fresh_s: float
+    ) -> None:
+        """One sample of `url`, unless one younger than `fresh_s` exists; a failure of a
+        scrape that was in flight when this one was asked for is this one's failure too (no
+        second wait)."""
         now = self._clock()
         history = self._history.get(url)
-        if history and now - history[-1].at < self.min_scrape_interval_s:
+        if history and now - history[-1].at < fresh_s:
             return
         failed = self._failures.get(url)
         if failed is not None and failed[0] > asked:
@@ -201,10 +214,11 @@ class ScrapeSource:
         endpoints: Sequence[Endpoint] = (),
         window_s: float = 60.0,
         decoupled: Collection[str] = (),
+        reuse_within_s: float = 0.0,
     ) -> MetricSnapshot:
         targets = self.targets(endpoints)
         self._longest_asked_s = max(self._longest_asked_s or 0.0, window_s)
-        await self.scrape(targets)
+        await self.scrape(targets, reuse_within_s=reuse_within_s)
         wanted = set(models)
         totals: dict[str, dict[str, float]] = {}
         streams: dict[str, float] = {}

@@ -45,11 +45,14 @@ class MetricsSource(Protocol):
         endpoints: Sequence[Endpoint],
         window_s: float,
         decoupled: Collection[str] = (),
+        reuse_within_s: float = 0.0,
     ) -> MetricSnapshot:
         """Signals of `models` over the last `window_s` s, summed over the `endpoints`' pods.
 
         `decoupled` names the models whose config is decoupled: their signals say so, and
-        carry the streams in flight that such a model exports itself.
+        carry the streams in flight that such a model exports itself. A pod read in the last
+        `reuse_within_s` seconds is not read again (a set tick's own earlier reads, the
+        healer's, serve its snapshot); a source that reads no pod ignores it.
         Raises MetricsUnavailable (one line) when it cannot.
         """
         ...
