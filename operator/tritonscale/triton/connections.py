@@ -34,6 +34,11 @@ import aiohttp
 import tritonclient.http.aio as aiohttpclient
 
 DEFAULT_IDLE_S = 300.0
+# The plain HTTP session's connections (Triton's /metrics, Prometheus's API): each pod's kept
+# open from one read to the next. aiohttp's defaults (100 connections in all, closed after 15 s
+# idle) reopened one for nearly every read: a fleet has more pods than that, and a tick comes
+# once an interval (15 s by default).
+SESSION_KEEPALIVE_S = 120.0
 
 
 @dataclass
@@ -100,7 +105,8 @@ class Connections:
     def session(self) -> aiohttp.ClientSession:
         """The session for plain HTTP GETs (Triton's /metrics, Prometheus's API)."""
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=SESSION_KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
     def _sweep(self, now: float) -> None:
