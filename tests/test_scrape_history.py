@@ -91,3 +91,22 @@ async def test_a_read_made_earlier_in_the_tick_serves_its_snapshot(monkeypatch) 
     # Without the tick's reuse (or past it), a sample older than the minimum is read again.
     await source.snapshot(["m"], [pod], 30)
     assert reads[0] == 2
+
+
+async def test_the_samples_of_every_pod_share_one_copy_of_each_series_key(monkeypatch) -> None:
+    # A fleet holds a few samples of a thousand pods; Triton's text names no pod, so their
+    # series keys are the same few dozen, and must be held once, not once a sample.
+    now = [1000.0]
+
+    async def fetch(session, pod, url, timeout_s) -> str:
+        return TEXT % int(now[0])
+
+    monkeypatch.setattr(scrape, "fetch_metrics_text", fetch)
+    source = ScrapeSource(min_scrape_interval_s=0, clock=lambda: now[0])
+    urls = [f"http://p{i}:8002/metrics" for i in range(3)]
+    await source.scrape(urls)
+    now[0] += 15
+    await source.scrape(urls)
+    keys = [next(iter(sample.values)) for url in urls for sample in source._history[url]]
+    assert len(keys) == 6
+    assert all(key is keys[0] for key in keys)
