@@ -318,6 +318,35 @@ def test_stages_short_of_saturation_get_the_benefit_of_the_noise() -> None:
     assert steady.counts == today
 
 
+def test_within_twice_the_noise_the_instance_goes_where_the_requests_pile_up() -> None:
+    # One branch_classify instance would serve 714 req/s at today's batch, the parent's one
+    # 741: 3.6 % less, more than one standard deviation of a 3 % noise and less than two.
+    # Where the parent's queue grows, classify's estimate is a lower bound (at two instances
+    # it batches nothing, and it is sent no more than the parent serves): the parent gets its
+    # instance, as it would at the next tick once classify's second instance had shown
+    # itself idle, which is a count taken back. Where no queue grows, today's split stays.
+    load = Load(
+        700.0,
+        service_s={"branch_embed": 0.001, "branch_classify": 0.0014, "branch_rank": 0.001},
+    )
+    today, specs = counts(1, 1, classify=2), pipeline_specs(5)
+    piling = allocated(load, today, specs, queue_grows_at=PARENT, switch_margin=0.03)
+    assert piling.counts == counts(2, 1)
+    assert allocated(load, today, specs, switch_margin=0.03).counts == today
+
+
+def test_a_count_just_lowered_does_not_go_back_up_before_it_is_measured() -> None:
+    # The budget-short row, right after branch_embed went from 5 to 4: its estimates are still
+    # those of five instances, and it keeps 4 until a window at 4 says otherwise.
+    case = next(c for c in CASES if c.name.startswith("a budget smaller than the need"))
+    assert case.counts == counts(1, 4)
+    at = counts(2, 3)
+    assert allocated(case.load, at, case.specs).counts == case.counts
+    lowered = allocated(case.load, at, case.specs, lowered=frozenset({"branch_embed"}))
+    assert lowered.counts["branch_embed"] == 3
+    assert sum(lowered.counts.values()) <= 7
+
+
 def test_an_overloaded_bottleneck_is_not_kept_within_the_noise() -> None:
     # At 300 req/s branch_embed's three instances are overloaded: what they serve is measured,
     # what the other stages would serve with fewer instances is a lower bound.

@@ -169,6 +169,31 @@ class TestOneWindow:
         assert not light.stages[PARENT].saturated
         assert not light.stages[PARENT].overloaded
 
+    def test_a_queue_that_grows_beyond_the_noise_is_seen_below_saturation(self) -> None:
+        # A load that just rose: branch_embed's four instances are not yet busy all the time,
+        # and its queue grew by 30 requests a second (15 % of what arrives). A queue that
+        # moves by less than NOISE_FLOOR of the arrivals is a queue's usual wobble.
+        at = counts(1, 4)
+        load = Load(200.0)
+
+        def with_pending(step: float) -> PipelineModel:
+            snapshots = []
+            for i in range(2):
+                snapshot = load.snapshot(START + i * WINDOW_S, at)
+                models = dict(snapshot.models)
+                models["branch_embed"] = replace(
+                    models["branch_embed"], pending_requests=step * WINDOW_S * i
+                )
+                snapshots.append(MetricSnapshot(snapshot.taken_at, WINDOW_S, models))
+            return measured(snapshots, at)[0]
+
+        growing = with_pending(30.0).stages["branch_embed"]
+        assert not growing.saturated and not growing.overloaded
+        assert growing.queue_grows
+        assert growing.offered_rps == pytest.approx(growing.arrival_rps.value)  # not demand
+        wobbling = with_pending(0.5 * NOISE_FLOOR * 200.0).stages["branch_embed"]
+        assert not wobbling.queue_grows
+
     def test_a_model_with_too_little_traffic_is_quiet(self) -> None:
         at = counts(1, 1)
         rate = 0.9 * MIN_REQUESTS_PER_WINDOW / WINDOW_S

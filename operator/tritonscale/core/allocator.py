@@ -14,10 +14,14 @@ What it maximises, under what:
   tolerance and scale-down margin (tritonscale.core.sizing), so that a steady load keeps it;
 - when it cannot, the answer is the split with the most headroom, and among equals the fewest
   instances. Today's split is kept while it serves within `switch_margin` of the best (a
-  configuration can only be told from a better one by more than the noise), unless its
-  bottleneck is saturated: that stage's limit is measured, the others' are lower bounds
-  (their batches grow with the load). Instances may move from one model to another; a model
-  that is `settling` (its count just changed, not yet measured) does not go down.
+  configuration can only be told from a better one by more than the noise), unless the
+  set's requests pile up at some stage (its queue grows): that stage's limit is measured,
+  while the stages they do not pile up at serve what they are sent, their capacity a lower
+  bound (their batches grow with the load): they get the benefit of the noise, and a split
+  that gives instances to where the requests wait is taken. Instances may move from one
+  model to another; a model that is `settling`
+  (its count just changed, not yet measured) does not go down, and one just `lowered` does
+  not go back up.
 
 The search is exact at any size: each stage's capacity grows with its own count alone, so the
 fewest instances that reach a headroom are each stage's own fewest, and the best headroom is
@@ -39,7 +43,13 @@ from typing import Any
 
 from tritonscale.core import sizing
 from tritonscale.core.budget import Limits, strictest
-from tritonscale.core.pipeline_model import MIN_REQUESTS_PER_WINDOW, PipelineModel, Stage
+from tritonscale.core.pipeline_model import (
+    MIN_REQUESTS_PER_WINDOW,
+    NOISE_SIGMAS,
+    UNKNOWN_NOISE,
+    PipelineModel,
+    Stage,
+)
 from tritonscale.core.spec import AutoscalerSpec
 
 HIGH_UTILIZATION = sizing.HIGH_UTILIZATION
@@ -167,6 +177,7 @@ def allocate(
     held: Mapping[str, int] | None = None,
     ceilings: Mapping[str, int] | None = None,
     settling: frozenset[str] = frozenset(),
+    lowered: frozenset[str] = frozenset(),
     switch_margin: float = 0.0,
 ) -> Allocation:
     """Every model's count (see the module's docstring for the objective).
@@ -175,8 +186,10 @@ def allocate(
     whatever the load (paused, or out of their bounds). `ceilings`: the most instances that
     help a model (the verifier's corrections). `settling`: models whose estimates do not yet
     come from windows at their counts; they do not go down (a count just changed is not
-    taken back on the estimates it was changed by). `switch_margin`: relative headroom a
-    better split must gain over today's before the counts move (the estimates' noise).
+    taken back on the estimates it was changed by). `lowered`: models whose count just went
+    down and whose load has not risen since; they do not go back up until a window at their
+    new count says so, for the same reason. `switch_margin`: relative headroom a better split
+    must gain over today's before the counts move (the estimates' noise).
     """
     held = dict(held or {})
     ceilings = ceilings or {}
@@ -215,6 +228,10 @@ def allocate(
             min(specs[m].max_instances, ceilings.get(m, specs[m].max_instances)),
         )
         for m in sized
+    }
+    upper = {
+        m: max(specs[m].min_instances, min(count, current[m])) if m in lowered else count
+        for m, count in upper.items()
     }
     lower = {
         m: min(upper[m], max(specs[m].min_instances, current[m] if m in settling else 0))
@@ -256,22 +273,26 @@ def _most_headroom(
     """The best split (`best_split`), or today's where it serves within `switch_margin` of
     it; None when not even the lower bounds fit.
 
-    Where today's bottleneck is overloaded (saturated, its queue growing), its limit is
-    measured, while the other stages' are lower bounds (their batches grow with the load):
-    those short of saturation get the benefit of the noise (`switch_margin` more capacity),
-    and today's split no protection.
+    Where the set's requests pile up at some stages (`waited_at`), those stages serve what
+    they can, while the capacity of a stage they do not pile up at is a lower bound (it
+    serves what it is sent, and its batches grow when it is sent more): those get the
+    benefit of the noise (`benefit_of_the_noise`). A split that gives instances to a stage
+    the requests pile up at is then taken without today's protection: within the noise, the
+    instances go where the requests wait (a child that reads as slow as its saturated parent
+    at one instance, batching nothing, serves more once the parent sends it more).
     """
     demand = {m: stage.demand_rps for m, stage in sized.items()}
     per_instance = {m: stage.capacity_per_instance_rps for m, stage in sized.items()}
     today = {m: _within(current[m], lower[m], upper[m]) for m in sized}
-    limit = min(today, key=lambda m: headroom({m: today[m]}, demand, per_instance))
-    if sized[limit].overloaded:
-        hopeful = {
-            m: rate if sized[m].saturated else rate * (1 + switch_margin)
-            for m, rate in per_instance.items()
+    waited = {m for m, stage in sized.items() if waited_at(stage)}
+    if waited:
+        benefit = benefit_of_the_noise(switch_margin)
+        per_instance = {
+            m: rate if m in waited else rate * (1 + benefit) for m, rate in per_instance.items()
         }
-        return best_split(demand, hopeful, lower, upper, fits)
     best = best_split(demand, per_instance, lower, upper, fits)
+    if best is not None and any(best[m] > today[m] for m in waited):
+        return best  # instances go where the requests wait
     if best is None:
         return None
     kept = headroom(today, demand, per_instance)
@@ -279,6 +300,20 @@ def _most_headroom(
     if fits(today) and most * (1 - switch_margin) <= kept < most * (1 - _EQUAL):
         return today  # it serves about as much: within the noise, a move is no gain
     return best
+
+
+def waited_at(stage: Stage) -> bool:
+    """Whether the set's requests pile up at the stage: it is overloaded (saturated with its
+    queue growing, or a root whose queue stands), or its queue grows beyond the noise,
+    saturated or not (a load that just rose). What it serves is then what it can."""
+    return stage.overloaded or stage.queue_grows
+
+
+def benefit_of_the_noise(switch_margin: float) -> float:
+    """How much more a stage nothing waits at may serve than its estimate says: as far as a
+    reading strays by chance (`NOISE_SIGMAS` standard deviations, `switch_margin` being one),
+    at most `UNKNOWN_NOISE` (what one window's noise is taken to be)."""
+    return min(UNKNOWN_NOISE, NOISE_SIGMAS * switch_margin)
 
 
 def headroom(

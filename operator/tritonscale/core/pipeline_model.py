@@ -266,6 +266,9 @@ class Stage:
     # running (a closed loop's standing queue): more is offered, or would be sent, than it
     # serves; a limit measured.
     overloaded: bool
+    # Its queue (the pending gauge) grew since the window before by more than NOISE_FLOOR of
+    # its arrival rate, saturated or not: more is sent to it than it serves.
+    queue_grows: bool = False
 
     @property
     def capacity_per_instance_rps(self) -> float:
@@ -404,6 +407,7 @@ def _stage(
         overloaded=backlog_growth > 0
         or (saturated and not callers.get(model) and _queue_stands(reading)),
         idle=reading.arrival_rate <= 0 and reading.pending_requests <= 0,
+        queue_grows=_backlog_growth(history, model) > NOISE_FLOOR * reading.arrival_rate,
     )
 
 
