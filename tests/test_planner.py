@@ -50,10 +50,11 @@ def run(
     load: Callable[[float, Mapping[str, int]], MetricSnapshot],
     ticks: int,
     state: SetState | None = None,
+    first_tick: int = 0,
 ) -> Run:
     at, state = dict(start), state or SetState()
     decisions, ran = [], []
-    for tick in range(ticks):
+    for tick in range(first_tick, first_tick + ticks):
         now = START + tick * TICK_S
         decision = decide_set(specs, at, load(now, at), state, now)
         decisions.append(decision)
@@ -112,6 +113,23 @@ class TestTicks:
         assert ticks.last.targets == counts(1, 4)
         room = Room.of(specs)
         assert all(room.fits(at) for at in ticks.ran)
+
+    def test_a_count_just_lowered_is_not_raised_on_the_windows_it_was_lowered_by(self) -> None:
+        # branch_embed went from 3 to 2 at the last tick (two roots trading an instance, the
+        # old one's queue draining, say) while the load stayed: the windows still time it at
+        # 3, and they do not take it back up. Once a window lies wholly after the change, its
+        # estimates are its own again and the budget's best split (1/4/1/1) is taken.
+        specs, load = pipeline_specs(7), steady(300.0)
+        state, before = SetState(), counts(1, 3)
+        for tick in range(4):
+            now = START + tick * TICK_S
+            state = decide_set(specs, before, load(now, before), state, now).state
+        after = counts(1, 2)
+        lowered = run(specs, after, load, 8, state, first_tick=4)
+        embed = [d.models["branch_embed"].desired_instances for d in lowered.decisions]
+        assert embed[:3] == [2, 2, 2]  # the windows (60 s) still hold the change
+        assert embed[3] > 2
+        assert lowered.last.targets == counts(1, 4)
 
     def test_the_state_round_trips_through_a_dict(self) -> None:
         ticks = run(pipeline_specs(7), counts(2, 2), steady(100.0), 10)

@@ -225,6 +225,7 @@ def decide_set(
                     for model, stage in pipeline.stages.items()
                     if not stage.measured_at_counts
                 ),
+                lowered=_lowered(pipeline, history, current),
                 switch_margin=_switch_margin(pipeline),
             )
             steps = _behaving(specs, current, held, allocation, policies, now)
@@ -326,6 +327,30 @@ def _served_rps(pipeline: PipelineModel) -> float:
         pipeline.stages[root].arrival_rps.value * pipeline.stages[root].served_fraction.value
         for root in pipeline.roots
     )
+
+
+def _lowered(
+    pipeline: PipelineModel, history: PipelineHistory, current: Mapping[str, int]
+) -> frozenset[str]:
+    """The models whose count just went down and is not yet measured (no window lies wholly
+    after the change), unless their load rose beyond its noise since: the estimates they
+    went down by do not take them back up (two roots that trade an instance while the old
+    one's queue drains would otherwise trade it back at the next tick)."""
+    lowered = set()
+    for model, stage in pipeline.stages.items():
+        count = current[model]
+        before = [w for w in history.windows if w.counts.get(model, count) != count]
+        if not before or before[-1].counts[model] < count:
+            continue
+        changed_at = before[-1].taken_at
+        if any(w.counts.get(model) == count and w.starts_at >= changed_at for w in history.windows):
+            continue
+        then = before[-1].readings.get(model)
+        load = stage.arrival_rps
+        if then is not None and load.value > then.arrival_rate * (1 + load.noise):
+            continue
+        lowered.add(model)
+    return frozenset(lowered)
 
 
 def _switch_margin(pipeline: PipelineModel) -> float:
