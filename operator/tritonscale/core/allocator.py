@@ -18,10 +18,13 @@ What it maximises, under what:
   set's requests pile up at some stage (its queue grows): that stage's limit is measured,
   while the stages they do not pile up at serve what they are sent, their capacity a lower
   bound (their batches grow with the load): they get the benefit of the noise, and a split
-  that gives instances to where the requests wait is taken. Instances may move from one
-  model to another, a model rising by one instance a tick towards that split (each step
-  moves the estimates the next one rests on); a model that is `settling` (its count just
-  changed, not yet measured) does not go down, and one just `lowered` does not go back up.
+  that gives instances to where the requests wait is taken. A child whose caller is full
+  with its own work is not where they wait, whatever its queue: it is sent no more at once
+  than the caller's instances call, so its batch and its capacity are a lower bound until
+  the caller is relieved (`held_back`). Instances may move from one model to another, a
+  model rising by one instance a tick towards that split (each step moves the estimates the
+  next one rests on); a model that is `settling` (its count just changed, not yet measured)
+  does not go down, and one just `lowered` does not go back up.
 
 The search is exact at any size: each stage's capacity grows with its own count alone, so the
 fewest instances that reach a headroom are each stage's own fewest, and the best headroom is
@@ -46,6 +49,7 @@ from tritonscale.core.budget import Limits, strictest
 from tritonscale.core.pipeline_model import (
     MIN_REQUESTS_PER_WINDOW,
     NOISE_SIGMAS,
+    SATURATED_UTILIZATION,
     UNKNOWN_NOISE,
     PipelineModel,
     Stage,
@@ -290,12 +294,14 @@ def _most_headroom(
     benefit of the noise (`benefit_of_the_noise`). A split that gives instances to a stage
     the requests pile up at is then taken without today's protection: within the noise, the
     instances go where the requests wait (a child that reads as slow as its saturated parent
-    at one instance, batching nothing, serves more once the parent sends it more).
+    at one instance, batching nothing, serves more once the parent sends it more). A child
+    whose caller is busy on its own is not where they wait (`held_back`): its batch is the
+    caller's to set.
     """
     demand = {m: stage.demand_rps for m, stage in sized.items()}
     per_instance = {m: stage.capacity_per_instance_rps for m, stage in sized.items()}
     today = {m: _within(current[m], lower[m], upper[m]) for m in sized}
-    waited = {m for m, stage in sized.items() if waited_at(stage)}
+    waited = {m for m, stage in sized.items() if waited_at(stage)} - held_back(sized)
     if waited:
         benefit = benefit_of_the_noise(switch_margin)
         per_instance = {
@@ -318,6 +324,40 @@ def waited_at(stage: Stage) -> bool:
     queue growing, or a root whose queue stands), or its queue grows beyond the noise,
     saturated or not (a load that just rose). What it serves is then what it can."""
     return stage.overloaded or stage.queue_grows
+
+
+def held_back(sized: Mapping[str, Stage]) -> set[str]:
+    """The children of a caller that is busy on its own (`busy_on_its_own`): their limit is
+    not measured, whatever their queue says.
+
+    A child's requests are its callers' calls: it never has more of them at once than its
+    callers' instances send, so the batches it runs (and the instance seconds a request
+    costs it) are set by its callers' count as much as by its own. While a caller is full
+    with its own work, a child at today's batch reads busier than it is (one with a dynamic
+    batcher runs bigger batches once the caller sends more): its capacity is a lower bound,
+    as that of a stage nothing waits at, even when its queue grows. The caller's estimates
+    do not depend on its children's counts (its hold counts their execution, not their
+    queue). So within the noise the caller is relieved first: where the child does not
+    batch that costs at most the noise, and the child's next window shows what it serves.
+    """
+    return {
+        child
+        for stage in sized.values()
+        if busy_on_its_own(stage)
+        for child in stage.calls
+        if child in sized
+    }
+
+
+def busy_on_its_own(stage: Stage) -> bool:
+    """Whether what the stage finishes fills its instances by what an instance holds per
+    request (its own work and its children's execution, without their queue): saturated by
+    its own count, not by a wait in a child's queue (a caller in front of a slow child reads
+    busy too, but finishes less than its instances could hold: there the child is the
+    limit)."""
+    instances = max(1, stage.pods) * stage.instances
+    busy = stage.arrival_rps.value * stage.hold_per_request_s.value / instances
+    return busy >= SATURATED_UTILIZATION
 
 
 def benefit_of_the_noise(switch_margin: float) -> float:
