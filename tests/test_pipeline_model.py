@@ -236,6 +236,38 @@ class TestOneWindow:
         assert model.stages["branch_rank"].demand_rps == pytest.approx(80.0)
         assert set(model.roots) == {"parent_a", "parent_b"}
 
+    def test_a_shared_child_whose_other_caller_went_idle_is_called_at_todays_rate(
+        self,
+    ) -> None:
+        # Both parents called branch_rank once per request; then the load moved to parent_b,
+        # which calls it three times. Today parent_a serves nothing and calls nothing: the
+        # calls per request are today's (3), not those of the windows before the move (1),
+        # and the demand on branch_rank is what it is sent (90 calls/s), not a third of it.
+        specs = {
+            "parent_a": make_spec("parent_a", calls=["branch_rank"]),
+            "parent_b": make_spec("parent_b", calls=["branch_rank"]),
+            "branch_rank": make_spec("branch_rank"),
+        }
+        at = {"parent_a": 1, "parent_b": 1, "branch_rank": 2}
+
+        def window(a_rps: float, b_rps: float, calls_per_request: float) -> dict:
+            called = (a_rps + b_rps) * calls_per_request
+            return {
+                "parent_a": ModelSignals("parent_a", a_rps, 0.0, a_rps, a_rps * 0.02, 0.0, 0, 1),
+                "parent_b": ModelSignals("parent_b", b_rps, 0.0, b_rps, b_rps * 0.02, 0.0, 0, 1),
+                "branch_rank": ModelSignals(
+                    "branch_rank", called, 0.0, called, called * 0.005, 0.0, 0.0, 1
+                ),
+            }
+
+        snapshots = [
+            MetricSnapshot(START, WINDOW_S, window(20.0, 20.0, 1.0)),
+            MetricSnapshot(START + WINDOW_S, WINDOW_S, window(0.0, 30.0, 3.0)),
+        ]
+        model, _ = measured(snapshots, at, specs)
+        assert model.stages["parent_b"].calls["branch_rank"].value == pytest.approx(3.0)
+        assert model.stages["branch_rank"].demand_rps == pytest.approx(90.0)
+
     def test_a_decoupled_model_sized_by_its_streams_is_unmeasured(self) -> None:
         at = counts(1, 1)
         snapshot = Load(50.0).snapshot(START, at)

@@ -444,11 +444,15 @@ def _calls(
 ) -> Estimate:
     """Calls per request to `child`. Calls go out per execution: per request they fall as
     the parents' batches grow with the load, so today's window gives the value, the others
-    its spread."""
+    its spread. A window counts where every parent is measured and one of them served: a
+    parent that served nothing called nothing (a shared child whose other caller went idle
+    is measured today, not by the windows from before the mix moved)."""
     known = [
         (w, ratio)
         for w in windows
-        if _served(w, child) and all(_served(w, parent) for parent in parents)
+        if _served(w, child)
+        and all(parent in w.readings for parent in parents)
+        and any(_served(w, parent) for parent in parents)
         for ratio in [_calls_per_request(w, child, parents)]
         if ratio is not None
     ]
