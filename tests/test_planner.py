@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.pipeline_load import CHILDREN, PARENT, Load, counts, pipeline_specs
+from tests.pipeline_load import CHILDREN, PARENT, WINDOW_S, Load, counts, pipeline_specs
 from tritonscale.core import verifier
 from tritonscale.core.allocator import Room
 from tritonscale.core.budget import BUDGET_EXHAUSTED
-from tritonscale.core.planner import SetDecision, SetState, decide_set
+from tritonscale.core.planner import LOAD_STEP_IN_WINDOW, SetDecision, SetState, decide_set
 from tritonscale.core.policy import METRICS_MISSING, METRICS_STALE, PAUSED, WARMING_UP
 from tritonscale.core.signals import MetricSnapshot
 from tritonscale.core.spec import AutoscalerSpec
@@ -130,6 +130,31 @@ class TestTicks:
         assert embed[:3] == [2, 2, 2]  # the windows (60 s) still hold the change
         assert embed[3] > 2
         assert lowered.last.targets == counts(1, 4)
+
+    def test_the_first_window_across_a_load_step_is_not_decided_on(self) -> None:
+        # 100 req/s, then 300 from a moment 15 s before a tick: that tick's window (60 s)
+        # holds a quarter of the new load and reads 150 req/s. Every model holds at that
+        # tick, whatever the mix asks for; the next tick, on a window half at the new load,
+        # decides (one tick only: a load that keeps moving is decided on).
+        specs = pipeline_specs(None)
+        step_at = START + 8 * TICK_S - 15.0
+
+        def stepped(now: float, at: Mapping[str, int]) -> MetricSnapshot:
+            high = min(1.0, max(0.0, (now - step_at) / WINDOW_S))
+            return Load(100.0 + 200.0 * high).snapshot(now, at)
+
+        ticks = run(specs, counts(1, 3), stepped, 12)
+        before, first, second = (ticks.decisions[i] for i in (7, 8, 9))
+        assert not any(d.changes for d in before.models.values())
+        assert {d.reason for d in first.models.values()} == {LOAD_STEP_IN_WINDOW}
+        assert "from 100.0 to 150.0 req/s" in first.models[PARENT].message
+        assert not any(d.changes for d in first.models.values())
+        assert second.models["branch_embed"].desired_instances > 3
+        # A steady load never waits.
+        calm = run(specs, counts(1, 3), steady(100.0), 12)
+        assert all(
+            d.reason != LOAD_STEP_IN_WINDOW for tick in calm.decisions for d in tick.models.values()
+        )
 
     def test_the_state_round_trips_through_a_dict(self) -> None:
         ticks = run(pipeline_specs(7), counts(2, 2), steady(100.0), 10)

@@ -11,6 +11,8 @@ count with a reason and a message, the prediction, and the state to keep. Stages
 3. the verifier (tritonscale.core.verifier) judges the last step up once a window lies
    wholly after it: a step that fell short goes back at once, past the stages below (a step
    taken while another waits is judged with it, against the same baseline);
+   the first window whose roots' arrivals moved within it by more than chance (a load step
+   it straddles) is not decided on: every model holds for that tick (`LOAD_STEP_IN_WINDOW`);
 4. the allocator (tritonscale.core.allocator) chooses every count together;
 5. HPA behavior per model (tritonscale.core.behavior): stabilization, then rate limits;
 6. the room: an increase that the budget cannot hold until another model has given its
@@ -23,7 +25,8 @@ one model's part of the result in the policy's form, which the drivers report an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +39,7 @@ from tritonscale.core.pipeline_model import (
     NOISE_SIGMAS,
     PipelineHistory,
     PipelineModel,
+    Window,
     measure,
 )
 from tritonscale.core.policy import (
@@ -117,6 +121,9 @@ class SetDecision:
     def targets(self) -> dict[str, int]:
         return {model: d.desired_instances for model, d in self.models.items()}
 
+
+# Every model holds for one tick: the window straddles a change of the roots' load.
+LOAD_STEP_IN_WINDOW = "LoadStepInWindow"
 
 _INACTIVE = frozenset({PAUSED, METRICS_MISSING, METRICS_STALE, WARMING_UP})
 
@@ -211,8 +218,14 @@ def decide_set(
         served = _served_rps(pipeline)
         verdict = verifier.judge(checks, pipeline, current, snapshot, now)
         checks = verdict.state
+        stepped = _load_step_in_window(state.history, history, pipeline.roots)
         if verdict.reverts:
             steps = _reverting(specs, current, held, verdict, policies, now)
+        elif stepped is not None:
+            steps = {
+                model: [held.get(model) or _Step(current[model], LOAD_STEP_IN_WINDOW, stepped)]
+                for model in specs
+            }
         else:
             allocation = allocate(
                 pipeline,
@@ -351,6 +364,47 @@ def _lowered(
             continue
         lowered.add(model)
     return frozenset(lowered)
+
+
+def _load_step_in_window(
+    before: PipelineHistory, after: PipelineHistory, roots: Sequence[str]
+) -> str | None:
+    """Why this tick's window is not decided on (None: it is): a root's arrivals in it differ
+    from those of the last tick's window by more than chance, while the last tick's agreed
+    with the one before it. The load stepped inside the window: its rates mix two loads, and
+    the counts they ask for are the next window's to undo (a branch raised for the mix is
+    given back once its caller saturates). One tick only: a load that keeps moving (a ramp)
+    is decided on at the next, as a step is, on a window nearer the new load."""
+    if len(before.windows) < 2 or not after.windows:
+        return None
+    latest, last, earlier = after.windows[-1], before.windows[-1], before.windows[-2]
+    if latest.taken_at <= last.taken_at:
+        return None  # no new window this tick
+    for root in roots:
+        if _moved(latest, last, root) and _moved(last, earlier, root) is False:
+            then = last.readings[root].arrival_rate
+            now = latest.readings[root].arrival_rate
+            return (
+                f"holds: {root}'s arrivals moved from {then:.1f} to {now:.1f} req/s within the "
+                f"window, which mixes the two loads; the next tick decides"
+            )
+    return None
+
+
+def _moved(later: Window, earlier: Window, root: str) -> bool | None:
+    """Whether the root's arrival rate differs between two windows by more than chance (None
+    when one of them lacks it). Windows `shift` seconds apart differ by the requests of the
+    `shift` seconds each has that the other lacks: under a steady load, counts of a Poisson
+    stream, whose difference strays by sqrt(2 x rate x shift). More than `NOISE_SIGMAS` of
+    that, and more than NOISE_FLOOR of the rate, is a load that moved."""
+    new, old = later.readings.get(root), earlier.readings.get(root)
+    shift = min(later.taken_at - earlier.taken_at, later.window_s)
+    if new is None or old is None or shift <= 0:
+        return None
+    rate = max(new.arrival_rate, old.arrival_rate)
+    gap = abs(new.arrival_rate - old.arrival_rate)
+    chance = NOISE_SIGMAS * math.sqrt(2.0 * rate * shift) / later.window_s
+    return gap > max(chance, NOISE_FLOOR * rate)
 
 
 def _switch_margin(pipeline: PipelineModel) -> float:
