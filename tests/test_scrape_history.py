@@ -15,8 +15,9 @@ pytestmark = pytest.mark.unit
 TEXT = 'nv_inference_request_success{model="m",version="1"} %d\n'
 
 
-async def test_the_history_follows_the_longest_window_asked(monkeypatch) -> None:
-    now = [1000.0]
+def counting_reads(monkeypatch) -> list[int]:
+    """Every pod's /metrics, served from memory: its counter goes up by 10 a read; the number
+    of reads so far is the returned list's one item."""
     reads = [0]
 
     async def fetch(session, pod, url, timeout_s) -> str:
@@ -24,6 +25,12 @@ async def test_the_history_follows_the_longest_window_asked(monkeypatch) -> None
         return TEXT % (10 * reads[0])
 
     monkeypatch.setattr(scrape, "fetch_metrics_text", fetch)
+    return reads
+
+
+async def test_the_history_follows_the_longest_window_asked(monkeypatch) -> None:
+    now = [1000.0]
+    counting_reads(monkeypatch)
     source = ScrapeSource(max_window_s=600, min_scrape_interval_s=0, clock=lambda: now[0])
     pod = Endpoint("p", "p:8000", "http://p:8002/metrics")
     assert source.kept_s == 600  # nothing asked yet: the most it may keep
@@ -75,13 +82,7 @@ async def test_a_read_made_earlier_in_the_tick_serves_its_snapshot(monkeypatch) 
     # The healer reads a pod's counters while the set tick observes its members; on a busy
     # operator the snapshot comes seconds later. It must not read the pod a second time.
     now = [1000.0]
-    reads = [0]
-
-    async def fetch(session, pod, url, timeout_s) -> str:
-        reads[0] += 1
-        return TEXT % (10 * reads[0])
-
-    monkeypatch.setattr(scrape, "fetch_metrics_text", fetch)
+    reads = counting_reads(monkeypatch)
     source = ScrapeSource(clock=lambda: now[0])
     pod = Endpoint("p", "p:8000", "http://p:8002/metrics")
     await source.request_counters(pod, "m")  # the healer, at the tick's start
