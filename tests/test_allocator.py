@@ -302,15 +302,21 @@ def test_a_split_within_the_noise_of_the_best_is_kept() -> None:
     assert far.counts == counts(1, 4)
 
 
+def classify_slower(rate: float, classify_s: float) -> tuple[Load, dict[str, int], list]:
+    """`rate` req/s where branch_classify takes `classify_s` a request (the others 1 ms), on
+    one parent and one of each branch but two of classify, within a budget of 5."""
+    load = Load(
+        rate,
+        service_s={"branch_embed": 0.001, "branch_classify": classify_s, "branch_rank": 0.001},
+    )
+    return load, counts(1, 1, classify=2), pipeline_specs(5)
+
+
 def test_stages_short_of_saturation_get_the_benefit_of_the_noise() -> None:
     # The parent, overloaded at one instance, serves 745 req/s; one branch_classify instance
     # would serve 730 at today's batch, 2 % less, and more once it batches: within a 3 %
     # noise the parent gets the instance. Without any noise, the estimates decide.
-    load = Load(
-        1500.0,
-        service_s={"branch_embed": 0.001, "branch_classify": 0.00137, "branch_rank": 0.001},
-    )
-    today, specs = counts(1, 1, classify=2), pipeline_specs(5)
+    load, today, specs = classify_slower(1500.0, classify_s=0.00137)
     hopeful = allocated(load, today, specs, queue_grows_at=PARENT, switch_margin=0.03)
     assert hopeful.counts == counts(2, 1)
     exact = allocated(load, today, specs, queue_grows_at=PARENT, switch_margin=0.0)
@@ -327,11 +333,7 @@ def test_within_twice_the_noise_the_instance_goes_where_the_requests_pile_up() -
     # it batches nothing, and it is sent no more than the parent serves): the parent gets its
     # instance, as it would at the next tick once classify's second instance had shown
     # itself idle, which is a count taken back. Where no queue grows, today's split stays.
-    load = Load(
-        700.0,
-        service_s={"branch_embed": 0.001, "branch_classify": 0.0014, "branch_rank": 0.001},
-    )
-    today, specs = counts(1, 1, classify=2), pipeline_specs(5)
+    load, today, specs = classify_slower(700.0, classify_s=0.0014)
     piling = allocated(load, today, specs, queue_grows_at=PARENT, switch_margin=0.03)
     assert piling.counts == counts(2, 1)
     assert allocated(load, today, specs, switch_margin=0.03).counts == today
