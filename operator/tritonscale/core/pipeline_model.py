@@ -373,7 +373,8 @@ def _stage(
         busy_now = reading.execution_s / reading.mean_batch * reading.request_rate
     utilization = busy_now / (reading.pods * instances) if reading.pods > 0 else 0.0
     saturated = utilization >= SATURATED_UTILIZATION
-    backlog_growth = _backlog_growth(history, model) if saturated else 0.0
+    queue_growth = _backlog_growth(history, model)
+    backlog_growth = queue_growth if saturated else 0.0
     offered = reading.arrival_rate + backlog_growth
     return Stage(
         model=model,
@@ -407,7 +408,7 @@ def _stage(
         overloaded=backlog_growth > 0
         or (saturated and not callers.get(model) and _queue_stands(reading)),
         idle=reading.arrival_rate <= 0 and reading.pending_requests <= 0,
-        queue_grows=_backlog_growth(history, model) > NOISE_FLOOR * reading.arrival_rate,
+        queue_grows=queue_growth > NOISE_FLOOR * reading.arrival_rate,
     )
 
 
