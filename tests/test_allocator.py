@@ -302,7 +302,9 @@ def test_a_split_within_the_noise_of_the_best_is_kept() -> None:
     assert far.counts == counts(1, 4)
 
 
-def classify_slower(rate: float, classify_s: float) -> tuple[Load, dict[str, int], list]:
+def classify_slower(
+    rate: float, classify_s: float
+) -> tuple[Load, dict[str, int], dict[str, AutoscalerSpec]]:
     """`rate` req/s where branch_classify takes `classify_s` a request (the others 1 ms), on
     one parent and one of each branch but two of classify, within a budget of 5."""
     load = Load(
