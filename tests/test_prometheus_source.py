@@ -89,6 +89,16 @@ async def test_a_set_of_five_models_on_ten_pods_costs_two_queries(source) -> Non
     assert snapshot.complete and snapshot.gpu is None
 
 
+async def test_the_rows_a_request_carries_come_with_the_other_signals(source) -> None:
+    # The inference count (rows) per second, summed over the pods as the requests are: over
+    # the request rate, the rows a request carries.
+    prometheus, _ = source
+    snapshot = await prometheus.snapshot(MODELS, endpoints(), 30)
+    signals = snapshot.model("branch_rank")
+    assert signals is not None
+    assert signals.inference_rate == pytest.approx(10.0)
+
+
 async def test_the_healer_reads_the_snapshots_totals_without_a_query(source) -> None:
     prometheus, asked = source
     await prometheus.snapshot(MODELS, endpoints(), 30)

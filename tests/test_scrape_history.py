@@ -111,3 +111,29 @@ async def test_the_samples_of_every_pod_share_one_copy_of_each_series_key(monkey
     keys = [next(iter(sample.values)) for url in urls for sample in source._history[url]]
     assert len(keys) == 6
     assert all(key is keys[0] for key in keys)
+
+
+async def test_the_rows_a_request_carries_are_read_from_the_inference_count(monkeypatch) -> None:
+    # Each request carries eight rows: nv_inference_count grows eight times as fast as the
+    # successes. A model whose pods export no inference count reads None, not 0.
+    now = [1000.0]
+
+    async def fetch(session, pod, url, timeout_s) -> str:
+        requests = 10 * int(now[0] - 1000.0)
+        return (
+            TEXT % requests
+            + f'nv_inference_count{{model="m",version="1"}} {8 * requests}\n'
+            + f'nv_inference_request_success{{model="n",version="1"}} {requests}\n'
+        )
+
+    monkeypatch.setattr(scrape, "fetch_metrics_text", fetch)
+    source = ScrapeSource(min_scrape_interval_s=0, clock=lambda: now[0])
+    pod = Endpoint("p", "p:8000", "http://p:8002/metrics")
+    for _ in range(3):
+        snapshot = await source.snapshot(["m", "n"], [pod], 30)
+        now[0] += 15
+    m, n = snapshot.model("m"), snapshot.model("n")
+    assert m is not None and n is not None
+    assert m.request_rate == pytest.approx(10.0)
+    assert m.inference_rate == pytest.approx(80.0)
+    assert n.inference_rate is None

@@ -272,6 +272,7 @@ def test_the_default_queries_name_every_signal() -> None:
         ("queue_seconds_per_second", queries.queue_seconds_per_second),
         ("pending_requests", queries.pending_requests),
         ("streams_in_flight", queries.streams_in_flight),
+        ("inference_rate", queries.inference_rate),
         ("exported", queries.exported),
         ("first_sample", queries.first_sample),
         ("successes_total", queries.successes_total),

@@ -31,6 +31,9 @@ class ModelSignals:
     # None when it exports none. Triton's own counters cannot see these: a decoupled model
     # whose `async def execute` returns at once is counted done when its stream begins.
     streams_in_flight: float | None = None
+    # Inferences (batch rows, nv_inference_count) per second; None where the source does not
+    # read them. Over request_rate: the rows a request carries.
+    inference_rate: float | None = None
 
     @property
     def queue_compute_ratio(self) -> float | None:

@@ -47,6 +47,8 @@ DEFAULT_QUERIES: dict[str, str] = {
     "queue_seconds_per_second": queries.queue_seconds_per_second(_SCOPE),
     "pending_requests": queries.pending_requests(_SCOPE),
     "streams_in_flight": queries.streams_in_flight(_SCOPE),
+    # Rows (Triton's inferences) per second: over request_rate, the rows a request carries.
+    "inference_rate": queries.inference_rate(_SCOPE),
     # 1 for each pod that exports the model: the pods reporting it.
     "exported": queries.exported(_SCOPE),
     # The earliest sample of the window: the window is complete when it is about `window` old.
@@ -63,6 +65,7 @@ DEFAULT_QUERIES: dict[str, str] = {
 MODEL_KEYS = (
     *RATE_FIELDS,
     "streams_in_flight",
+    "inference_rate",
     "exported",
     "first_sample",
     "successes_total",
@@ -306,11 +309,13 @@ class PrometheusSource:
                 complete = False
             is_decoupled = model in decoupled
             streams = values["streams_in_flight"].get(model)
+            rows = values["inference_rate"].get(model)
             signals[model] = ModelSignals(
                 model=model,
                 pods_reporting=len(exporting),
                 decoupled=is_decoupled,
                 streams_in_flight=sum(streams.values()) if is_decoupled and streams else None,
+                inference_rate=sum(rows.values()) if rows else None,
                 **fields,
             )
 

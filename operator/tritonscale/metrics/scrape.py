@@ -35,6 +35,8 @@ COUNTERS = {
     queries.EXECUTION_COUNT: "execution_rate",
     **dict.fromkeys(queries.COMPUTE_DURATIONS, "compute_seconds_per_second"),
     queries.QUEUE_DURATION: "queue_seconds_per_second",
+    # Rows, not requests: over request_rate, the rows a request carries (ModelSignals).
+    queries.INFERENCE_COUNT: "inference_rate",
 }
 _MICROSECONDS = {"compute_seconds_per_second", "queue_seconds_per_second"}
 GPU_GAUGES = (queries.GPU_UTILIZATION, queries.GPU_MEMORY_USED, queries.GPU_MEMORY_TOTAL)
@@ -250,7 +252,8 @@ class ScrapeSource:
                     field = COUNTERS[name]
                     history = [s.values[series] for s in samples if series in s.values]
                     rate = counter_increase(history) / elapsed if elapsed > 0 else 0.0
-                    fields[field] += rate / 1e6 if field in _MICROSECONDS else rate
+                    per_second = rate / 1e6 if field in _MICROSECONDS else rate
+                    fields[field] = fields.get(field, 0.0) + per_second
                 elif name == queries.PENDING_REQUESTS:
                     fields = per_model.setdefault(model, dict.fromkeys(RATE_FIELDS, 0.0))
                     fields["pending_requests"] += value
@@ -260,7 +263,7 @@ class ScrapeSource:
                 pods[model] = pods.get(model, 0) + 1
                 total = totals.setdefault(model, dict.fromkeys(RATE_FIELDS, 0.0))
                 for key, value in fields.items():
-                    total[key] += value
+                    total[key] = total.get(key, 0.0) + value
             utilization, memory = _gpu_from(latest.values)
             gpu_utilization += utilization
             gpu_memory += memory
