@@ -30,6 +30,7 @@ from tritonscale.core.pipeline_model import (
     MIN_REQUESTS_PER_WINDOW,
     NOISE_FLOOR,
     UNKNOWN_NOISE,
+    Batching,
     PipelineHistory,
     PipelineModel,
     measure,
@@ -331,12 +332,116 @@ class TestEstimates:
             assert model.stages[child].demand_rps == pytest.approx(model.stages[PARENT].demand_rps)
 
 
+def with_rows(snapshot: MetricSnapshot, rows: float) -> MetricSnapshot:
+    """The snapshot with every model's inferences at `rows` rows a request."""
+    models = {
+        model: replace(signals, inference_rate=rows * signals.request_rate)
+        for model, signals in snapshot.models.items()
+    }
+    return replace(snapshot, models=models)
+
+
+def batched(
+    load: Load,
+    at: Mapping[str, int],
+    batching: Mapping[str, Batching],
+    rows: float | None = 1.0,
+) -> PipelineModel:
+    """Three windows of `load` at `at`, each request `rows` rows (None: no inference
+    count read), with the configs' batching."""
+    history = PipelineHistory()
+    for snapshot in apart(load, at, 3):
+        history = history.observed(snapshot if rows is None else with_rows(snapshot, rows), at)
+    return measure(pipeline_specs(), at, history, batching)
+
+
+BATCHER = Batching(max_batch_size=8, dynamic=True)
+
+
+class TestBatching:
+    def test_a_child_serves_at_the_batch_its_callers_calls_in_flight_reach(self) -> None:
+        # Two parent instances, each execution four requests with a call each to
+        # branch_classify: eight calls out at most. Two rows a request and max_batch_size 8:
+        # four calls a batch. At 25 % busy classify runs batches of one today; at two
+        # instances it would batch four, at four instances two.
+        at = counts(2, 4, classify=2, rank=2)
+        classify = batched(Load(100.0), at, {"branch_classify": BATCHER}, rows=2.0).stages[
+            "branch_classify"
+        ]
+        assert not classify.saturated
+        assert classify.max_batch == 4
+        assert classify.calls_in_flight == pytest.approx(8.0)
+        assert classify.capacity_per_instance_rps == pytest.approx(200.0)
+        assert classify.capacity_rps(2) == pytest.approx(2 * 4 / 0.005)
+        assert classify.capacity_rps(4) == pytest.approx(4 * 2 / 0.005)
+        # Below today's count, today's batch: no instance is taken on a batch not yet seen.
+        assert classify.capacity_rps(1) == pytest.approx(200.0)
+
+    @pytest.mark.parametrize(
+        ("batching", "rows"),
+        [
+            ({}, 1.0),  # the config could not be read
+            ({"branch_classify": Batching(8, dynamic=False)}, 1.0),  # no dynamic batcher
+            ({"branch_classify": Batching(0, dynamic=True)}, 1.0),  # max_batch_size 0
+            ({"branch_classify": BATCHER}, None),  # rows per request unknown
+        ],
+    )
+    def test_a_child_that_will_not_batch_more_keeps_todays_batch(
+        self, batching: Mapping[str, Batching], rows: float | None
+    ) -> None:
+        at = counts(2, 4, classify=2, rank=2)
+        classify = batched(Load(100.0), at, batching, rows).stages["branch_classify"]
+        assert classify.max_batch is None
+        assert classify.capacity_rps(2) == pytest.approx(2 * 200.0)
+
+    def test_a_saturated_child_runs_the_batches_measured_at_its_limit(self) -> None:
+        # branch_embed at one instance is busy all the time: its batch is measured, not told.
+        at = counts(2, 1)
+        embed = batched(Load(200.0), at, {"branch_embed": BATCHER}).stages["branch_embed"]
+        assert embed.saturated
+        assert embed.capacity_rps(1) == pytest.approx(50.0)
+        assert embed.capacity_rps(2) == pytest.approx(100.0)
+
+    def test_a_root_is_told_its_largest_batch_not_its_calls_in_flight(self) -> None:
+        at = counts(2, 4)
+        parent = batched(Load(100.0), at, {PARENT: Batching(32, dynamic=True)}, rows=8.0).stages[
+            PARENT
+        ]
+        assert parent.max_batch == 4
+        assert parent.calls_in_flight is None
+        assert parent.batch_full
+        assert parent.capacity_rps(3) == pytest.approx(3 * parent.capacity_per_instance_rps)
+
+    @pytest.mark.parametrize(
+        ("config", "batching"),
+        [
+            ({"max_batch_size": 64, "dynamic_batching": {}}, Batching(64, dynamic=True)),
+            ({"max_batch_size": "64", "dynamic_batching": {"x": 1}}, Batching(64, dynamic=True)),
+            ({"max_batch_size": 8}, Batching(8, dynamic=False)),
+            ({"name": "m"}, Batching(0, dynamic=False)),
+            ({"max_batch_size": "many"}, None),
+            ({"max_batch_size": -1}, None),
+        ],
+    )
+    def test_the_batching_of_a_config_as_triton_serves_it(
+        self, config: dict, batching: Batching | None
+    ) -> None:
+        assert Batching.of_config(config) == batching
+
+
 class TestHistory:
     def test_the_history_round_trips_through_a_dict(self) -> None:
         at = counts(2, 2)
         _, history = measured(apart(Load(50.0, failure_rate=1.0), at, 4), at)
         again = PipelineHistory.from_dict(json.loads(json.dumps(history.to_dict())))
         assert again == history
+
+    def test_the_rows_a_request_carries_round_trip_with_the_history(self) -> None:
+        at = counts(2, 2)
+        history = PipelineHistory().observed(with_rows(Load(50.0).snapshot(START, at), 8.0), at)
+        again = PipelineHistory.from_dict(json.loads(json.dumps(history.to_dict())))
+        assert again == history
+        assert again.windows[-1].readings[PARENT].rows_per_request == pytest.approx(8.0)
 
     def test_an_older_or_repeated_snapshot_is_not_added_twice(self) -> None:
         at = counts(2, 2)

@@ -25,6 +25,13 @@ From the metric snapshots of one pod set (the latest, and a short history the ca
   without their queue. A leaf holds an instance for its busy time per request. Both per
   execution (averaged over the windows) and per request (that over today's mean batch:
   batches grow with the load, so the capacity this gives is what an instance serves at least).
+- the batch a stage reaches once it is the set's limit (`Stage.batch_at`): a child whose
+  config has a dynamic batcher (`Batching`, from the config Triton serves) runs, when its
+  callers wait on it, as many of their calls at once as they have out to it (their instances
+  times their calls per execution) spread over its instances, at most its max_batch_size in
+  rows over the rows a request carries (Triton's inference count over its requests). Its
+  capacity at a count is that batch over its hold per execution; where nothing says it
+  batches more (no batcher, max_batch_size 0, a root, a config or rows unknown) it is today's.
 
 Each estimate carries its windows and spread (`Estimate`): service times are averaged over
 the windows that do not overlap, at the counts the model (and its children) run now; the
@@ -63,6 +70,31 @@ SATURATED_UTILIZATION = 0.95
 
 
 @dataclass(frozen=True)
+class Batching:
+    """How a model batches, from the config Triton serves (`max_batch_size`,
+    `dynamic_batching`)."""
+
+    max_batch_size: int  # rows in one batch; 0: the model does not batch
+    dynamic: bool  # a dynamic batcher joins queued requests into one execution
+
+    @classmethod
+    def of_config(cls, config: Mapping[str, Any]) -> Batching | None:
+        """The batching of a model config as Triton returns it (JSON); None when it cannot be
+        told (a field of another type)."""
+        size = config.get("max_batch_size", 0)
+        if isinstance(size, str) and size.strip().isdigit():
+            size = int(size)  # Triton's JSON gives some integers as strings
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            return None
+        return cls(size, isinstance(config.get("dynamic_batching"), Mapping))
+
+    @property
+    def batches(self) -> bool:
+        """Whether queued requests are joined into one execution."""
+        return self.dynamic and self.max_batch_size > 0
+
+
+@dataclass(frozen=True)
 class Reading:
     """One model's counters over one window (the fields of ModelSignals the model uses)."""
 
@@ -73,6 +105,7 @@ class Reading:
     queue_seconds_per_second: float
     pods: int
     pending_requests: float = 0.0  # the gauge at the window's end
+    inference_rate: float | None = None  # rows (Triton's inferences) per second; None: unknown
 
     @classmethod
     def of(cls, signals: ModelSignals) -> Reading:
@@ -84,7 +117,15 @@ class Reading:
             signals.queue_seconds_per_second,
             signals.pods_reporting,
             signals.pending_requests,
+            signals.inference_rate,
         )
+
+    @property
+    def rows_per_request(self) -> float | None:
+        """Rows a successful request carries (None: unknown, or nothing served)."""
+        if self.inference_rate is None or self.request_rate <= 0 or self.inference_rate <= 0:
+            return None
+        return max(1.0, self.inference_rate / self.request_rate)
 
     @property
     def arrival_rate(self) -> float:
@@ -122,6 +163,7 @@ class Reading:
             "queueSecondsPerSecond": self.queue_seconds_per_second,
             "pods": self.pods,
             "pendingRequests": self.pending_requests,
+            **({} if self.inference_rate is None else {"inferenceRate": self.inference_rate}),
         }
 
     @classmethod
@@ -134,6 +176,7 @@ class Reading:
             float(d["queueSecondsPerSecond"]),
             int(d["pods"]),
             float(d.get("pendingRequests", 0.0)),
+            None if d.get("inferenceRate") is None else float(d["inferenceRate"]),
         )
 
 
@@ -269,11 +312,52 @@ class Stage:
     # Its queue (the pending gauge) grew since the window before by more than NOISE_FLOOR of
     # its arrival rate, saturated or not: more is sent to it than it serves.
     queue_grows: bool = False
+    # The most requests one batch holds: a dynamic batcher's max_batch_size over the rows a
+    # request carries; None where it does not batch, or its config or rows are unknown.
+    max_batch: float | None = None
+    # Per pod, the most calls its callers' instances have out to it at once at today's
+    # counts (their instances times their calls per execution); None for a root, or where
+    # a caller's calls are unknown.
+    calls_in_flight: float | None = None
+
+    @property
+    def batch_full(self) -> bool:
+        """Whether today's batches are (within the noise) the largest its batcher forms: its
+        capacity per instance is then no lower bound, batching will not raise it."""
+        return self.max_batch is not None and self.mean_batch >= self.max_batch * (1 - NOISE_FLOOR)
 
     @property
     def capacity_per_instance_rps(self) -> float:
-        """Requests per second one instance serves when it is busy all the time."""
+        """Requests per second one instance serves when it is busy all the time, at today's
+        batch."""
         return 1.0 / self.hold_per_request_s.value
+
+    def batch_at(self, count: int) -> float:
+        """The batch the stage runs at `count` instances once its callers wait on it: the
+        calls they have out to it spread over its instances, at most `max_batch`, at least
+        today's. Today's where it is saturated (busy all the time, it runs the batches of
+        its limit, measured) and below today's count (an instance is not taken from a stage
+        on batches it would run only once it is the set's limit)."""
+        if (
+            self.max_batch is None
+            or self.calls_in_flight is None
+            or self.saturated
+            or count < max(1, self.instances)
+        ):
+            return self.mean_batch
+        return max(self.mean_batch, min(self.max_batch, self.calls_in_flight / count))
+
+    def capacity_rps(self, count: int) -> float:
+        """Requests per second `count` instances serve when busy all the time, at the batch
+        they would reach (`batch_at`): a batch takes the instance time measured per
+        execution, so a child held to small batches by its callers serves more once they
+        send it more, up to all the calls they can have out to it."""
+        if count <= 0:
+            return 0.0
+        batch = self.batch_at(count)
+        if batch <= self.mean_batch:
+            return count * self.capacity_per_instance_rps
+        return count * batch / self.hold_per_execution_s.value
 
 
 @dataclass(frozen=True)
@@ -295,10 +379,13 @@ def measure(
     specs: Mapping[str, AutoscalerSpec],
     counts: Mapping[str, int],
     history: PipelineHistory,
+    batching: Mapping[str, Batching] | None = None,
 ) -> PipelineModel:
     """The pipeline model from `history` (its last window is the latest snapshot).
 
-    `specs` is keyed by model; `counts` holds each model's live instance count per pod.
+    `specs` is keyed by model; `counts` holds each model's live instance count per pod;
+    `batching` each model's batching from its live config (a model left out: unknown, its
+    capacity is taken at today's batch).
     """
     if not history.windows:
         return PipelineModel(0.0, {}, {model: "no metrics yet" for model in specs})
@@ -322,6 +409,11 @@ def measure(
     }
     demand = _demand(stages, callers)
     stages = {model: _with_demand(stage, demand[model]) for model, stage in stages.items()}
+    batching = batching or {}
+    stages = {
+        model: _with_batching(stage, batching.get(model), readings[model], stages, callers)
+        for model, stage in stages.items()
+    }
     roots = tuple(model for model in stages if not callers.get(model))
     return PipelineModel(latest.taken_at, stages, unmeasured, roots)
 
@@ -591,3 +683,31 @@ def _demand(
 
 def _with_demand(stage: Stage, demand: float) -> Stage:
     return replace(stage, demand_rps=demand)
+
+
+def _with_batching(
+    stage: Stage,
+    batching: Batching | None,
+    reading: Reading,
+    stages: Mapping[str, Stage],
+    callers: Mapping[str, tuple[str, ...]],
+) -> Stage:
+    """The stage with the most requests a batch of it holds, and the calls its callers can
+    have out to it: where it has a dynamic batcher, a caller (each measured, its calls to it
+    known) and a known number of rows per request."""
+    rows = reading.rows_per_request
+    parents = callers.get(stage.model, ())
+    if batching is None or not batching.batches or rows is None:
+        return stage
+    most = max(1.0, math.floor(batching.max_batch_size / rows + 1e-9))
+    if not parents:
+        return replace(stage, max_batch=most)  # its clients' requests in flight are not known
+    in_flight = 0.0
+    for parent in parents:
+        caller = stages.get(parent)
+        calls = caller.calls.get(stage.model) if caller is not None else None
+        if caller is None or calls is None or calls.windows == 0:
+            return stage
+        # Calls go out per execution: per request they are today's calls over today's batch.
+        in_flight += caller.instances * calls.value * caller.mean_batch
+    return replace(stage, max_batch=most, calls_in_flight=in_flight)

@@ -37,6 +37,7 @@ from tritonscale.core.budget import BUDGET_EXHAUSTED
 from tritonscale.core.pipeline_model import (
     NOISE_FLOOR,
     NOISE_SIGMAS,
+    Batching,
     PipelineHistory,
     PipelineModel,
     Window,
@@ -188,11 +189,13 @@ def decide_set(
     snapshot: MetricSnapshot | None,
     state: SetState,
     now: float,
+    batching: Mapping[str, Batching] | None = None,
 ) -> SetDecision:
     """Decide every model's count of one pod set (see the module's docstring for the stages).
 
     `specs` and `current` are keyed by model; `current` is each model's live count per pod
-    (the highest where pods disagree). Raises ValueError when a model has no live count (with
+    (the highest where pods disagree). `batching`: each model's batching from its live config
+    (`Batching.of_config`); a model left out is taken at today's batch. Raises ValueError when a model has no live count (with
     no ready pod, report NoReadyPods instead of asking the planner).
     """
     for model in specs:
@@ -214,7 +217,7 @@ def decide_set(
         steps = {model: [held.get(model) or _Step(current[model], reason, why)] for model in specs}
     else:
         history = history.observed(snapshot, current)
-        pipeline = measure(specs, current, history)
+        pipeline = measure(specs, current, history, batching)
         served = _served_rps(pipeline)
         verdict = verifier.judge(checks, pipeline, current, snapshot, now)
         checks = verdict.state
