@@ -36,7 +36,7 @@ from tritonscale.core.allocator import (
     best_split,
     headroom,
 )
-from tritonscale.core.pipeline_model import PipelineHistory, PipelineModel, measure
+from tritonscale.core.pipeline_model import Batching, PipelineHistory, PipelineModel, measure
 from tritonscale.core.spec import AutoscalerSpec
 
 pytestmark = pytest.mark.unit
@@ -52,20 +52,27 @@ def pipeline_at(
     at: Mapping[str, int],
     specs: Mapping[str, AutoscalerSpec],
     queue_grows_at: str | tuple[str, ...] | None = None,
+    batching: Mapping[str, Batching] | None = None,
 ) -> PipelineModel:
     """Three windows of `load` at `at`; `queue_grows_at`: the models whose queue (the pending
-    gauge) grows by 100 requests a window, as an overloaded model's does."""
+    gauge) grows by 100 requests a window, as an overloaded model's does. With `batching`
+    (the models' configs), every request is one row."""
     growing = (queue_grows_at,) if isinstance(queue_grows_at, str) else queue_grows_at or ()
     history = PipelineHistory()
     for i in range(3):
         snapshot = load.snapshot(START + i * WINDOW_S, at)
-        if growing:
+        if growing or batching:
             models = dict(snapshot.models)
             for model in growing:
                 models[model] = replace(models[model], pending_requests=100.0 * i)
+            if batching:
+                models = {
+                    m: replace(signals, inference_rate=signals.request_rate)
+                    for m, signals in models.items()
+                }
             snapshot = replace(snapshot, models=models)
         history = history.observed(snapshot, at)
-    return measure(specs, at, history)
+    return measure(specs, at, history, batching)
 
 
 def allocated(
@@ -73,9 +80,11 @@ def allocated(
     at: Mapping[str, int],
     specs: Mapping[str, AutoscalerSpec],
     queue_grows_at: str | tuple[str, ...] | None = None,
+    batching: Mapping[str, Batching] | None = None,
     **kwargs: Any,
 ) -> Allocation:
-    return allocate(pipeline_at(load, at, specs, queue_grows_at), specs, at, **kwargs)
+    pipeline = pipeline_at(load, at, specs, queue_grows_at, batching)
+    return allocate(pipeline, specs, at, **kwargs)
 
 
 def memory_budget(per_pod_mib: int, per_instance_mib: Mapping[str, int]) -> dict[str, Any]:
@@ -362,6 +371,34 @@ def test_a_child_held_back_by_its_busy_caller_is_not_where_the_requests_pile_up(
     slow = replace(load, service_s={**load.service_s, "branch_classify": 0.003})
     waiting = allocated(slow, today, specs, queue_grows_at=both, switch_margin=0.03)
     assert waiting.counts == counts(1, 1, classify=2)
+
+
+def test_a_child_is_sized_at_the_batch_its_callers_calls_would_reach() -> None:
+    # At 650 req/s one branch_classify instance, 91 % busy in batches of one, reads as the
+    # slowest stage. Its dynamic batcher joins up to eight calls, and its caller has four
+    # out at once (one instance, four requests an execution): once the caller sends more,
+    # classify batches them. The parent, not classify, gets the free instance; where
+    # classify's config is not known, classify gets it.
+    load, today, specs = classify_slower(650.0, classify_s=0.0014)
+    today = counts(1, 1)
+    batcher = {"branch_classify": Batching(max_batch_size=8, dynamic=True)}
+    assert allocated(load, today, specs, batching=batcher).counts == counts(2, 1)
+    assert allocated(load, today, specs).counts == counts(1, 1, classify=2)
+    # Saturated, classify runs the batches of its limit, measured: it gets the instance.
+    busy, _, _ = classify_slower(680.0, classify_s=0.0014)
+    assert allocated(busy, today, specs, batching=batcher).counts == counts(1, 1, classify=2)
+
+
+def test_a_stage_at_its_largest_batch_gets_no_benefit_of_the_noise() -> None:
+    # The row where classify's estimate, a lower bound, gets the benefit of the noise and
+    # the parent the instance: a classify whose batches are already the largest its config
+    # allows (one row) serves no more when sent more, and today's split stays.
+    load, today, specs = classify_slower(1500.0, classify_s=0.00137)
+    full = {"branch_classify": Batching(max_batch_size=1, dynamic=True)}
+    hopeful = allocated(load, today, specs, queue_grows_at=PARENT, switch_margin=0.03)
+    assert hopeful.counts == counts(2, 1)
+    kept = allocated(load, today, specs, queue_grows_at=PARENT, batching=full, switch_margin=0.03)
+    assert kept.counts == today
 
 
 def test_a_count_just_lowered_does_not_go_back_up_before_it_is_measured() -> None:

@@ -2,9 +2,10 @@
 
 What it maximises, under what:
 
-- a stage's capacity is its count times what one instance serves
-  (`Stage.capacity_per_instance_rps`); the set serves its load as many times over as its
-  slowest stage does: `headroom = min over the stages of capacity / demand`, demand counting
+- a stage's capacity is what its count serves at the batch it would run
+  (`Stage.capacity_rps`: a child with a dynamic batcher batches the calls its callers can
+  have out to it; otherwise today's batch, `Stage.capacity_per_instance_rps` an instance);
+  the set serves its load as many times over as its slowest stage does: `headroom = min over the stages of capacity / demand`, demand counting
   the calls per request down the pipeline. The set's capacity is the roots' demand times it;
 - the constraints: each model's minInstances and maxInstances (and a lower ceiling the
   verifier learnt, `ceilings`), and each budget (`AutoscalerSpec.budget`): the instances of its
@@ -17,8 +18,9 @@ What it maximises, under what:
   configuration can only be told from a better one by more than the noise), unless the
   set's requests pile up at some stage (its queue grows): that stage's limit is measured,
   while the stages they do not pile up at serve what they are sent, their capacity a lower
-  bound (their batches grow with the load): they get the benefit of the noise, and a split
-  that gives instances to where the requests wait is taken. A child whose caller is full
+  bound (their batches grow with the load): they get the benefit of the noise (unless their
+  batches are already the largest their batcher forms), and a split that gives instances to
+  where the requests wait is taken. A child whose caller is full
   with its own work is not where they wait, whatever its queue: it is sent no more at once
   than the caller's instances call, so its batch and its capacity are a lower bound until
   the caller is relieved (`held_back`). Instances may move from one model to another, a
@@ -302,21 +304,30 @@ def _most_headroom(
     per_instance = {m: stage.capacity_per_instance_rps for m, stage in sized.items()}
     today = {m: _within(current[m], lower[m], upper[m]) for m in sized}
     waited = {m for m, stage in sized.items() if waited_at(stage)} - held_back(sized)
+    gain = dict.fromkeys(sized, 1.0)
     if waited:
+        # A stage whose batches are already the largest its batcher forms serves no more
+        # once it is sent more: its estimate is no lower bound.
         benefit = benefit_of_the_noise(switch_margin)
-        per_instance = {
-            m: rate if m in waited else rate * (1 + benefit) for m, rate in per_instance.items()
+        gain = {
+            m: 1.0 if m in waited or stage.batch_full else 1 + benefit for m, stage in sized.items()
         }
-    best = best_split(demand, per_instance, lower, upper, fits)
+    capacity = {m: _scaled(stage.capacity_rps, gain[m]) for m, stage in sized.items()}
+    per_instance = {m: rate * gain[m] for m, rate in per_instance.items()}
+    best = best_split(demand, per_instance, lower, upper, fits, capacity=capacity)
     if best is not None and any(best[m] > today[m] for m in waited):
         return best  # instances go where the requests wait
     if best is None:
         return None
-    kept = headroom(today, demand, per_instance)
-    most = headroom(best, demand, per_instance)
+    kept = headroom(today, demand, per_instance, capacity=capacity)
+    most = headroom(best, demand, per_instance, capacity=capacity)
     if fits(today) and most * (1 - switch_margin) <= kept < most * (1 - _EQUAL):
         return today  # it serves about as much: within the noise, a move is no gain
     return best
+
+
+def _scaled(capacity: Callable[[int], float], gain: float) -> Callable[[int], float]:
+    return lambda count: capacity(count) * gain
 
 
 def waited_at(stage: Stage) -> bool:
@@ -367,11 +378,34 @@ def benefit_of_the_noise(switch_margin: float) -> float:
     return min(UNKNOWN_NOISE, NOISE_SIGMAS * switch_margin)
 
 
-def headroom(
-    counts: Mapping[str, int], demand: Mapping[str, float], per_instance: Mapping[str, float]
+Capacity = Mapping[str, Callable[[int], float]]
+
+
+def _capacity_of(
+    model: str, count: int, per_instance: Mapping[str, float], capacity: Capacity | None
 ) -> float:
-    """How many times over the stages serve their demand: the least of capacity / demand."""
-    levels = [counts[m] * per_instance[m] / demand[m] for m in counts if demand[m] > 0]
+    """A stage's capacity at `count`: its capacity function where one is given (it grows
+    with the count, not always in proportion: a batch grows as the instances fall), else
+    `count` times its rate per instance."""
+    if capacity is not None and model in capacity:
+        return capacity[model](count)
+    return count * per_instance[model]
+
+
+def headroom(
+    counts: Mapping[str, int],
+    demand: Mapping[str, float],
+    per_instance: Mapping[str, float],
+    *,
+    capacity: Capacity | None = None,
+) -> float:
+    """How many times over the stages serve their demand: the least of capacity / demand.
+    `capacity`: per model, its capacity at a count where it is not `per_instance` times it."""
+    levels = [
+        _capacity_of(m, counts[m], per_instance, capacity) / demand[m]
+        for m in counts
+        if demand[m] > 0
+    ]
     return min(levels, default=math.inf)
 
 
@@ -381,16 +415,24 @@ def fewest_for(
     per_instance: Mapping[str, float],
     lower: Mapping[str, int],
     upper: Mapping[str, int],
+    *,
+    capacity: Capacity | None = None,
 ) -> dict[str, int] | None:
-    """Each stage's fewest instances that serve `level` times its demand; None if one cannot."""
+    """Each stage's fewest instances that serve `level` times its demand; None if one cannot.
+    A capacity function must not fall as the count grows."""
     counts = {}
     for model in lower:
-        need = (
-            0
-            if demand[model] <= 0
-            else math.ceil(level * demand[model] / per_instance[model] - _EQUAL)
-        )
-        count = max(lower[model], need)
+        if demand[model] <= 0:
+            count = lower[model]
+        elif capacity is not None and model in capacity:
+            wanted = level * demand[model] * (1 - _EQUAL)
+            count = next(
+                (n for n in range(lower[model], upper[model] + 1) if capacity[model](n) >= wanted),
+                upper[model] + 1,
+            )
+        else:
+            need = math.ceil(level * demand[model] / per_instance[model] - _EQUAL)
+            count = max(lower[model], need)
         if count > upper[model]:
             return None
         counts[model] = count
@@ -403,15 +445,18 @@ def best_split(
     lower: Mapping[str, int],
     upper: Mapping[str, int],
     fits: Callable[[Mapping[str, int]], bool],
+    *,
+    capacity: Capacity | None = None,
 ) -> dict[str, int] | None:
     """The counts with the most headroom that fit, the fewest instances among equals; None
     when even the lower bounds do not fit. `fits` must be monotone: fewer instances of any
-    model never break a budget that more fit in."""
+    model never break a budget that more fit in. `capacity`: per model, its capacity at a
+    count (not falling as the count grows) where it is not `per_instance` times the count."""
     if not fits(dict(lower)):
         return None
     levels = sorted(
         {
-            count * per_instance[m] / demand[m]
+            _capacity_of(m, count, per_instance, capacity) / demand[m]
             for m in lower
             if demand[m] > 0
             for count in range(lower[m], upper[m] + 1)
@@ -422,7 +467,7 @@ def best_split(
     low, high = 0, len(levels) - 1
     while low <= high:
         middle = (low + high) // 2
-        counts = fewest_for(levels[middle], demand, per_instance, lower, upper)
+        counts = fewest_for(levels[middle], demand, per_instance, lower, upper, capacity=capacity)
         if counts is not None and fits(counts):
             best, low = counts, middle + 1
         else:
@@ -433,8 +478,9 @@ def best_split(
 def predict(
     pipeline: PipelineModel, sized: Mapping[str, Stage], counts: Mapping[str, int]
 ) -> Prediction:
-    """What the counts should serve: the roots' demand times the stages' least headroom."""
-    capacity = {m: counts[m] * stage.capacity_per_instance_rps for m, stage in sized.items()}
+    """What the counts should serve: the roots' demand times the stages' least headroom, each
+    stage at the batch it would reach (`Stage.capacity_rps`)."""
+    capacity = {m: stage.capacity_rps(counts[m]) for m, stage in sized.items()}
     ratios = {
         m: capacity[m] / stage.demand_rps for m, stage in sized.items() if stage.demand_rps > 0
     }
