@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 
 from tests.pipeline_load import CHILDREN, PARENT, Load, counts, pipeline_specs
-from tritonscale.control.reconcile import Plan, _Tick
+from tritonscale.control import set_planner
+from tritonscale.control.reconcile import Plan, _batching, _Tick
 from tritonscale.control.set_planner import SetPlanner
 from tritonscale.control.tick import ReconcileState
 from tritonscale.core import policy
 from tritonscale.core.budget import BUDGET_EXHAUSTED, Grant
+from tritonscale.core.pipeline_model import Batching
 from tritonscale.core.signals import MetricSnapshot
 from tritonscale.core.spec import AutoscalerSpec
 from tritonscale.triton.endpoints import Endpoint
@@ -83,6 +86,42 @@ def test_a_set_under_load_ends_on_its_best_split_within_the_budget() -> None:
         assert plan.decision.scaling_active.status
         assert plan.decision.state is planner.state.policies[plan.spec.model]
         assert plan.prediction is planner.last.prediction
+
+
+def test_the_live_configs_batching_reaches_the_planner(monkeypatch) -> None:
+    # A tick reads its model's live config and its children's: how each batches goes to the
+    # planner, a member's own reading first. A config that could not be read is left out.
+    configs_of = {
+        PARENT: {POD.name: {"max_batch_size": 32, "dynamic_batching": {}}},
+        "branch_embed": {POD.name: {"max_batch_size": 64, "dynamic_batching": {}}},
+        "branch_rank": {},  # the pod did not answer
+    }
+    assert _batching(configs_of, POD) == {
+        PARENT: Batching(32, dynamic=True),
+        "branch_embed": Batching(64, dynamic=True),
+    }
+    specs = pipeline_specs(7)
+    at = counts(2, 2)
+    members = plans(specs, at, Load(100.0).snapshot(START, at), START)
+    members["pipeline-async"] = replace(
+        members["pipeline-async"], batching=_batching(configs_of, POD)
+    )
+    members["branch-embed"] = replace(
+        members["branch-embed"], batching={"branch_embed": Batching(64, dynamic=False)}
+    )
+    told: dict[str, Mapping[str, Batching]] = {}
+    decide = set_planner.decide_set
+
+    def spy(*args, **kwargs):
+        told.update(args[5] if len(args) > 5 else kwargs["batching"])
+        return decide(*args, **kwargs)
+
+    monkeypatch.setattr(set_planner, "decide_set", spy)
+    SetPlanner().planned(members, START)
+    assert told == {
+        PARENT: Batching(32, dynamic=True),
+        "branch_embed": Batching(64, dynamic=False),
+    }
 
 
 def test_members_that_read_different_snapshots_are_decided_on_their_own() -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tritonscale.control.ledger import BudgetKey, Granted
@@ -58,6 +58,7 @@ from tritonscale.control.tick import (
 from tritonscale.core import policy, sizing
 from tritonscale.core.allocator import Prediction
 from tritonscale.core.budget import Claim, Grant, Limits
+from tritonscale.core.pipeline_model import Batching
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.source import MetricsSource
@@ -170,6 +171,9 @@ class Plan:
     # the whole set; None: the policy decides the model on its own.
     chosen: policy.Decision | None = None
     prediction: Prediction | None = None
+    # The batching of the model and its children, from their live configs on the first pod
+    # that answered (a model whose config could not be read is left out).
+    batching: Mapping[str, Batching] = field(default_factory=dict, hash=False)
 
     def decide(self, grant: Grant | None = None) -> policy.Decision:
         """The policy on this tick's inputs, of which a budget's grant is one; or the set
@@ -258,6 +262,7 @@ class Observation:
     metrics: MetricsWanted
     notes: tuple[str, ...]
     healing: tuple[HealingResult, ...]
+    batching: Mapping[str, Batching] = field(default_factory=dict, hash=False)
 
     def planned(self, snapshot: MetricSnapshot | MetricsUnavailable) -> Plan:
         errors: tuple[TickError, ...] = ()
@@ -274,6 +279,7 @@ class Observation:
             errors=errors,
             notes=self.notes,
             healing=self.healing,
+            batching=self.batching,
         )
 
 
@@ -337,7 +343,8 @@ async def observe(
     # read below wait out its timeout again, and delay this model's decision for all pods.
     answered = [e for e in endpoints if e.name in live]
 
-    # Each model's live configs, read once: the counts, and whether it is decoupled.
+    # Each model's live configs, read once: the counts, whether it is decoupled, how it
+    # batches.
     configs_of = {spec.model: configs}
     for child in spec.calls:
         # Given the children's counts, only the first pod's configs are needed.
@@ -365,6 +372,7 @@ async def observe(
         ),
         notes=tuple(notes),
         healing=tuple(healing),
+        batching=_batching(configs_of, answered[0]),
     )
 
 
@@ -524,6 +532,18 @@ def _decoupled(configs_of: Mapping[str, Mapping[str, Any]], first: Endpoint) -> 
         for model, configs in configs_of.items()
         if first.name in configs and is_decoupled(configs[first.name])
     }
+
+
+def _batching(configs_of: Mapping[str, Mapping[str, Any]], first: Endpoint) -> dict[str, Batching]:
+    """How each model batches, from its live config on the first pod that answered (the set
+    planner's pipeline model); a config that could not be read, or not told, is left out: the
+    model is then taken at the batch it runs today."""
+    found = {
+        model: Batching.of_config(configs[first.name])
+        for model, configs in configs_of.items()
+        if first.name in configs
+    }
+    return {model: batching for model, batching in found.items() if batching is not None}
 
 
 def _health(healing: Sequence[HealingResult]) -> policy.Condition | None:

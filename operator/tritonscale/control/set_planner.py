@@ -5,7 +5,7 @@
 
 With `planner: set` (the local driver's file, the operator's `--planner set`) a set tick
 decides its members together (tritonscale.core.planner): the members' plans, each up to its
-metrics, go in; each comes back with the planner's decision for its model (`Plan.chosen`) and
+metrics and the batching of the live configs its tick read, go in; each comes back with the planner's decision for its model (`Plan.chosen`) and
 the set's prediction, and the tick then grants, applies and reports them as it does the
 policy's. The planner's state (the pipeline's windows, the verifier's pending check and
 corrections) lives here, in memory: a driver that restarts starts afresh, which is safe (a
@@ -58,7 +58,19 @@ class SetPlanner:
         snapshot = next(iter(plans.values())).snapshot
         specs = {plan.spec.model: plan.spec for plan in plans.values()}
         current = {plan.spec.model: plan.current for plan in plans.values()}
-        decided = decide_set(specs, current, snapshot, self.state, now)
+        # Each model's batching as its own member's tick read it, else as a caller's did (a
+        # caller's tick reads its children's configs too).
+        batching = {
+            model: batching
+            for plan in plans.values()
+            for model, batching in plan.batching.items()
+            if model in specs
+        }
+        for plan in plans.values():
+            own = plan.batching.get(plan.spec.model)
+            if own is not None:
+                batching[plan.spec.model] = own
+        decided = decide_set(specs, current, snapshot, self.state, now, batching)
         self.last = decided
         if decided.prediction is not None:
             self.prediction = decided.prediction
