@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 
 from loadtests.sim import controllers, scenarios
 from loadtests.sim.metrics import SimulatedSource
-from loadtests.sim.pipeline import ModelShape, Pipeline, fan_out, real_pipeline
+from loadtests.sim.pipeline import BRANCHES, ModelShape, Pipeline, fan_out, real_pipeline
 from loadtests.sim.queueing import Simulation
 from loadtests.sim.runner import run_scenario
 from loadtests.sim.static import StaticSearch, configurations, poisson_times
 from tritonscale.core import sizing
+from tritonscale.core.pipeline_model import Batching
 
 pytestmark = pytest.mark.unit
 
@@ -150,6 +151,35 @@ def test_snapshot_reads_the_counters_the_way_the_policy_expects() -> None:
     assert signals.compute_seconds_per_second == pytest.approx(4.0, rel=0.01)
     assert sizing.busy_per_instance(signals, 1) == pytest.approx(1.0, rel=0.01)
     assert signals.pending_requests == 4  # 8 in flight, 4 executing
+
+
+def test_the_set_planner_is_told_the_batching_triton_would_serve() -> None:
+    # A parent's requests carry 8 rows, and each of its calls carries its execution's rows:
+    # the inference counts say so. The controller reads the shapes' configs as the operator
+    # reads Triton's: a dynamic batcher up to the shape's rows, none for a shape of one row.
+    pipeline = fan_out()
+    assert pipeline.configs() == {
+        "bls": {"name": "bls", "max_batch_size": 0},
+        "leaf": {"name": "leaf", "max_batch_size": 0},
+    }
+    real = real_pipeline()
+    sim = Simulation(real, dict.fromkeys(real.names, 1), rows_per_request=8)
+    sim.closed_loop("pipeline_async", 4)
+    source = SimulatedSource(sim)
+    for t in range(0, 13, 2):
+        sim.run_until(float(t))
+        source.sample()
+    snapshot = source.snapshot(list(real.names), 6.0)
+    parent, embed = snapshot.models["pipeline_async"], snapshot.models["branch_embed"]
+    assert parent.inference_rate == pytest.approx(8 * parent.request_rate)
+    # One call an execution, carrying that execution's rows: all of the parent's.
+    assert embed.inference_rate == pytest.approx(parent.inference_rate, rel=0.02)
+    controller = controllers.make("allocator")
+    controller.configure(real.configs())  # type: ignore[attr-defined]
+    assert controller.batching == {  # type: ignore[attr-defined]
+        "pipeline_async": Batching(32, dynamic=True),
+        **{branch: Batching(64, dynamic=True) for branch in BRANCHES},
+    }
 
 
 def tiny_pipeline() -> Pipeline:

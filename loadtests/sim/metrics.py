@@ -5,8 +5,8 @@ and takes each rate over the samples from the one nearest to a window ago up to 
 (tritonscale.metrics.scrape); the PromQL of tritonscale.metrics.queries computes the same
 quantities. Here the samples come from `Simulation.counters()` at each tick:
 
-- request_rate, failure_rate, execution_rate: increases of the request, failure and
-  execution counters over the window's seconds;
+- request_rate, failure_rate, execution_rate, inference_rate: increases of the request,
+  failure, execution and inference (rows) counters over the window's seconds;
 - compute_seconds_per_second, queue_seconds_per_second: increases of the duration counters
   (seconds here, microseconds in Triton, divided by 1e6 there);
 - pending_requests: the queue now (a gauge);
@@ -62,6 +62,7 @@ class SimulatedSource:
                 execution_rate=rate(now.executions, then.executions),
                 compute_seconds_per_second=rate(now.compute_s, then.compute_s),
                 queue_seconds_per_second=rate(now.queue_s, then.queue_s),
+                inference_rate=rate(now.inferences, then.inferences),
                 pending_requests=float(self.simulation.pending(model)),
                 pods_reporting=1,
             )

@@ -93,6 +93,18 @@ class Pipeline:
         models[model] = replace(models[model], execute_ms=execute_ms)
         return replace(self, name=f"{self.name}+{model}@{execute_ms:g}ms", models=models)
 
+    def configs(self) -> dict[str, dict[str, object]]:
+        """Each model's config as Triton serves it (its JSON), the fields of batching only:
+        a shape that batches more than one row has a dynamic batcher up to its rows."""
+        return {
+            name: (
+                {"name": name, "max_batch_size": s.max_batch_rows, "dynamic_batching": {}}
+                if s.max_batch_rows > 1
+                else {"name": name, "max_batch_size": 0}
+            )
+            for name, s in self.models.items()
+        }
+
     def key(self) -> tuple[object, ...]:
         """What identifies the pipeline's behaviour (the static search caches by it)."""
         return tuple(

@@ -8,9 +8,9 @@ measures it. Requests come open-loop (arrival times given in advance, `offer`) o
 (`closed_loop`: each client sends again as soon as it is answered).
 
 Counters follow Triton's (tritonscale.metrics.queries): on completion, a request adds one
-success, its queue time (arrival to the start of its execution) and its execution's whole
-duration (Triton charges a batch's compute to each request in it); an execution adds one to
-the execution count. `pending` is what waits in the queue, not what executes. A request older
+success, its rows to the inference count, its queue time (arrival to the start of its
+execution) and its execution's whole duration (Triton charges a batch's compute to each
+request in it); an execution adds one to the execution count. `pending` is what waits in the queue, not what executes. A request older
 than the client's timeout when an instance would take it is dropped as a failure (its client
 gave up; pipeline_async answers it CANCELLED without work).
 
@@ -44,9 +44,17 @@ class Counters:
     executions: float = 0.0
     compute_s: float = 0.0
     queue_s: float = 0.0
+    inferences: float = 0.0  # rows of the requests that succeeded (nv_inference_count)
 
     def copy(self) -> Counters:
-        return Counters(self.success, self.failure, self.executions, self.compute_s, self.queue_s)
+        return Counters(
+            self.success,
+            self.failure,
+            self.executions,
+            self.compute_s,
+            self.queue_s,
+            self.inferences,
+        )
 
 
 def _service(shape: ModelShape, rng: random.Random) -> Callable[[int], float]:
@@ -294,8 +302,9 @@ class Simulation:
         counters.executions += 1
         counters.success += len(batch)
         counters.compute_s += duration * len(batch)
-        for arrived, _, _ in batch:
+        for arrived, rows, _ in batch:
             counters.queue_s += started - arrived
+            counters.inferences += rows
         state.busy -= 1
         self._start_calls(state)
         for _, _, execution in batch:
@@ -316,6 +325,7 @@ class Simulation:
         taken = len(arrivals)
         counters.executions += 1
         counters.success += taken
+        counters.inferences += taken * state.rows_per_request
         counters.compute_s += (now - started) * taken
         counters.queue_s += started * taken - sum(arrivals)
         state.busy -= 1

@@ -108,6 +108,11 @@ def run_scenario(
         return search.served(pipelines[index], counts, offered[index], clients[index]) / best
 
     controller = make_controller()
+    # A controller that reads the models' live configs (as the operator's actuator does) is
+    # given them: the shapes' batching, in Triton's form.
+    configure = getattr(controller, "configure", None)
+    if configure is not None:
+        configure(scenario.pipeline.configs())
     source = SimulatedSource(sim)
     load_rng = random.Random(scenario.seed)
     tallies = [_PhaseTally() for _ in scenario.phases]
