@@ -13,6 +13,9 @@ serving meanwhile. Per phase:
 - `seconds_to_098`: from the phase's start until the controller first held a configuration
   that serves at least 0.98 of the best (seen at ticks; None when never; 0 when the
   configuration it came in with does, `started_at_098`);
+- `seconds_to_best`: from the phase's start until the controller first held the best static
+  configuration, or one that serves as much (seen at ticks; None when never; 0 when it came
+  in with one): the real benchmarks' `first_held` (loadtests/bench/common.py);
 - `instance_seconds`: the instances held over the phase, beside the best's;
 - `reversals`: changes of a model's count against its previous change in the same phase, and
   `reversal_reasons`, where the controller says why it decides (`reasons`: model -> the
@@ -37,6 +40,7 @@ from loadtests.sim.static import StaticSearch, configurations
 
 LOAD_SECONDS = (0.2, 1.4)  # a load of a new count on a real Triton, as measured
 AT_BEST = 0.98
+AS_BEST = 1 - 1e-9  # a share of the best's served rate at which a configuration equals it
 
 
 @dataclass
@@ -46,6 +50,7 @@ class _PhaseTally:
     overruns: int = 0
     instance_seconds: float = 0.0
     seconds_to_098: float | None = None
+    seconds_to_best: float | None = None
 
 
 def run_scenario(
@@ -135,8 +140,12 @@ def run_scenario(
                 sim.closed_loop(entry, count)
         tally = tallies[phase]
         held = sim.counts()
-        if tally.seconds_to_098 is None and share_of_best(phase, held) >= AT_BEST:
-            tally.seconds_to_098 = t - float(starts[phase])
+        if tally.seconds_to_best is None:
+            share = share_of_best(phase, held)
+            if tally.seconds_to_098 is None and share >= AT_BEST:
+                tally.seconds_to_098 = t - float(starts[phase])
+            if share >= AS_BEST:
+                tally.seconds_to_best = t - float(starts[phase])
         source.sample()
         # A controller may leave out the models it keeps as they are.
         desired = {**held, **controller.decide(specs, held, source.snapshot(models, window), t)}
@@ -182,6 +191,7 @@ def run_scenario(
                 "at_098_of_best": held_ratio >= AT_BEST,
                 "seconds_to_098": tally.seconds_to_098,
                 "started_at_098": tally.seconds_to_098 == 0.0,
+                "seconds_to_best": tally.seconds_to_best,
                 "instance_seconds": round(tally.instance_seconds, 1),
                 "best_instance_seconds": round(best.instances * (stop - start), 1),
                 "reversals": tally.reversals,

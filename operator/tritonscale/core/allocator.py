@@ -23,10 +23,9 @@ What it maximises, under what:
   where the requests wait is taken. A child whose caller is full
   with its own work is not where they wait, whatever its queue: it is sent no more at once
   than the caller's instances call, so its batch and its capacity are a lower bound until
-  the caller is relieved (`held_back`). Instances may move from one model to another, a
-  model rising by one instance a tick towards that split (each step moves the estimates the
-  next one rests on); a model that is `settling` (its count just changed, not yet measured)
-  does not go down, and one just `lowered` does not go back up.
+  the caller is relieved (`held_back`). Instances may move from one model to another, every
+  model going to that split at once; a model that is `settling` (its count just changed, not
+  yet measured) does not go down, and one just `lowered` does not go back up.
 
 The search is exact at any size: each stage's capacity grows with its own count alone, so the
 fewest instances that reach a headroom are each stage's own fewest, and the best headroom is
@@ -43,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from tritonscale.core import sizing
@@ -57,6 +56,9 @@ from tritonscale.core.pipeline_model import (
     Stage,
 )
 from tritonscale.core.spec import AutoscalerSpec
+
+# Per model, its capacity (requests per second) at a count.
+Capacity = Mapping[str, Callable[[int], float]]
 
 HIGH_UTILIZATION = sizing.HIGH_UTILIZATION
 LOW_UTILIZATION = sizing.LOW_UTILIZATION
@@ -251,31 +253,25 @@ def allocate(
     at_target = {m: _count_at_target(stage, specs[m], current[m]) for m, stage in sized.items()}
     at_target = {m: _within(n, lower[m], upper[m]) for m, n in at_target.items()}
     problem = None
-    goal = counts = at_target
+    counts = at_target
     if fits(at_target):
         objective = HOLD_TARGETS
     else:
+        # The whole way to the split at once: it rests on windows at today's counts, the
+        # demand of a closed loop included (pipeline_model), and the verifier judges the step
+        # (one that falls short goes back). Climbing one instance a tick towards it added a
+        # metrics window per step and moved no split the simulator's scenarios end on.
         objective = MOST_HEADROOM
         most = _most_headroom(sized, current, lower, upper, fits, switch_margin)
-        goal = most if most is not None else dict(lower)
+        counts = most if most is not None else dict(lower)
         if most is None:
-            problem = room.overflow({**fixed_counts, **goal})
-        # One instance a tick towards the split: each step moves the estimates the next one
-        # rests on (a parent's batches shrink as it gets instances, and its calls per request
-        # to its children grow), so the rest is decided on windows at the counts passed.
-        counts = {m: min(n, max(current[m] + 1, lower[m])) for m, n in goal.items()}
+            problem = room.overflow({**fixed_counts, **counts})
     prediction = predict(pipeline, sized, counts)
     targets = dict(fixed)
     for model, stage in sized.items():
         targets[model] = _target(
             stage, specs[model], current[model], counts[model], objective, prediction
         )
-        if objective == MOST_HEADROOM and counts[model] < goal[model]:
-            target = targets[model]
-            targets[model] = replace(
-                target,
-                message=f"{target.message}; one instance a tick towards {goal[model]}",
-            )
     return Allocation(targets, prediction, objective, problem)
 
 
@@ -298,7 +294,10 @@ def _most_headroom(
     instances go where the requests wait (a child that reads as slow as its saturated parent
     at one instance, batching nothing, serves more once the parent sends it more). A child
     whose caller is busy on its own is not where they wait (`held_back`): its batch is the
-    caller's to set.
+    caller's to set. Where a root's demand was read from a closed loop, the split within
+    `switch_margin` of the best that gives that root the most instances is taken
+    (`_towards_the_wait`): the stages behind it will be sent many times what they batch
+    today.
     """
     demand = {m: stage.demand_rps for m, stage in sized.items()}
     per_instance = {m: stage.capacity_per_instance_rps for m, stage in sized.items()}
@@ -315,6 +314,11 @@ def _most_headroom(
     capacity = {m: _scaled(stage.capacity_rps, gain[m]) for m, stage in sized.items()}
     per_instance = {m: rate * gain[m] for m, rate in per_instance.items()}
     best = best_split(demand, per_instance, lower, upper, fits, capacity=capacity)
+    looped = {m for m in waited if sized[m].closed_loop}
+    if best is not None and looped:
+        best = _towards_the_wait(
+            best, looped, demand, per_instance, capacity, lower, upper, fits, switch_margin
+        )
     if best is not None and any(best[m] > today[m] for m in waited):
         return best  # instances go where the requests wait
     if best is None:
@@ -328,6 +332,52 @@ def _most_headroom(
 
 def _scaled(capacity: Callable[[int], float], gain: float) -> Callable[[int], float]:
     return lambda count: capacity(count) * gain
+
+
+def _towards_the_wait(
+    best: Mapping[str, int],
+    waited: set[str],
+    demand: Mapping[str, float],
+    per_instance: Mapping[str, float],
+    capacity: Capacity,
+    lower: Mapping[str, int],
+    upper: Mapping[str, int],
+    fits: Callable[[Mapping[str, int]], bool],
+    switch_margin: float,
+) -> dict[str, int]:
+    """Among the splits within `switch_margin` of the best's headroom, the one with the most
+    instances at the stages in `waited`, raised one instance at a time: within the noise,
+    the instances go where the requests wait (the other stages' capacity is a lower bound).
+
+    Only for the roots of a closed loop: for every stage the requests pile up at, it moved
+    instances back and forth between the roots and the branches of the simulator's open
+    loops (60 steady reversals against 3); for a closed loop's roots it changed none of the
+    simulator's phases, and replayed on the real server's first window of 32 clients it
+    chose the best, 3/2/1/1, over 2/2/2/1, 1 % apart by the branches' estimates at one
+    instance."""
+    most = headroom(best, demand, per_instance, capacity=capacity)
+    chosen, floor = dict(best), dict(lower)
+    moved = True
+    while moved:
+        moved = False
+        for model in sorted(waited):
+            if chosen[model] >= upper[model]:
+                continue
+            raised = best_split(
+                demand,
+                per_instance,
+                {**floor, model: chosen[model] + 1},
+                upper,
+                fits,
+                capacity=capacity,
+            )
+            if raised is None or raised[model] <= chosen[model]:
+                continue
+            if headroom(raised, demand, per_instance, capacity=capacity) >= most * (
+                1 - switch_margin
+            ):
+                chosen, floor[model], moved = raised, chosen[model] + 1, True
+    return chosen
 
 
 def waited_at(stage: Stage) -> bool:
@@ -376,9 +426,6 @@ def benefit_of_the_noise(switch_margin: float) -> float:
     reading strays by chance (`NOISE_SIGMAS` standard deviations, `switch_margin` being one),
     at most `UNKNOWN_NOISE` (what one window's noise is taken to be)."""
     return min(UNKNOWN_NOISE, NOISE_SIGMAS * switch_margin)
-
-
-Capacity = Mapping[str, Callable[[int], float]]
 
 
 def _capacity_of(
@@ -516,8 +563,17 @@ def _target(
     prediction: Prediction,
 ) -> Target:
     utilization_then = stage.demand_rps / (count * stage.capacity_per_instance_rps)
+    read = ""
+    if stage.closed_loop:
+        read = (
+            f" (a closed loop: {stage.in_flight:.0f} requests in flight, "
+            f"{1000 * stage.time_in_model_s:.1f} ms each in the set, "
+            f"{1000 * stage.hold_per_execution_s.value:.1f} ms without queues, "
+            f"{stage.arrival_rps.value:.1f} req/s served)"
+        )
     seen = (
-        f"demand {stage.demand_rps:.1f} req/s, {1000 * stage.hold_per_request_s.value:.1f} ms "
+        f"demand {stage.demand_rps:.1f} req/s{read}, "
+        f"{1000 * stage.hold_per_request_s.value:.1f} ms "
         f"of an instance per request: busy {utilization_then:.2f} per instance at "
         f"{_instances(count)} (target {spec.targets.utilization:.2f})"
     )
