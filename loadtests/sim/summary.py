@@ -119,8 +119,13 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         bottom=[families[n]["steady_reversals"] for n in names],
         label="budget overruns",
     )
+    most = max(families[n]["steady_reversals"] + families[n]["budget_overruns"] for n in names)
+    flips.set_ylim(0, max(most, 1) * 1.1)  # a zero axis, also where there is none of either
     flips.legend()
-    flips.set_title("steady reversals and budget overruns")
+    flips.set_title(
+        f"steady reversals ({summary['steady_reversals']}) "
+        f"and budget overruns ({summary['budget_overruns']})"
+    )
     flips.tick_params(axis="x", rotation=30)
 
     figure.suptitle(
