@@ -294,10 +294,7 @@ def _most_headroom(
     instances go where the requests wait (a child that reads as slow as its saturated parent
     at one instance, batching nothing, serves more once the parent sends it more). A child
     whose caller is busy on its own is not where they wait (`held_back`): its batch is the
-    caller's to set. Where a root's demand was read from a closed loop, the split within
-    `switch_margin` of the best that gives that root the most instances is taken
-    (`_towards_the_wait`): the stages behind it will be sent many times what they batch
-    today.
+    caller's to set.
     """
     demand = {m: stage.demand_rps for m, stage in sized.items()}
     per_instance = {m: stage.capacity_per_instance_rps for m, stage in sized.items()}
@@ -314,11 +311,6 @@ def _most_headroom(
     capacity = {m: _scaled(stage.capacity_rps, gain[m]) for m, stage in sized.items()}
     per_instance = {m: rate * gain[m] for m, rate in per_instance.items()}
     best = best_split(demand, per_instance, lower, upper, fits, capacity=capacity)
-    looped = {m for m in waited if sized[m].closed_loop}
-    if best is not None and looped:
-        best = _towards_the_wait(
-            best, looped, demand, per_instance, capacity, lower, upper, fits, switch_margin
-        )
     if best is not None and any(best[m] > today[m] for m in waited):
         return best  # instances go where the requests wait
     if best is None:
@@ -332,52 +324,6 @@ def _most_headroom(
 
 def _scaled(capacity: Callable[[int], float], gain: float) -> Callable[[int], float]:
     return lambda count: capacity(count) * gain
-
-
-def _towards_the_wait(
-    best: Mapping[str, int],
-    waited: set[str],
-    demand: Mapping[str, float],
-    per_instance: Mapping[str, float],
-    capacity: Capacity,
-    lower: Mapping[str, int],
-    upper: Mapping[str, int],
-    fits: Callable[[Mapping[str, int]], bool],
-    switch_margin: float,
-) -> dict[str, int]:
-    """Among the splits within `switch_margin` of the best's headroom, the one with the most
-    instances at the stages in `waited`, raised one instance at a time: within the noise,
-    the instances go where the requests wait (the other stages' capacity is a lower bound).
-
-    Only for the roots of a closed loop: for every stage the requests pile up at, it moved
-    instances back and forth between the roots and the branches of the simulator's open
-    loops (60 steady reversals against 3); for a closed loop's roots it changed none of the
-    simulator's phases, and replayed on the real server's first window of 32 clients it
-    chose the best, 3/2/1/1, over 2/2/2/1, 1 % apart by the branches' estimates at one
-    instance."""
-    most = headroom(best, demand, per_instance, capacity=capacity)
-    chosen, floor = dict(best), dict(lower)
-    moved = True
-    while moved:
-        moved = False
-        for model in sorted(waited):
-            if chosen[model] >= upper[model]:
-                continue
-            raised = best_split(
-                demand,
-                per_instance,
-                {**floor, model: chosen[model] + 1},
-                upper,
-                fits,
-                capacity=capacity,
-            )
-            if raised is None or raised[model] <= chosen[model]:
-                continue
-            if headroom(raised, demand, per_instance, capacity=capacity) >= most * (
-                1 - switch_margin
-            ):
-                chosen, floor[model], moved = raised, chosen[model] + 1, True
-    return chosen
 
 
 def waited_at(stage: Stage) -> bool:
