@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import math
 import random
-import re
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from loadtests.sim import controllers, scenarios
-from loadtests.sim.allocator_controller import AllocatorController
 from loadtests.sim.metrics import SimulatedSource
 from loadtests.sim.pipeline import BRANCHES, ModelShape, Pipeline, fan_out, real_pipeline
 from loadtests.sim.queueing import Simulation
@@ -20,7 +18,6 @@ from loadtests.sim.runner import run_scenario
 from loadtests.sim.static import StaticSearch, configurations, poisson_times
 from tritonscale.core import sizing
 from tritonscale.core.pipeline_model import Batching
-from tritonscale.core.planner import SetState, decide_set
 
 pytestmark = pytest.mark.unit
 
@@ -292,70 +289,3 @@ def test_todays_policy_does_not_reverse_under_a_steady_load(
     row = run_scenario(steady_scenario(budget, rps, seed), controllers.PolicyController, SEARCH)
     phase = row["phases"][0]
     assert phase["reversals"] == 0, (phase["reversal_reasons"], phase["held_at_end"])
-
-
-class _Recorded(AllocatorController):
-    """The set planner, keeping every decision's messages."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[dict[str, str]] = []
-
-    def decide(self, specs, current, snapshot, now):  # type: ignore[no-untyped-def]
-        decision = decide_set(specs, current, snapshot, SetState.from_dict(self.state), now)
-        self.state = decision.state.to_dict()
-        self.reasons = {model: d.reason for model, d in decision.models.items()}
-        self.messages.append({model: d.message for model, d in decision.models.items()})
-        return decision.targets
-
-
-@pytest.mark.parametrize("clients", [16, 32, 64])
-def test_a_closed_loop_from_a_fresh_start_gets_its_best_split_in_one_decision(
-    clients: int,
-) -> None:
-    # operator_vs_static's run: the clients from the start, every model at 1, the planner
-    # fresh. Its first window reads the closed loop's demand, and the first decision goes to
-    # the split: the best is held one metrics window and two ticks after the load step (the
-    # first decision, and a tick for the loads), and kept.
-    scenario = scenarios.Scenario(
-        f"closed-{clients}",
-        "property",
-        clients,
-        real_pipeline(),
-        7,
-        (scenarios.Phase("clients", 40, {"pipeline_async": scenarios.Clients(clients)}),),
-    )
-    recorded: list[_Recorded] = []
-
-    def controller() -> _Recorded:
-        recorded.append(_Recorded())
-        return recorded[-1]
-
-    phase = run_scenario(scenario, controller, SEARCH)["phases"][0]
-    window = scenarios.METRICS_WINDOW_S + 2 * scenarios.INTERVAL_S
-    assert phase["seconds_to_best"] is not None and phase["seconds_to_best"] <= window, phase
-    assert phase["held_at_end"] == phase["best_static"]["counts"]
-    assert phase["reversals"] == 0
-    # The first decision says what it read: about the clients' requests in flight.
-    first = next(m for m in recorded[0].messages if "warming up" not in m["pipeline_async"])
-    found = re.search(r"a closed loop: (\d+) requests in flight", first["pipeline_async"])
-    assert found is not None, first["pipeline_async"]
-    assert abs(int(found.group(1)) - clients) <= 0.1 * clients, first["pipeline_async"]
-
-
-@pytest.mark.parametrize("clients", [4, 8])
-def test_a_closed_loop_of_few_clients_is_not_given_more_and_then_taken_back(
-    clients: int,
-) -> None:
-    scenario = scenarios.Scenario(
-        f"closed-{clients}",
-        "property",
-        clients,
-        real_pipeline(),
-        7,
-        (scenarios.Phase("clients", 60, {"pipeline_async": scenarios.Clients(clients)}),),
-    )
-    phase = run_scenario(scenario, AllocatorController, SEARCH)["phases"][0]
-    assert phase["reversals"] == 0, phase
-    assert phase["held_ratio"] >= 0.98, phase
-    assert sum(phase["held_at_end"].values()) <= 7

@@ -23,9 +23,10 @@ What it maximises, under what:
   where the requests wait is taken. A child whose caller is full
   with its own work is not where they wait, whatever its queue: it is sent no more at once
   than the caller's instances call, so its batch and its capacity are a lower bound until
-  the caller is relieved (`held_back`). Instances may move from one model to another, every
-  model going to that split at once; a model that is `settling` (its count just changed, not
-  yet measured) does not go down, and one just `lowered` does not go back up.
+  the caller is relieved (`held_back`). Instances may move from one model to another, a
+  model rising by one instance a tick towards that split (each step moves the estimates the
+  next one rests on); a model that is `settling` (its count just changed, not yet measured)
+  does not go down, and one just `lowered` does not go back up.
 
 The search is exact at any size: each stage's capacity grows with its own count alone, so the
 fewest instances that reach a headroom are each stage's own fewest, and the best headroom is
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tritonscale.core import sizing
@@ -253,25 +254,31 @@ def allocate(
     at_target = {m: _count_at_target(stage, specs[m], current[m]) for m, stage in sized.items()}
     at_target = {m: _within(n, lower[m], upper[m]) for m, n in at_target.items()}
     problem = None
-    counts = at_target
+    goal = counts = at_target
     if fits(at_target):
         objective = HOLD_TARGETS
     else:
-        # The whole way to the split at once: it rests on windows at today's counts, the
-        # demand of a closed loop included (pipeline_model), and the verifier judges the step
-        # (one that falls short goes back). Climbing one instance a tick towards it added a
-        # metrics window per step and moved no split the simulator's scenarios end on.
         objective = MOST_HEADROOM
         most = _most_headroom(sized, current, lower, upper, fits, switch_margin)
-        counts = most if most is not None else dict(lower)
+        goal = most if most is not None else dict(lower)
         if most is None:
-            problem = room.overflow({**fixed_counts, **counts})
+            problem = room.overflow({**fixed_counts, **goal})
+        # One instance a tick towards the split: each step moves the estimates the next one
+        # rests on (a parent's batches shrink as it gets instances, and its calls per request
+        # to its children grow), so the rest is decided on windows at the counts passed.
+        counts = {m: min(n, max(current[m] + 1, lower[m])) for m, n in goal.items()}
     prediction = predict(pipeline, sized, counts)
     targets = dict(fixed)
     for model, stage in sized.items():
         targets[model] = _target(
             stage, specs[model], current[model], counts[model], objective, prediction
         )
+        if objective == MOST_HEADROOM and counts[model] < goal[model]:
+            target = targets[model]
+            targets[model] = replace(
+                target,
+                message=f"{target.message}; one instance a tick towards {goal[model]}",
+            )
     return Allocation(targets, prediction, objective, problem)
 
 
