@@ -51,33 +51,6 @@ def measured(
     return measure(specs or pipeline_specs(), at, history), history
 
 
-# A closed loop on one parent instance and branch_embed's eight: the parent serves what its
-# instance holds, 4 requests per 24 ms (its own 4 ms and branch_embed's 20).
-CLOSED_AT = counts(1, 8)
-CLOSED_RPS = 4 / 0.024
-
-
-def closed_loop(
-    windows: list[tuple[float, float]], model: str = PARENT, at: Mapping[str, int] = CLOSED_AT
-) -> list[MetricSnapshot]:
-    """Snapshots one window apart of the parent at CLOSED_RPS (at CLOSED_AT) with, per window,
-    `model`'s mean queue (queue seconds per second) and its pending gauge at the window's end."""
-    snapshots = []
-    for i, (queue, pending) in enumerate(windows):
-        snapshot = Load(1000.0).snapshot(START + i * WINDOW_S, at)
-        signals = replace(
-            snapshot.models[model], queue_seconds_per_second=queue, pending_requests=pending
-        )
-        if model == PARENT:
-            # Its execution: 4 ms of its own and branch_embed's 34.4 ms (20 ms and its queue
-            # at 8 instances): 6.4 requests in execution, on average.
-            signals = replace(signals, compute_seconds_per_second=CLOSED_RPS * 0.0384)
-        snapshots.append(
-            MetricSnapshot(snapshot.taken_at, WINDOW_S, {**snapshot.models, model: signals})
-        )
-    return snapshots
-
-
 def apart(load: Load, at: Mapping[str, int], windows: int) -> list[MetricSnapshot]:
     """`windows` snapshots one window apart (no overlap)."""
     return [load.snapshot(START + i * WINDOW_S, at) for i in range(windows)]
@@ -196,73 +169,6 @@ class TestOneWindow:
         )
         assert not light.stages[PARENT].saturated
         assert not light.stages[PARENT].overloaded
-
-    def test_a_closed_loops_standing_queue_is_read_as_what_its_clients_would_send(
-        self,
-    ) -> None:
-        # 32 requests in flight on one parent instance: it serves 166.7 req/s, each request
-        # 192 ms in the set (queue and execution), 24 ms without queues (4 ms of its own work,
-        # 20 ms of branch_embed's). Without queues the 32 would send 32 / 24 ms.
-        at, rate = CLOSED_AT, CLOSED_RPS
-        model, _ = measured(closed_loop([(25.6, 26.0), (25.6, 26.0)]), at)
-        parent = model.stages[PARENT]
-        assert parent.arrival_rps.value == pytest.approx(rate)
-        assert parent.closed_loop
-        assert parent.in_flight == pytest.approx(32.0, rel=0.01)
-        assert parent.offered_rps == pytest.approx(32 / 0.024, rel=0.01)
-        assert model.stages["branch_embed"].demand_rps == pytest.approx(parent.offered_rps)
-        # A fresh start (one window in the history, nothing to compare it with) reads it too.
-        fresh, _ = measured(closed_loop([(25.6, 26.0)]), at)
-        assert fresh.stages[PARENT].offered_rps == pytest.approx(parent.offered_rps)
-
-    @pytest.mark.parametrize(
-        ("windows", "why"),
-        [
-            # The gauge at the window's end is far from the mean queue over it: a backlog
-            # that wandered within the window.
-            ([(25.6, 60.0), (25.6, 60.0)], "gauge"),
-            # No deeper than what the instance runs at once (4 requests): an open loop at its
-            # capacity keeps as much.
-            ([(7.0, 4.0), (7.0, 4.0)], "shallow"),
-            # The requests in flight moved from 26.4 to 32 between windows.
-            ([(20.0, 26.0), (25.6, 26.0)], "in flight"),
-            # The gauge moved by more than the instance runs at once.
-            ([(25.6, 19.0), (25.6, 26.0)], "gauge moved"),
-            # It began to stand in the latest window, and the history holds others.
-            ([(1.0, 0.0), (25.6, 26.0)], "one standing window"),
-        ],
-    )
-    def test_a_standing_queue_that_wanders_or_just_formed_is_not_a_closed_loops(
-        self, windows: list[tuple[float, float]], why: str
-    ) -> None:
-        model, _ = measured(closed_loop(windows), CLOSED_AT)
-        parent = model.stages[PARENT]
-        assert not parent.closed_loop, why
-        # What arrives, and the growth of its queue where there is some (a few req/s here).
-        assert parent.offered_rps < 1.1 * parent.arrival_rps.value, why
-
-    def test_a_standing_queue_in_front_of_a_child_or_below_saturation_keeps_the_rate(
-        self,
-    ) -> None:
-        # A child's queue says only that it is today's bottleneck (one branch_embed instance).
-        short = counts(1, 1)
-        snapshots = closed_loop([(25.6, 26.0), (25.6, 26.0)], "branch_embed", short)
-        embed = measured(snapshots, short)[0].stages["branch_embed"]
-        assert embed.saturated and not embed.closed_loop
-        # An open loop at moderate utilization queues too (four parents, 20 req/s).
-        roomy = counts(4, 8)
-        snapshots = []
-        for i in range(2):
-            snapshot = Load(20.0).snapshot(START + i * WINDOW_S, roomy)
-            signals = replace(
-                snapshot.models[PARENT], queue_seconds_per_second=20.0, pending_requests=20.0
-            )
-            snapshots.append(
-                MetricSnapshot(snapshot.taken_at, WINDOW_S, {**snapshot.models, PARENT: signals})
-            )
-        light = measured(snapshots, roomy)[0].stages[PARENT]
-        assert not light.saturated and not light.closed_loop
-        assert light.offered_rps == pytest.approx(20.0)
 
     def test_a_queue_that_grows_beyond_the_noise_is_seen_below_saturation(self) -> None:
         # A load that just rose: branch_embed's four instances are not yet busy all the time,

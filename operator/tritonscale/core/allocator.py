@@ -516,17 +516,8 @@ def _target(
     prediction: Prediction,
 ) -> Target:
     utilization_then = stage.demand_rps / (count * stage.capacity_per_instance_rps)
-    read = ""
-    if stage.closed_loop:
-        read = (
-            f" (a closed loop: {stage.in_flight:.0f} requests in flight, "
-            f"{1000 * stage.time_in_model_s:.1f} ms each in the set, "
-            f"{1000 * stage.hold_per_execution_s.value:.1f} ms without queues, "
-            f"{stage.arrival_rps.value:.1f} req/s served)"
-        )
     seen = (
-        f"demand {stage.demand_rps:.1f} req/s{read}, "
-        f"{1000 * stage.hold_per_request_s.value:.1f} ms "
+        f"demand {stage.demand_rps:.1f} req/s, {1000 * stage.hold_per_request_s.value:.1f} ms "
         f"of an instance per request: busy {utilization_then:.2f} per instance at "
         f"{_instances(count)} (target {spec.targets.utilization:.2f})"
     )

@@ -14,11 +14,7 @@ From the metric snapshots of one pod set (the latest, and a short history the ca
   calls go out per execution, so per request they fall as the parent's batches grow;
 - demand propagated down the pipeline: a root's demand is what is offered to it (its arrival
   rate, and where it is saturated the growth of its queue, the pending gauge), a child's is
-  its callers' demand times their calls per request. A saturated root whose queue stands
-  without growing, as a closed loop's clients keep it (`_closed_loop_queue`), serves what
-  they get back, not what they would send: by Little's law its clients keep `arrival rate x
-  time in the set` requests in flight, and without queues each would come back after the
-  root's own work and its children's execution, so that is their demand (`in_flight`);
+  its callers' demand times their calls per request;
 - the hold per request: the instance seconds one request will cost at the allocator's counts.
   A BLS parent's busy time includes its wait for its children (a parent in front of a
   saturated child reads 99 % busy), and that wait shrinks when the children get instances.
@@ -71,9 +67,6 @@ UNKNOWN_NOISE = 0.25
 # At or above this busy fraction per instance a model is saturated: what it serves is what it
 # can, and its arrival rate understates what is offered to it.
 SATURATED_UTILIZATION = 0.95
-# A closed loop's requests in flight (arrival rate x time in the model, Little's law) agree
-# from window to window to within this share of them (at least one request).
-IN_FLIGHT_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -291,8 +284,7 @@ class Stage:
     pods: int
     arrival_rps: Estimate  # requests finished per second, successes and failures
     # What is offered: the arrival rate, plus the growth of the queue where the stage is
-    # saturated (what it finishes is then what it can, not what it is asked); for a saturated
-    # root whose queue stands (a closed loop), what its clients would send without queues.
+    # saturated (what it finishes is then what it can, not what it is asked).
     offered_rps: float
     served_fraction: Estimate  # successes over all requests finished, today's
     demand_rps: float  # what the roots are offered, carried down by the calls per request
@@ -327,21 +319,12 @@ class Stage:
     # counts (their instances times their calls per execution); None for a root, or where
     # a caller's calls are unknown.
     calls_in_flight: float | None = None
-    # A saturated root whose queue stands and does not grow (a closed loop): the requests in
-    # flight (arrival rate x time in the set, Little's law), and its `offered_rps` is what
-    # they would send without queues; 0 otherwise.
-    in_flight: float = 0.0
 
     @property
     def batch_full(self) -> bool:
         """Whether today's batches are (within the noise) the largest its batcher forms: its
         capacity per instance is then no lower bound, batching will not raise it."""
         return self.max_batch is not None and self.mean_batch >= self.max_batch * (1 - NOISE_FLOOR)
-
-    @property
-    def closed_loop(self) -> bool:
-        """Whether the stage's demand was read from a closed loop's requests in flight."""
-        return self.in_flight > 0
 
     @property
     def capacity_per_instance_rps(self) -> float:
@@ -485,19 +468,6 @@ def _stage(
     queue_growth = _backlog_growth(history, model)
     backlog_growth = queue_growth if saturated else 0.0
     offered = reading.arrival_rate + backlog_growth
-    queue_grows = queue_growth > NOISE_FLOOR * reading.arrival_rate
-    in_flight = 0.0
-    if (
-        saturated
-        and not callers.get(model)
-        and _queue_stands(reading)
-        and not queue_grows
-        and _closed_loop_queue(history, model, instances)
-    ):
-        # A closed loop: what the root finishes is what its clients get back, not what they
-        # would send (Little's law gives that, `_closed_loop_rps`).
-        in_flight = reading.arrival_rate * reading.time_in_model_s
-        offered = max(offered, _closed_loop_rps(reading, hold_per_execution.value))
     return Stage(
         model=model,
         instances=instances,
@@ -530,8 +500,7 @@ def _stage(
         overloaded=backlog_growth > 0
         or (saturated and not callers.get(model) and _queue_stands(reading)),
         idle=reading.arrival_rate <= 0 and reading.pending_requests <= 0,
-        queue_grows=queue_grows,
-        in_flight=in_flight,
+        queue_grows=queue_growth > NOISE_FLOOR * reading.arrival_rate,
     )
 
 
@@ -642,53 +611,6 @@ def _queue_stands(reading: Reading) -> bool:
     """More requests wait for the model than run in it: a queue that stands (a closed loop of
     clients keeps one in front of its bottleneck without growing it)."""
     return reading.queue_seconds_per_second > reading.compute_seconds_per_second > 0
-
-
-def _closed_loop_queue(history: PipelineHistory, model: str, instances: int) -> bool:
-    """Whether the model's standing queue is a closed loop's. Its clients keep the same
-    requests in flight, so the queue holds where they put it; an open loop that happens to
-    run at its capacity keeps a backlog too, but one that wanders. All of:
-
-    - the queue (the pending gauge) is deeper than what the instances run at once (pods x
-      instances x mean batch): a shallower one an open loop at its capacity keeps as well;
-    - the gauge at the window's end agrees with the mean queue over the window (queue
-      seconds per second, Little's law) to within what the instances run at once;
-    - the windows since the queue began to stand agree with the latest: the requests in
-      flight (arrival rate x time in the model) to within IN_FLIGHT_TOLERANCE, the gauge to
-      within what the instances run at once; and there are at least two of them, unless the
-      history holds only the latest (a fresh start: nothing to compare it with).
-    """
-    windows = [w for w in history.windows if model in w.readings]
-    now = windows[-1].readings[model]
-    running = max(1.0, max(1, now.pods) * instances * now.mean_batch)
-    if now.pending_requests <= running:
-        return False
-    if abs(now.pending_requests - now.queue_seconds_per_second) > running:
-        return False
-    in_flight = now.arrival_rate * now.time_in_model_s
-    standing = 1
-    for window in reversed(windows[:-1]):
-        then = window.readings[model]
-        if then.request_rate <= 0 or not _queue_stands(then):
-            break
-        drift = abs(then.arrival_rate * then.time_in_model_s - in_flight)
-        if drift > max(1.0, IN_FLIGHT_TOLERANCE * in_flight):
-            return False
-        if abs(then.pending_requests - now.pending_requests) > running:
-            return False
-        standing += 1
-    return standing >= 2 or len(windows) == 1
-
-
-def _closed_loop_rps(reading: Reading, unqueued_s: float) -> float:
-    """What a closed loop would send a root if nothing queued (Little's law): its clients
-    keep `arrival rate x time in the set` requests in flight (the root's time, queue and
-    execution, counts its children's), and each would come back after `unqueued_s` (the
-    root's own work and its children's execution, without queues) instead. At least the
-    arrival rate; the arrival rate where `unqueued_s` is unknown (0)."""
-    if unqueued_s <= 0:
-        return reading.arrival_rate
-    return reading.arrival_rate * max(1.0, reading.time_in_model_s / unqueued_s)
 
 
 def _now(estimate: Estimate, value: float | None) -> Estimate:
