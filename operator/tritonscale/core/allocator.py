@@ -238,6 +238,7 @@ def allocate(
         )
         for m in sized
     }
+    helpful = upper  # the most instances that help each model, whatever it did last
     upper = {
         m: max(specs[m].min_instances, min(count, current[m])) if m in lowered else count
         for m, count in upper.items()
@@ -251,11 +252,15 @@ def allocate(
     def fits(counts: Mapping[str, int]) -> bool:
         return room.fits({**fixed_counts, **counts})
 
-    at_target = {m: _count_at_target(stage, specs[m], current[m]) for m, stage in sized.items()}
-    at_target = {m: _within(n, lower[m], upper[m]) for m, n in at_target.items()}
+    needed = {m: _count_at_target(stage, specs[m], current[m]) for m, stage in sized.items()}
+    at_target = {m: _within(n, lower[m], upper[m]) for m, n in needed.items()}
     problem = None
     goal = counts = at_target
-    if fits(at_target):
+    # Whether the budget holds every model under its target is a question of the load: a
+    # model held at a count it was just lowered to still needs what its target says. Asked
+    # with that hold, the room it leaves would go to another model, which is then lowered in
+    # turn for the fewest instances, and the two would swap an instance every few windows.
+    if fits({m: _within(n, lower[m], helpful[m]) for m, n in needed.items()}):
         objective = HOLD_TARGETS
     else:
         objective = MOST_HEADROOM
