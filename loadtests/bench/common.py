@@ -36,6 +36,7 @@ import tritonclient.grpc.aio
 import tritonclient.http
 import tritonclient.http.aio
 
+from tritonscale.local.interrupts import stop_on_signals
 from tritonscale.local.loadgen import (
     CLIENT_PATHS,
     Inputs,
@@ -72,6 +73,9 @@ def stream_count_inputs(count: int = 4) -> Callable[[np.random.Generator], Input
 
 @contextmanager
 def local_triton(models: list[str] | None = None) -> Iterator[LocalTriton]:
+    # A benchmark stopped with kill or Ctrl-C stops its tritonserver and its tune on the way
+    # out, instead of leaving them running for the next one.
+    stop_on_signals()
     progress(f"starting tritonserver ({', '.join(models) if models else 'all models'}) ...")
     with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=models) as triton:
         progress(f"  ready in {triton.startup_s:.1f} s (gRPC {triton.grpc_url})")

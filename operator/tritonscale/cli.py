@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import click
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 from tritonscale.control.set_planner import MODEL, PLANNERS
 from tritonscale.drivers.tune import TuneConfigError
+from tritonscale.local.interrupts import stop_on_signals
 from tritonscale.local.ports import LOOPBACK
 from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
 from tritonscale.triton.loads import DEFAULT_LOAD_DEADLINE_S
@@ -69,20 +69,6 @@ def main() -> None:
     """Tritonscale: Triton async BLS pipelines with instance counts tuned from metrics."""
 
 
-def _stop_on_signals() -> None:
-    """Turn SIGTERM and SIGINT into KeyboardInterrupt so that Ctrl-C and `kill` stop the same way.
-
-    SIGINT is set too, not left to Python: a process started as a background job of a script
-    inherits SIGINT ignored, and Python then leaves it ignored, so `kill -INT` would not stop it.
-    """
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
-
 @main.command()
 @click.option(
     "--model-repository",
@@ -127,7 +113,7 @@ def serve(
 ) -> None:
     """Run a local tritonserver on a model repository until Ctrl-C or SIGTERM."""
     require_extras("server")
-    _stop_on_signals()
+    stop_on_signals()
     server = LocalTriton(
         model_repository,
         http_port=http_port,
@@ -529,7 +515,7 @@ def tune(
     from tritonscale.triton.actuator import Actuator
 
     config = tuning.load_config(config_path)
-    _stop_on_signals()
+    stop_on_signals()
     metrics = OperatorMetrics()
     server = None
     if metrics_port:
@@ -571,7 +557,7 @@ def demo(out: Path) -> None:
     require_extras("server", "load", "reports")
     from tritonscale.local import demo as demonstration
 
-    _stop_on_signals()
+    stop_on_signals()
     try:
         demonstration.run_demo(out, echo=click.echo)
     except demonstration.DemoError as error:
