@@ -3,7 +3,7 @@
 Each row is a configuration a benchmark measured on the development machine (loadtests/README.md,
 and the fan-out below; closed loops on a real tritonserver), simulated under the same closed
 loop: the pipeline's sweep (32 requests of 8 rows in flight; `operator_vs_static` on
-2 December 2026 and `shifted_mix`'s halves) and the 3-way fan-out to a 20 ms branch
+2 December 2026, its whole sweep of 4 December, and `shifted_mix`'s halves) and the 3-way fan-out to a 20 ms branch
 (32 requests of one row). It prints one markdown table, the ranking of each group and whether
 the simulator's top two match the measured top two.
 """
@@ -61,6 +61,32 @@ def measured_rows() -> list[tuple[Pipeline, Measured]]:
                 ),
             )
         )
+    # operator_vs_static's whole sweep, 4 December 2026, five runs on a quiet machine.
+    for label, rps in (
+        ("1/1/1/4", (210.0, 209.0, 209.0, 209.0, 206.75)),
+        ("1/1/2/3", (210.0, 209.0, 208.0, 209.0, 207.0)),
+        ("1/1/3/2", (210.0, 209.0, 208.0, 208.0, 203.0)),
+        ("1/1/4/1", (209.0, 209.0, 206.75, 207.0, 206.0)),
+        ("1/2/1/3", (210.0, 210.0, 204.0, 208.0, 208.0)),
+        ("1/2/2/2", (210.0, 209.0, 208.0, 209.0, 208.0)),
+        ("1/2/3/1", (205.0, 208.0, 208.0, 207.25, 207.0)),
+        ("1/3/1/2", (207.0, 209.0, 205.0, 206.25, 209.0)),
+        ("1/3/2/1", (207.0, 209.0, 209.0, 208.0, 208.0)),
+        ("1/4/1/1", (207.0, 209.0, 208.75, 209.0, 209.0)),
+        ("2/1/1/3", (269.0, 267.0, 265.0, 273.0, 280.0)),
+        ("2/1/2/2", (280.0, 270.0, 277.0, 286.0, 274.0)),
+        ("2/1/3/1", (270.0, 272.0, 286.0, 277.0, 280.0)),
+        ("2/2/1/2", (388.0, 385.25, 387.0, 387.0, 385.0)),
+        ("2/2/2/1", (415.0, 414.0, 413.0, 415.0, 405.0)),
+        ("2/3/1/1", (386.0, 390.0, 387.0, 386.0, 384.0)),
+        ("3/1/1/2", (383.0, 381.0, 382.75, 383.0, 382.0)),
+        ("3/1/2/1", (379.0, 378.0, 379.0, 378.0, 377.0)),
+        ("3/2/1/1", (520.0, 515.0, 513.0, 520.0, 515.0)),
+        ("4/1/1/1", (478.0, 480.0, 482.0, 488.0, 482.0)),
+    ):
+        group = "operator_vs_static's whole sweep (budget 7, 4 December)"
+        counts = _pipeline_counts(label, pipeline.names)
+        rows.append((pipeline, Measured(group, label, counts, PIPELINE, rps)))
     # shifted_mix: pipeline_async, pipeline_sync, branch_embed, branch_classify, branch_rank.
     for group, entry, label, rps in (
         ("shifted_mix, first half", PIPELINE, "3/1/1/1/1", (275.8, 370.0, 361.1)),
