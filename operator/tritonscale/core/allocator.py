@@ -5,8 +5,9 @@ What it maximises, under what:
 - a stage's capacity is what its count serves at the batch it would run
   (`Stage.capacity_rps`: a child with a dynamic batcher batches the calls its callers can
   have out to it; otherwise today's batch, `Stage.capacity_per_instance_rps` an instance);
-  the set serves its load as many times over as its slowest stage does: `headroom = min over the stages of capacity / demand`, demand counting
-  the calls per request down the pipeline. The set's capacity is the roots' demand times it;
+  the set serves its load as many times over as its slowest stage does:
+  `headroom = min over the stages of capacity / demand`, demand counting the calls per
+  request down the pipeline. The set's capacity is the roots' demand times it;
 - the constraints: each model's minInstances and maxInstances (and a lower ceiling the
   verifier learnt, `ceilings`), and each budget (`AutoscalerSpec.budget`): the instances of its
   members together per pod, and their GPU memory at a cost per instance;
@@ -309,7 +310,6 @@ def _most_headroom(
     caller's to set.
     """
     demand = {m: stage.demand_rps for m, stage in sized.items()}
-    per_instance = {m: stage.capacity_per_instance_rps for m, stage in sized.items()}
     today = {m: _within(current[m], lower[m], upper[m]) for m in sized}
     waited = {m for m, stage in sized.items() if waited_at(stage)} - held_back(sized)
     gain = dict.fromkeys(sized, 1.0)
@@ -321,14 +321,13 @@ def _most_headroom(
             m: 1.0 if m in waited or stage.batch_full else 1 + benefit for m, stage in sized.items()
         }
     capacity = {m: _scaled(stage.capacity_rps, gain[m]) for m, stage in sized.items()}
-    per_instance = {m: rate * gain[m] for m, rate in per_instance.items()}
-    best = best_split(demand, per_instance, lower, upper, fits, capacity=capacity)
+    best = best_split(demand, capacity, lower, upper, fits)
     if best is not None and any(best[m] > today[m] for m in waited):
         return best  # instances go where the requests wait
     if best is None:
         return None
-    kept = headroom(today, demand, per_instance, capacity=capacity)
-    most = headroom(best, demand, per_instance, capacity=capacity)
+    kept = headroom(today, demand, capacity)
+    most = headroom(best, demand, capacity)
     if fits(today) and most * (1 - switch_margin) <= kept < most * (1 - _EQUAL):
         return today  # it serves about as much: within the noise, a move is no gain
     return best
@@ -386,58 +385,28 @@ def benefit_of_the_noise(switch_margin: float) -> float:
     return min(UNKNOWN_NOISE, NOISE_SIGMAS * switch_margin)
 
 
-def _capacity_of(
-    model: str, count: int, per_instance: Mapping[str, float], capacity: Capacity | None
-) -> float:
-    """A stage's capacity at `count`: its capacity function where one is given (it grows
-    with the count, not always in proportion: a batch grows as the instances fall), else
-    `count` times its rate per instance."""
-    if capacity is not None and model in capacity:
-        return capacity[model](count)
-    return count * per_instance[model]
-
-
-def headroom(
-    counts: Mapping[str, int],
-    demand: Mapping[str, float],
-    per_instance: Mapping[str, float],
-    *,
-    capacity: Capacity | None = None,
-) -> float:
-    """How many times over the stages serve their demand: the least of capacity / demand.
-    `capacity`: per model, its capacity at a count where it is not `per_instance` times it."""
-    levels = [
-        _capacity_of(m, counts[m], per_instance, capacity) / demand[m]
-        for m in counts
-        if demand[m] > 0
-    ]
+def headroom(counts: Mapping[str, int], demand: Mapping[str, float], capacity: Capacity) -> float:
+    """How many times over the stages serve their demand: the least of capacity / demand."""
+    levels = [capacity[m](counts[m]) / demand[m] for m in counts if demand[m] > 0]
     return min(levels, default=math.inf)
 
 
 def fewest_for(
     level: float,
     demand: Mapping[str, float],
-    per_instance: Mapping[str, float],
+    capacity: Capacity,
     lower: Mapping[str, int],
     upper: Mapping[str, int],
-    *,
-    capacity: Capacity | None = None,
 ) -> dict[str, int] | None:
     """Each stage's fewest instances that serve `level` times its demand; None if one cannot.
-    A capacity function must not fall as the count grows."""
+    A capacity must not fall as the count grows."""
     counts = {}
     for model in lower:
-        if demand[model] <= 0:
-            count = lower[model]
-        elif capacity is not None and model in capacity:
-            wanted = level * demand[model] * (1 - _EQUAL)
-            count = next(
-                (n for n in range(lower[model], upper[model] + 1) if capacity[model](n) >= wanted),
-                upper[model] + 1,
-            )
-        else:
-            need = math.ceil(level * demand[model] / per_instance[model] - _EQUAL)
-            count = max(lower[model], need)
+        wanted = level * demand[model] * (1 - _EQUAL)
+        count = next(
+            (n for n in range(lower[model], upper[model] + 1) if capacity[model](n) >= wanted),
+            upper[model] + 1,
+        )
         if count > upper[model]:
             return None
         counts[model] = count
@@ -446,22 +415,20 @@ def fewest_for(
 
 def best_split(
     demand: Mapping[str, float],
-    per_instance: Mapping[str, float],
+    capacity: Capacity,
     lower: Mapping[str, int],
     upper: Mapping[str, int],
     fits: Callable[[Mapping[str, int]], bool],
-    *,
-    capacity: Capacity | None = None,
 ) -> dict[str, int] | None:
     """The counts with the most headroom that fit, the fewest instances among equals; None
     when even the lower bounds do not fit. `fits` must be monotone: fewer instances of any
-    model never break a budget that more fit in. `capacity`: per model, its capacity at a
-    count (not falling as the count grows) where it is not `per_instance` times the count."""
+    model never break a budget that more fit in; a capacity must not fall as the count
+    grows."""
     if not fits(dict(lower)):
         return None
     levels = sorted(
         {
-            _capacity_of(m, count, per_instance, capacity) / demand[m]
+            capacity[m](count) / demand[m]
             for m in lower
             if demand[m] > 0
             for count in range(lower[m], upper[m] + 1)
@@ -472,7 +439,7 @@ def best_split(
     low, high = 0, len(levels) - 1
     while low <= high:
         middle = (low + high) // 2
-        counts = fewest_for(levels[middle], demand, per_instance, lower, upper, capacity=capacity)
+        counts = fewest_for(levels[middle], demand, capacity, lower, upper)
         if counts is not None and fits(counts):
             best, low = counts, middle + 1
         else:
