@@ -47,14 +47,7 @@ class Counters:
     inferences: float = 0.0  # rows of the requests that succeeded (nv_inference_count)
 
     def copy(self) -> Counters:
-        return Counters(
-            self.success,
-            self.failure,
-            self.executions,
-            self.compute_s,
-            self.queue_s,
-            self.inferences,
-        )
+        return replace(self)
 
 
 def _service(shape: ModelShape, rng: random.Random) -> Callable[[int], float]:
