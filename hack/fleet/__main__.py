@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hack.fleet import build, netns
 from hack.fleet.fleet import Fleet, FleetConfig, remove_workdir
+from tritonscale.local.interrupts import stop_on_signals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if not netns.inside():
         build.build_before_namespace()
         return netns.reexec("hack.fleet", sys.argv[1:] if argv is None else argv)
-    netns.stop_on_sigterm()
+    stop_on_signals()
     workdir = Path(tempfile.mkdtemp(prefix="tritonscale-fleet-"))
     config = FleetConfig(
         pods=args.pods, source=args.source, interval_s=args.interval, base_rate=args.rate

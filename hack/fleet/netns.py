@@ -39,15 +39,6 @@ def _ip(*args: str) -> None:
         raise NetnsError(f"ip {' '.join(args)} failed: {done.stderr.strip() or done.returncode}")
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM ends the process as Ctrl-C does: `finally` blocks run, children are stopped."""
-
-    def handler(signum: int, frame: types.FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def reexec(module: str, args: list[str], name: str | None = None) -> int:
     """Run `python -m module args` in a fresh namespace; its exit code. SIGTERM and SIGINT
     are passed on to it as SIGTERM, and the namespace goes once it has ended."""

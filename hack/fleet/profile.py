@@ -32,6 +32,7 @@ from typing import Any
 
 from hack.fleet import build, netns
 from hack.fleet.fleet import Fleet, FleetConfig, remove_workdir
+from tritonscale.local.interrupts import stop_on_signals
 
 # (part, substrings of a frame's text): the first part with a match in any frame of a stack
 # takes the sample, so a part listed earlier wins over its callers listed later (a status
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if not netns.inside():
         build.build_before_namespace()
         return netns.reexec("hack.fleet.profile", sys.argv[1:] if argv is None else argv)
-    netns.stop_on_sigterm()
+    stop_on_signals()
     workdir = Path(tempfile.mkdtemp(prefix="tritonscale-fleet-"))
     config = FleetConfig(pods=args.pods, source=args.source, interval_s=args.interval)
     try:

@@ -46,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hack.fleet import build, netns
 from hack.fleet.fleet import PODS_PER_SET, Fleet, FleetConfig, remove_workdir, set_name
 from loadtests.bench import common
+from tritonscale.local.interrupts import stop_on_signals
 
 NAME = "fleet"
 STEP_FACTOR = 6.0  # 0.4 busy instances per pod and model become 2.4
@@ -553,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     if not netns.inside():
         build.build_before_namespace()
         return netns.reexec(f"loadtests.bench.{NAME}", sys.argv[1:] if argv is None else argv)
-    netns.stop_on_sigterm()
+    stop_on_signals()
     settings = dict(QUICK if args.quick else FULL)
     # Rows named on the command line are the run: the sharded rows only where asked for, or
     # in the full run; with --sharded alone, only those.
