@@ -2,7 +2,8 @@
 
 Its `SetState` goes through its dict form between ticks, as a custom resource's status would
 keep it. The runner gives it the pipeline's live configs (`configure`, as the operator's
-actuator reads them from Triton), from which it tells each model's batching. `controllers.CONTROLLERS` names it `allocator`; run it on the scenarios with
+actuator reads them from Triton), from which it tells each model's batching.
+`controllers.CONTROLLERS` names it `allocator`; run it on the scenarios with
 
     python -m loadtests.sim --controller allocator [--scenarios N] [--family F] [--out PATH]
 """

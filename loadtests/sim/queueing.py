@@ -10,9 +10,10 @@ measures it. Requests come open-loop (arrival times given in advance, `offer`) o
 Counters follow Triton's (tritonscale.metrics.queries): on completion, a request adds one
 success, its rows to the inference count, its queue time (arrival to the start of its
 execution) and its execution's whole duration (Triton charges a batch's compute to each
-request in it); an execution adds one to the execution count. `pending` is what waits in the queue, not what executes. A request older
-than the client's timeout when an instance would take it is dropped as a failure (its client
-gave up; pipeline_async answers it CANCELLED without work).
+request in it); an execution adds one to the execution count. `pending` is what waits in the
+queue, not what executes. A request older than the client's timeout when an instance would
+take it is dropped as a failure (its client gave up; pipeline_async answers it CANCELLED
+without work).
 
 A change of count takes effect when its load completes (`set_count(..., at=...)`): an added
 instance takes work at once; a removed one finishes what it executes first.

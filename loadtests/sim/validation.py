@@ -3,8 +3,8 @@
 Each row is a configuration a benchmark measured on the development machine (loadtests/README.md,
 and the fan-out below; closed loops on a real tritonserver), simulated under the same closed
 loop: the pipeline's sweep (32 requests of 8 rows in flight; `operator_vs_static` on
-2 December 2026, its whole sweep of 4 December, and `shifted_mix`'s halves) and the 3-way fan-out to a 20 ms branch
-(32 requests of one row). It prints one markdown table, the ranking of each group and whether
+2 December 2026, its whole sweep of 4 December, and `shifted_mix`'s halves) and the 3-way
+fan-out to a 20 ms branch (32 requests of one row). It prints one markdown table, the ranking of each group and whether
 the simulator's top two match the measured top two.
 """
 

@@ -5,12 +5,12 @@
 
 With `planner: set` (the local driver's file, the operator's `--planner set`) a set tick
 decides its members together (tritonscale.core.planner): the members' plans, each up to its
-metrics and the batching of the live configs its tick read, go in; each comes back with the planner's decision for its model (`Plan.chosen`) and
-the set's prediction, and the tick then grants, applies and reports them as it does the
-policy's. The planner's state (the pipeline's windows, the verifier's pending check and
-corrections) lives here, in memory: a driver that restarts starts afresh, which is safe (a
-fresh behavior history holds scale-downs back, and the windows fill again within one metrics
-window).
+metrics and the batching of the live configs its tick read, go in; each comes back with the
+planner's decision for its model (`Plan.chosen`) and the set's prediction, and the tick then
+grants, applies and reports them as it does the policy's. The planner's state (the
+pipeline's windows, the verifier's pending check and corrections) lives here, in memory: a
+driver that restarts starts afresh, which is safe (a fresh behavior history holds scale-downs
+back, and the windows fill again within one metrics window).
 
 The members a set tick decides together share one snapshot (the same pods and window); where
 the members read different pods or windows, or two name the same model, the policy decides

@@ -195,8 +195,9 @@ def decide_set(
 
     `specs` and `current` are keyed by model; `current` is each model's live count per pod
     (the highest where pods disagree). `batching`: each model's batching from its live config
-    (`Batching.of_config`); a model left out is taken at today's batch. Raises ValueError when a model has no live count (with
-    no ready pod, report NoReadyPods instead of asking the planner).
+    (`Batching.of_config`); a model left out is taken at today's batch. Raises ValueError
+    when a model has no live count (with no ready pod, report NoReadyPods instead of asking
+    the planner).
     """
     for model in specs:
         count = current.get(model)
