@@ -131,6 +131,7 @@ class TestOneWindow:
         assert parent.arrival_rps.value == pytest.approx(50.0)
         assert parent.offered_rps == pytest.approx(55.0)
         assert model.stages["branch_embed"].demand_rps == pytest.approx(55.0)
+        assert parent.overloaded and not parent.closed_loop  # an open load: its demand is read
 
     def test_a_root_whose_queue_stands_is_overloaded_and_a_child_whose_queue_stands_is_not(
         self,
@@ -156,8 +157,8 @@ class TestOneWindow:
         parent, embed = model.stages[PARENT], model.stages["branch_embed"]
         assert parent.saturated and embed.saturated
         assert parent.offered_rps == pytest.approx(parent.arrival_rps.value)  # not a rate
-        assert parent.overloaded
-        assert not embed.overloaded
+        assert parent.overloaded and parent.closed_loop
+        assert not embed.overloaded and not embed.closed_loop
         # Below saturation the same queue says nothing of a closed loop (a batcher's delay,
         # a burst).
         roomy = counts(4, 4)
@@ -169,6 +170,25 @@ class TestOneWindow:
         )
         assert not light.stages[PARENT].saturated
         assert not light.stages[PARENT].overloaded
+
+    @pytest.mark.parametrize(("mean_queue", "closed_loop"), [(38.0, True), (20.0, False)])
+    def test_a_first_window_tells_a_queue_that_stood_from_one_that_grew(
+        self, mean_queue: float, closed_loop: bool
+    ) -> None:
+        # No window before it, so the gauge's growth is unknown. A queue that stood through
+        # the window averages about its length at the end (a closed loop's 40 clients
+        # waiting); one that grew from empty (an open load above what the set serves) about
+        # half of it.
+        at = counts(1, 1)
+        snapshot = Load(200.0).snapshot(START, at)
+        parent = replace(
+            snapshot.models[PARENT], queue_seconds_per_second=mean_queue, pending_requests=40.0
+        )
+        model, _ = measured(
+            [MetricSnapshot(START, WINDOW_S, {**snapshot.models, PARENT: parent})], at
+        )
+        assert model.stages[PARENT].saturated
+        assert model.stages[PARENT].closed_loop is closed_loop
 
     def test_a_queue_that_grows_beyond_the_noise_is_seen_below_saturation(self) -> None:
         # A load that just rose: branch_embed's four instances are not yet busy all the time,
@@ -370,12 +390,27 @@ class TestBatching:
         ]
         assert not classify.saturated
         assert classify.max_batch == 4
-        assert classify.calls_in_flight == pytest.approx(8.0)
+        assert classify.calls_in_flight() == pytest.approx(8.0)
         assert classify.capacity_per_instance_rps == pytest.approx(200.0)
         assert classify.capacity_rps(2) == pytest.approx(2 * 4 / 0.005)
         assert classify.capacity_rps(4) == pytest.approx(4 * 2 / 0.005)
         # Below today's count, today's batch: no instance is taken on a batch not yet seen.
         assert classify.capacity_rps(1) == pytest.approx(200.0)
+
+    def test_a_childs_batch_grows_with_its_callers_counts(self) -> None:
+        # One parent instance has four calls out to branch_classify at once (an execution of
+        # four requests); at three instances twelve. At two classify instances that is
+        # batches of two today, and of four (its largest) with the parent at three.
+        at = counts(1, 4, classify=2, rank=2)
+        classify = batched(Load(50.0), at, {"branch_classify": BATCHER}, rows=2.0).stages[
+            "branch_classify"
+        ]
+        assert classify.calls_in_flight() == pytest.approx(4.0)
+        assert classify.calls_in_flight({PARENT: 3}) == pytest.approx(12.0)
+        assert classify.capacity_rps(2) == pytest.approx(2 * 2 / 0.005)
+        assert classify.capacity_rps(2, {PARENT: 3}) == pytest.approx(2 * 4 / 0.005)
+        # Fewer callers than today: never below today's batch.
+        assert classify.capacity_rps(2, {PARENT: 0}) == pytest.approx(2 * 200.0)
 
     @pytest.mark.parametrize(
         ("batching", "rows"),
@@ -408,7 +443,7 @@ class TestBatching:
             PARENT
         ]
         assert parent.max_batch == 4
-        assert parent.calls_in_flight is None
+        assert parent.calls_in_flight() is None
         assert parent.batch_full
         assert parent.capacity_rps(3) == pytest.approx(3 * parent.capacity_per_instance_rps)
 

@@ -28,10 +28,15 @@ From the metric snapshots of one pod set (the latest, and a short history the ca
 - the batch a stage reaches once it is the set's limit (`Stage.batch_at`): a child whose
   config has a dynamic batcher (`Batching`, from the config Triton serves) runs, when its
   callers wait on it, as many of their calls at once as they have out to it (their instances
-  times their calls per execution) spread over its instances, at most its max_batch_size in
-  rows over the rows a request carries (Triton's inference count over its requests). Its
-  capacity at a count is that batch over its hold per execution; where nothing says it
-  batches more (no batcher, max_batch_size 0, a root, a config or rows unknown) it is today's.
+  times their calls per execution, at the callers' counts asked about: a split that gives a
+  caller instances makes its children's batches grow) spread over its instances, at most its
+  max_batch_size in rows over the rows a request carries (Triton's inference count over its
+  requests). Its capacity at a count is that batch over its hold per execution; where nothing
+  says it batches more (no batcher, max_batch_size 0, a root, a config or rows unknown) it is
+  today's;
+- a closed loop (`Stage.closed_loop`): a root saturated with more requests waiting than
+  running, its queue standing rather than growing. Its clients wait on the set and send more
+  as soon as it serves more, so what it is offered is a floor, not its demand.
 
 Each estimate carries its windows and spread (`Estimate`): service times are averaged over
 the windows that do not overlap, at the counts the model (and its children) run now; the
@@ -67,6 +72,9 @@ UNKNOWN_NOISE = 0.25
 # At or above this busy fraction per instance a model is saturated: what it serves is what it
 # can, and its arrival rate understates what is offered to it.
 SATURATED_UTILIZATION = 0.95
+# A queue whose mean length over a window is at least this share of its length at the end
+# stood through it (a closed loop's: 0.95 measured); one that grew from empty averages 0.5.
+STOOD_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -315,10 +323,13 @@ class Stage:
     # The most requests one batch holds: a dynamic batcher's max_batch_size over the rows a
     # request carries; None where it does not batch, or its config or rows are unknown.
     max_batch: float | None = None
-    # Per pod, the most calls its callers' instances have out to it at once at today's
-    # counts (their instances times their calls per execution); None for a root, or where
-    # a caller's calls are unknown.
-    calls_in_flight: float | None = None
+    # Per caller: its instances today and the calls one of them has out to it at once (its
+    # calls per execution). None for a root, or where a caller's calls are unknown.
+    callers_in_flight: Mapping[str, tuple[int, float]] | None = field(default=None, hash=False)
+    # A root saturated with a queue that stands and does not grow: its clients wait on the set
+    # (a closed loop) and send more as soon as it serves more. What it is offered is a floor,
+    # and no count holds it under its target.
+    closed_loop: bool = False
 
     @property
     def batch_full(self) -> bool:
@@ -332,29 +343,45 @@ class Stage:
         batch."""
         return 1.0 / self.hold_per_request_s.value
 
-    def batch_at(self, count: int) -> float:
-        """The batch the stage runs at `count` instances once its callers wait on it: the
-        calls they have out to it spread over its instances, at most `max_batch`, at least
-        today's. Today's where it is saturated (busy all the time, it runs the batches of
-        its limit, measured) and below today's count (an instance is not taken from a stage
-        on batches it would run only once it is the set's limit)."""
+    def calls_in_flight(self, callers: Mapping[str, int] | None = None) -> float | None:
+        """Per pod, the most calls its callers' instances have out to it at once (their
+        instances times their calls per execution), the callers at their counts in
+        `callers` (today's where left out); None for a root, or where a caller's calls are
+        unknown."""
+        if self.callers_in_flight is None:
+            return None
+        callers = callers or {}
+        return sum(
+            callers.get(caller, instances) * per_instance
+            for caller, (instances, per_instance) in self.callers_in_flight.items()
+        )
+
+    def batch_at(self, count: int, callers: Mapping[str, int] | None = None) -> float:
+        """The batch the stage runs at `count` instances once its callers (at their counts
+        in `callers`, today's where left out) wait on it: the calls they have out to it
+        spread over its instances, at most `max_batch`, at least today's. Today's where it
+        is saturated (busy all the time, it runs the batches of its limit, measured) and
+        below today's count (an instance is not taken from a stage on batches it would run
+        only once it is the set's limit)."""
+        in_flight = self.calls_in_flight(callers)
         if (
             self.max_batch is None
-            or self.calls_in_flight is None
+            or in_flight is None
             or self.saturated
             or count < max(1, self.instances)
         ):
             return self.mean_batch
-        return max(self.mean_batch, min(self.max_batch, self.calls_in_flight / count))
+        return max(self.mean_batch, min(self.max_batch, in_flight / count))
 
-    def capacity_rps(self, count: int) -> float:
+    def capacity_rps(self, count: int, callers: Mapping[str, int] | None = None) -> float:
         """Requests per second `count` instances serve when busy all the time, at the batch
-        they would reach (`batch_at`): a batch takes the instance time measured per
-        execution, so a child held to small batches by its callers serves more once they
-        send it more, up to all the calls they can have out to it."""
+        they would reach (`batch_at`, the callers at their counts in `callers`): a batch
+        takes the instance time measured per execution, so a child held to small batches by
+        its callers serves more once they send it more, up to all the calls they can have
+        out to it."""
         if count <= 0:
             return 0.0
-        batch = self.batch_at(count)
+        batch = self.batch_at(count, callers)
         if batch <= self.mean_batch:
             return count * self.capacity_per_instance_rps
         return count * batch / self.hold_per_execution_s.value
@@ -468,6 +495,14 @@ def _stage(
     queue_growth = _backlog_growth(history, model)
     backlog_growth = queue_growth if saturated else 0.0
     offered = reading.arrival_rate + backlog_growth
+    queue_grows = queue_growth > NOISE_FLOOR * reading.arrival_rate
+    closed_loop = (
+        saturated
+        and not callers.get(model)
+        and _queue_stands(reading)
+        and not queue_grows
+        and _queue_stood(history, model)
+    )
     return Stage(
         model=model,
         instances=instances,
@@ -497,10 +532,10 @@ def _stage(
         # A root that queues more requests than it runs: the clients wait on the set, and a
         # closed loop of them sends more as soon as the set serves more (its queue stands,
         # it does not grow). A child's queue says only that it is today's bottleneck.
-        overloaded=backlog_growth > 0
-        or (saturated and not callers.get(model) and _queue_stands(reading)),
+        overloaded=backlog_growth > 0 or closed_loop,
+        closed_loop=closed_loop,
         idle=reading.arrival_rate <= 0 and reading.pending_requests <= 0,
-        queue_grows=queue_growth > NOISE_FLOOR * reading.arrival_rate,
+        queue_grows=queue_grows,
     )
 
 
@@ -607,6 +642,18 @@ def _backlog_growth(history: PipelineHistory, model: str) -> float:
     return max(0.0, grown / (windows[-1].taken_at - windows[-2].taken_at))
 
 
+def _queue_stood(history: PipelineHistory, model: str) -> bool:
+    """Whether the model's queue stood through the latest window rather than grew. With a
+    window before it, its gauge tells (`_backlog_growth`); with none (the first window after
+    a start), the mean length over the window (queue seconds per second) is near the length
+    at its end: a queue that grew from empty within the window averages about half of it."""
+    windows = [w for w in history.windows if model in w.readings]
+    if len(windows) >= 2:
+        return True  # the gauge's growth between the two is what tells
+    reading = windows[-1].readings[model]
+    return reading.queue_seconds_per_second >= STOOD_SHARE * reading.pending_requests
+
+
 def _queue_stands(reading: Reading) -> bool:
     """More requests wait for the model than run in it: a queue that stands (a closed loop of
     clients keeps one in front of its bottleneck without growing it)."""
@@ -702,12 +749,12 @@ def _with_batching(
     most = max(1.0, math.floor(batching.max_batch_size / rows + 1e-9))
     if not parents:
         return replace(stage, max_batch=most)  # its clients' requests in flight are not known
-    in_flight = 0.0
+    in_flight = {}
     for parent in parents:
         caller = stages.get(parent)
         calls = caller.calls.get(stage.model) if caller is not None else None
         if caller is None or calls is None or calls.windows == 0:
             return stage
         # Calls go out per execution: per request they are today's calls over today's batch.
-        in_flight += caller.instances * calls.value * caller.mean_batch
-    return replace(stage, max_batch=most, calls_in_flight=in_flight)
+        in_flight[parent] = (caller.instances, calls.value * caller.mean_batch)
+    return replace(stage, max_batch=most, callers_in_flight=in_flight)
