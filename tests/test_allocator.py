@@ -415,17 +415,77 @@ def test_a_count_just_lowered_does_not_go_back_up_before_it_is_measured() -> Non
     assert sum(lowered.counts.values()) <= 7
 
 
-def test_a_short_budget_is_split_one_instance_a_tick() -> None:
+def test_a_short_budget_is_split_in_one_decision() -> None:
     # Every model steered to 0.3: the budget of 7 is short. At 1/2/1/1 the set serves 100
-    # req/s and 1/4/1/1 would serve the most; branch_embed takes one of the free instances
-    # now and the other at the next tick, on windows at 3 (each step moves the estimates the
-    # next one rests on: a parent's batches, and with them its calls per request).
+    # req/s and 1/4/1/1 would serve the most; branch_embed takes both free instances at once.
     specs = pipeline_specs(7, **{m: {"targets": {"utilization": 0.3}} for m in (PARENT, *CHILDREN)})
     first = allocated(Load(300.0), counts(1, 2), specs)
     assert first.objective == MOST_HEADROOM
-    assert first.counts == counts(1, 3)
-    assert first.targets["branch_embed"].message.endswith("one instance a tick towards 4")
-    assert allocated(Load(300.0), counts(1, 3), specs).counts == counts(1, 4)
+    assert first.counts == counts(1, 4)
+    assert allocated(Load(300.0), counts(1, 4), specs).counts == counts(1, 4)
+
+
+def closed_loop_at(
+    load: Load,
+    at: Mapping[str, int],
+    specs: Mapping[str, AutoscalerSpec],
+    batching: Mapping[str, Batching] | None = None,
+) -> PipelineModel:
+    """Three windows of `load` at `at` with 28 clients waiting in front of the parent in each
+    (a closed loop's standing queue); with `batching`, every request is one row."""
+    history = PipelineHistory()
+    for i in range(3):
+        snapshot = load.snapshot(START + i * WINDOW_S, at)
+        models = dict(snapshot.models)
+        models[PARENT] = replace(
+            models[PARENT], pending_requests=28.0, queue_seconds_per_second=28.0
+        )
+        if batching:
+            models = {m: replace(s, inference_rate=s.request_rate) for m, s in models.items()}
+        history = history.observed(replace(snapshot, models=models), at)
+    return measure(specs, at, history, batching)
+
+
+def test_a_closed_loop_is_given_the_split_that_serves_the_most() -> None:
+    # branch_embed serves 50 req/s at one instance, and the clients wait on the set: what
+    # they send is what it serves, a floor of their demand. The same rates from an open load
+    # are held under the targets (two instances of branch_embed); a closed loop gets the
+    # split that serves the most, in one decision.
+    specs = pipeline_specs(7)
+    at = counts(1, 1)
+    load = Load(10_000.0)
+    assert allocated(load, at, specs).objective == HOLD_TARGETS
+    assert allocated(load, at, specs).counts == counts(1, 2)
+    closed = allocate(closed_loop_at(load, at, specs), specs, at)
+    assert closed.objective == MOST_HEADROOM
+    assert closed.counts == counts(1, 4)
+    assert closed.targets["branch_embed"].message.startswith("pipeline_async is a closed loop")
+    assert closed.prediction.capacity_rps == pytest.approx(166.7, abs=0.1)
+
+
+def test_a_split_counts_the_batches_its_callers_new_counts_send() -> None:
+    # The parent (2 requests an execution, 46 ms of an instance each: 43.5 req/s) is the
+    # limit; each of its instances has 2 calls out to each child, which batch up to 8.
+    # Counted at today's parent, branch_embed (16 ms a batch) serves 125 req/s at one or two
+    # instances, and the best split would be 3/1/1/1 (embed the limit at 125). At three
+    # parents it batches six calls, at four eight: 4/1/1/1 serves 173.9, the parent's four.
+    load = Load(
+        10_000.0,
+        service_s={"branch_embed": 0.016, "branch_classify": 0.008, "branch_rank": 0.003},
+        own_s=0.030,
+        parent_batch=2.0,
+    )
+    specs = pipeline_specs(7)
+    at = counts(1, 1)
+    batching = dict.fromkeys(CHILDREN, Batching(8, dynamic=True))
+    pipeline = closed_loop_at(load, at, specs, batching)
+    embed = pipeline.stages["branch_embed"]
+    assert not embed.saturated
+    assert embed.capacity_rps(1) == embed.capacity_rps(2) == pytest.approx(2 / 0.016)
+    closed = allocate(pipeline, specs, at)
+    assert closed.counts == {PARENT: 4, **dict.fromkeys(CHILDREN, 1)}
+    assert closed.prediction.bottleneck == PARENT
+    assert closed.prediction.capacity_rps == pytest.approx(4 * 2 / 0.046)
 
 
 def test_an_overloaded_bottleneck_is_not_kept_within_the_noise() -> None:

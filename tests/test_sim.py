@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from loadtests.sim import controllers, scenarios
+from loadtests.sim.allocator_controller import AllocatorController
 from loadtests.sim.metrics import SimulatedSource
 from loadtests.sim.pipeline import BRANCHES, ModelShape, Pipeline, fan_out, real_pipeline
 from loadtests.sim.queueing import Simulation
@@ -289,3 +290,63 @@ def test_todays_policy_does_not_reverse_under_a_steady_load(
     row = run_scenario(steady_scenario(budget, rps, seed), controllers.PolicyController, SEARCH)
     phase = row["phases"][0]
     assert phase["reversals"] == 0, (phase["reversal_reasons"], phase["held_at_end"])
+
+
+class _Recorded(AllocatorController):
+    """The set planner, keeping every decision's messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: list[dict[str, str]] = []
+
+    def decide(self, specs, current, snapshot, now):  # type: ignore[no-untyped-def]
+        targets = super().decide(specs, current, snapshot, now)
+        self.history.append(self.messages)
+        return targets
+
+
+def clients_from_the_start(clients: int, seconds: float) -> scenarios.Scenario:
+    """operator_vs_static's run: `clients` in a closed loop from the start, every model at 1."""
+    return scenarios.Scenario(
+        f"closed-{clients}",
+        "property",
+        clients,
+        real_pipeline(),
+        7,
+        (scenarios.Phase("clients", seconds, {"pipeline_async": scenarios.Clients(clients)}),),
+    )
+
+
+@pytest.mark.parametrize("clients", [16, 32, 64])
+def test_a_closed_loop_from_a_fresh_start_gets_its_best_split_in_one_decision(
+    clients: int,
+) -> None:
+    # The first window reads pipeline_async saturated with its clients waiting (a closed
+    # loop: what it serves is a floor of what they would send), and the first decision goes
+    # to the split that serves the most: the best is held one metrics window and two ticks
+    # after the load step (the first decision, and a tick for the loads), and kept.
+    recorded: list[_Recorded] = []
+
+    def controller() -> _Recorded:
+        recorded.append(_Recorded())
+        return recorded[-1]
+
+    phase = run_scenario(clients_from_the_start(clients, 40), controller, SEARCH)["phases"][0]
+    window = scenarios.METRICS_WINDOW_S + 2 * scenarios.INTERVAL_S
+    assert phase["seconds_to_best"] is not None and phase["seconds_to_best"] <= window, phase
+    assert phase["held_at_end"] == phase["best_static"]["counts"]
+    assert phase["reversals"] == 0
+    first = next(m for m in recorded[0].history if "warming up" not in m["pipeline_async"])
+    assert "pipeline_async is a closed loop" in first["pipeline_async"], first
+
+
+@pytest.mark.parametrize("clients", [4, 8])
+def test_a_closed_loop_of_few_clients_is_not_given_more_and_then_taken_back(
+    clients: int,
+) -> None:
+    phase = run_scenario(clients_from_the_start(clients, 60), AllocatorController, SEARCH)[
+        "phases"
+    ][0]
+    assert phase["reversals"] == 0, phase
+    assert phase["held_ratio"] >= 0.98, phase
+    assert sum(phase["held_at_end"].values()) <= 7

@@ -25,6 +25,7 @@ class AllocatorController:
     def __init__(self) -> None:
         self.state: dict[str, Any] = {}
         self.reasons: dict[str, str] = {}  # model -> the reason of its last decision
+        self.messages: dict[str, str] = {}  # model -> the message of its last decision
         self.batching: dict[str, Batching] = {}  # model -> its batching, from its config
 
     def configure(self, configs: Mapping[str, Mapping[str, Any]]) -> None:
@@ -48,4 +49,5 @@ class AllocatorController:
         )
         self.state = decision.state.to_dict()
         self.reasons = {model: d.reason for model, d in decision.models.items()}
+        self.messages = {model: d.message for model, d in decision.models.items()}
         return decision.targets

@@ -14,8 +14,9 @@ What it maximises, under what:
 - when the budget holds every model under its target utilization (`spec.targets.utilization`),
   the answer is the fewest instances that do: each model's own count, with the policy's
   tolerance and scale-down margin (tritonscale.core.sizing), so that a steady load keeps it;
-- when it cannot, the answer is the split with the most headroom, and among equals the fewest
-  instances. Today's split is kept while it serves within `switch_margin` of the best (a
+- when it cannot, or a root is a closed loop (`Stage.closed_loop`: its clients wait on the
+  set and send more as soon as it serves more, so no count holds it under its target), the
+  answer is the split with the most headroom, and among equals the fewest instances. Today's split is kept while it serves within `switch_margin` of the best (a
   configuration can only be told from a better one by more than the noise), unless the
   set's requests pile up at some stage (its queue grows): that stage's limit is measured,
   while the stages they do not pile up at serve what they are sent, their capacity a lower
@@ -24,17 +25,19 @@ What it maximises, under what:
   where the requests wait is taken. A child whose caller is full
   with its own work is not where they wait, whatever its queue: it is sent no more at once
   than the caller's instances call, so its batch and its capacity are a lower bound until
-  the caller is relieved (`held_back`). Instances may move from one model to another, a
-  model rising by one instance a tick towards that split (each step moves the estimates the
-  next one rests on); a model that is `settling` (its count just changed, not yet measured)
+  the caller is relieved (`held_back`). Instances may move from one model to another, every
+  model going to the split in one decision (the verifier judges the step, and one that falls
+  short goes back); a model that is `settling` (its count just changed, not yet measured)
   does not go down, and one just `lowered` does not go back up.
 
-The search is exact at any size: each stage's capacity grows with its own count alone, so the
-fewest instances that reach a headroom are each stage's own fewest, and the best headroom is
-the largest of the finitely many stage capacities (count x capacity per instance / demand)
-whose fewest instances fit. That is a binary search over at most models x maxInstances
-levels, not a search over splits (tests/test_allocator.py checks it against every split of
-small sets). A model that is quiet, unmeasured or `held` keeps its count, and its instances
+The search (`best_split`) is exact at any size while each stage's capacity grows with its own
+count alone: the fewest instances that reach a headroom are each stage's own fewest, and the
+best headroom is the largest of the finitely many stage capacities (count x capacity per
+instance / demand) whose fewest instances fit. That is a binary search over at most models x
+maxInstances levels, not a search over splits (tests/test_allocator.py checks it against every
+split of small sets). A child's batch also grows with its callers' counts; so the search runs
+again with the callers at the split it found, until a split comes back, and each split found
+is judged at its own callers' counts (`_most_headroom`). A model that is quiet, unmeasured or `held` keeps its count, and its instances
 count in the budget; an idle one (no request finished or queued) goes to its minimum.
 
 Pure: no clock, no I/O.
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from tritonscale.core import sizing
@@ -256,35 +259,33 @@ def allocate(
     needed = {m: _count_at_target(stage, specs[m], current[m]) for m, stage in sized.items()}
     at_target = {m: _within(n, lower[m], upper[m]) for m, n in needed.items()}
     problem = None
-    goal = counts = at_target
+    counts = at_target
     # Whether the budget holds every model under its target is a question of the load: a
     # model held at a count it was just lowered to still needs what its target says. Asked
     # with that hold, the room it leaves would go to another model, which is then lowered in
     # turn for the fewest instances, and the two would swap an instance every few windows.
-    if fits({m: _within(n, lower[m], helpful[m]) for m, n in needed.items()}):
+    closed_loops = sorted(m for m in pipeline.roots if m in sized and sized[m].closed_loop)
+    if not closed_loops and fits({m: _within(n, lower[m], helpful[m]) for m, n in needed.items()}):
         objective = HOLD_TARGETS
+        short = ""
     else:
         objective = MOST_HEADROOM
+        short = (
+            f"{' and '.join(closed_loops)} {'is a closed loop' if len(closed_loops) == 1 else 'are closed loops'} "
+            f"(saturated, its clients waiting: it serves more as it is given more)"
+            if closed_loops
+            else "the budget cannot hold every model under its target"
+        )
         most = _most_headroom(sized, current, lower, upper, fits, switch_margin)
-        goal = most if most is not None else dict(lower)
+        counts = most if most is not None else dict(lower)
         if most is None:
-            problem = room.overflow({**fixed_counts, **goal})
-        # One instance a tick towards the split: each step moves the estimates the next one
-        # rests on (a parent's batches shrink as it gets instances, and its calls per request
-        # to its children grow), so the rest is decided on windows at the counts passed.
-        counts = {m: min(n, max(current[m] + 1, lower[m])) for m, n in goal.items()}
+            problem = room.overflow({**fixed_counts, **counts})
     prediction = predict(pipeline, sized, counts)
     targets = dict(fixed)
     for model, stage in sized.items():
         targets[model] = _target(
-            stage, specs[model], current[model], counts[model], objective, prediction
+            stage, specs[model], current[model], counts[model], short, prediction
         )
-        if objective == MOST_HEADROOM and counts[model] < goal[model]:
-            target = targets[model]
-            targets[model] = replace(
-                target,
-                message=f"{target.message}; one instance a tick towards {goal[model]}",
-            )
     return Allocation(targets, prediction, objective, problem)
 
 
@@ -320,21 +321,46 @@ def _most_headroom(
         gain = {
             m: 1.0 if m in waited or stage.batch_full else 1 + benefit for m, stage in sized.items()
         }
-    capacity = {m: _scaled(stage.capacity_rps, gain[m]) for m, stage in sized.items()}
-    best = best_split(demand, capacity, lower, upper, fits)
-    if best is not None and any(best[m] > today[m] for m in waited):
-        return best  # instances go where the requests wait
+
+    def capacity(at: Mapping[str, int]) -> Capacity:
+        """Each stage's capacity with its callers at their counts in `at`."""
+        return {m: _at_callers(stage, at, gain[m]) for m, stage in sized.items()}
+
+    best = best_split(demand, capacity(today), lower, upper, fits)
     if best is None:
         return None
-    kept = headroom(today, demand, capacity)
-    most = headroom(best, demand, capacity)
+    # A child's batch grows with its callers' counts, which the search holds at today's: run
+    # it again with the callers at the split found, until a split comes back; the best of
+    # them, each at its own callers' counts (among equals, the fewest instances, then the
+    # first found).
+    found = [best]
+    for _ in range(_SEARCHES - 1):
+        best = best_split(demand, capacity(best), lower, upper, fits)
+        if best is None or best in found:
+            break
+        found.append(best)
+    levels = [headroom(split, demand, capacity(split)) for split in found]
+    top = max(levels)
+    best = min(
+        (split for split, level in zip(found, levels, strict=True) if level >= top * (1 - _EQUAL)),
+        key=lambda split: sum(split.values()),
+    )
+    if any(best[m] > today[m] for m in waited):
+        return best  # instances go where the requests wait
+    kept = headroom(today, demand, capacity(today))
+    most = headroom(best, demand, capacity(best))
     if fits(today) and most * (1 - switch_margin) <= kept < most * (1 - _EQUAL):
         return today  # it serves about as much: within the noise, a move is no gain
     return best
 
 
-def _scaled(capacity: Callable[[int], float], gain: float) -> Callable[[int], float]:
-    return lambda count: capacity(count) * gain
+# The most times the split search runs with the callers at the split it found last (a split
+# comes back after two or three on the pipelines measured).
+_SEARCHES = 4
+
+
+def _at_callers(stage: Stage, callers: Mapping[str, int], gain: float) -> Callable[[int], float]:
+    return lambda count: stage.capacity_rps(count, callers) * gain
 
 
 def waited_at(stage: Stage) -> bool:
@@ -451,8 +477,8 @@ def predict(
     pipeline: PipelineModel, sized: Mapping[str, Stage], counts: Mapping[str, int]
 ) -> Prediction:
     """What the counts should serve: the roots' demand times the stages' least headroom, each
-    stage at the batch it would reach (`Stage.capacity_rps`)."""
-    capacity = {m: stage.capacity_rps(counts[m]) for m, stage in sized.items()}
+    stage at the batch it would reach with its callers at their counts (`Stage.capacity_rps`)."""
+    capacity = {m: stage.capacity_rps(counts[m], counts) for m, stage in sized.items()}
     ratios = {
         m: capacity[m] / stage.demand_rps for m, stage in sized.items() if stage.demand_rps > 0
     }
@@ -484,16 +510,18 @@ def _target(
     spec: AutoscalerSpec,
     current: int,
     count: int,
-    objective: str,
+    short: str,
     prediction: Prediction,
 ) -> Target:
+    """The model's target and why; `short`: why the split serving the most was chosen (""
+    when every model is held under its target)."""
     utilization_then = stage.demand_rps / (count * stage.capacity_per_instance_rps)
     seen = (
         f"demand {stage.demand_rps:.1f} req/s, {1000 * stage.hold_per_request_s.value:.1f} ms "
         f"of an instance per request: busy {utilization_then:.2f} per instance at "
         f"{_instances(count)} (target {spec.targets.utilization:.2f})"
     )
-    if objective == HOLD_TARGETS:
+    if not short:
         reason = (
             HIGH_UTILIZATION
             if count > current
@@ -507,10 +535,7 @@ def _target(
         if stage.model == prediction.bottleneck
         else f"bottleneck {prediction.bottleneck}"
     )
-    share = (
-        f"the budget cannot hold every model under its target; this split serves the most, "
-        f"{prediction.capacity_rps:.1f} req/s ({where})"
-    )
+    share = f"{short}; this split serves the most, {prediction.capacity_rps:.1f} req/s ({where})"
     reason = REALLOCATED if count < current else MAX_THROUGHPUT
     return Target(stage.model, current, count, reason, f"{share}: {seen}")
 
