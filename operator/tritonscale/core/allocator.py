@@ -16,7 +16,8 @@ What it maximises, under what:
   tolerance and scale-down margin (tritonscale.core.sizing), so that a steady load keeps it;
 - when it cannot, or a root is a closed loop (`Stage.closed_loop`: its clients wait on the
   set and send more as soon as it serves more, so no count holds it under its target), the
-  answer is the split with the most headroom, and among equals the fewest instances. Today's split is kept while it serves within `switch_margin` of the best (a
+  answer is the split with the most headroom, and among equals the fewest instances.
+  Today's split is kept while it serves within `switch_margin` of the best (a
   configuration can only be told from a better one by more than the noise), unless the
   set's requests pile up at some stage (its queue grows): that stage's limit is measured,
   while the stages they do not pile up at serve what they are sent, their capacity a lower
@@ -37,8 +38,10 @@ instance / demand) whose fewest instances fit. That is a binary search over at m
 maxInstances levels, not a search over splits (tests/test_allocator.py checks it against every
 split of small sets). A child's batch also grows with its callers' counts; so the search runs
 again with the callers at the split it found, until a split comes back, and each split found
-is judged at its own callers' counts (`_most_headroom`). A model that is quiet, unmeasured or `held` keeps its count, and its instances
-count in the budget; an idle one (no request finished or queued) goes to its minimum.
+is judged at its own callers' counts (`_most_headroom`).
+
+A model that is quiet, unmeasured or `held` keeps its count, and its instances count in the
+budget; an idle one (no request finished or queued) goes to its minimum.
 
 Pure: no clock, no I/O.
 """
@@ -270,12 +273,7 @@ def allocate(
         short = ""
     else:
         objective = MOST_HEADROOM
-        short = (
-            f"{' and '.join(closed_loops)} {'is a closed loop' if len(closed_loops) == 1 else 'are closed loops'} "
-            f"(saturated, its clients waiting: it serves more as it is given more)"
-            if closed_loops
-            else "the budget cannot hold every model under its target"
-        )
+        short = _closed_loops(closed_loops) or "the budget cannot hold every model under its target"
         most = _most_headroom(sized, current, lower, upper, fits, switch_margin)
         counts = most if most is not None else dict(lower)
         if most is None:
@@ -538,6 +536,21 @@ def _target(
     share = f"{short}; this split serves the most, {prediction.capacity_rps:.1f} req/s ({where})"
     reason = REALLOCATED if count < current else MAX_THROUGHPUT
     return Target(stage.model, current, count, reason, f"{share}: {seen}")
+
+
+def _closed_loops(models: list[str]) -> str:
+    """Why the split serving the most is chosen when roots are closed loops ("" for none)."""
+    if not models:
+        return ""
+    if len(models) == 1:
+        return (
+            f"{models[0]} is a closed loop (saturated, its clients waiting: it serves more as "
+            f"it is given more)"
+        )
+    return (
+        f"{' and '.join(models)} are closed loops (saturated, their clients waiting: they "
+        f"serve more as they are given more)"
+    )
 
 
 def _within(count: int, lowest: int, highest: int) -> int:
