@@ -188,6 +188,7 @@ class TestOneWindow:
             [MetricSnapshot(START, WINDOW_S, {**snapshot.models, PARENT: parent})], at
         )
         assert model.stages[PARENT].saturated
+        assert model.stages[PARENT].overloaded  # either way, requests pile up in front of it
         assert model.stages[PARENT].closed_loop is closed_loop
 
     def test_a_queue_that_grows_beyond_the_noise_is_seen_below_saturation(self) -> None:

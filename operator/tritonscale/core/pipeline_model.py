@@ -496,13 +496,11 @@ def _stage(
     backlog_growth = queue_growth if saturated else 0.0
     offered = reading.arrival_rate + backlog_growth
     queue_grows = queue_growth > NOISE_FLOOR * reading.arrival_rate
-    closed_loop = (
-        saturated
-        and not callers.get(model)
-        and _queue_stands(reading)
-        and not queue_grows
-        and _queue_stood(history, model)
-    )
+    # A root that queues more requests than it runs: the clients wait on the set, and a
+    # closed loop of them sends more as soon as the set serves more (its queue stands, it
+    # does not grow). A child's queue says only that it is today's bottleneck.
+    clients_wait = saturated and not callers.get(model) and _queue_stands(reading)
+    closed_loop = clients_wait and _queue_stood(history, model, queue_grows)
     return Stage(
         model=model,
         instances=instances,
@@ -529,10 +527,7 @@ def _stage(
             or hold_per_execution.value <= 0
         ),
         saturated=saturated,
-        # A root that queues more requests than it runs: the clients wait on the set, and a
-        # closed loop of them sends more as soon as the set serves more (its queue stands,
-        # it does not grow). A child's queue says only that it is today's bottleneck.
-        overloaded=backlog_growth > 0 or closed_loop,
+        overloaded=backlog_growth > 0 or clients_wait,
         closed_loop=closed_loop,
         idle=reading.arrival_rate <= 0 and reading.pending_requests <= 0,
         queue_grows=queue_grows,
@@ -642,14 +637,15 @@ def _backlog_growth(history: PipelineHistory, model: str) -> float:
     return max(0.0, grown / (windows[-1].taken_at - windows[-2].taken_at))
 
 
-def _queue_stood(history: PipelineHistory, model: str) -> bool:
+def _queue_stood(history: PipelineHistory, model: str, grows: bool) -> bool:
     """Whether the model's queue stood through the latest window rather than grew. With a
-    window before it, its gauge tells (`_backlog_growth`); with none (the first window after
-    a start), the mean length over the window (queue seconds per second) is near the length
-    at its end: a queue that grew from empty within the window averages about half of it."""
+    window before it, its gauge tells (`grows`, from `_backlog_growth`); with none (the first
+    window after a start), the mean length over the window (queue seconds per second) is near
+    the length at its end: a queue that grew from empty within the window averages about half
+    of it."""
     windows = [w for w in history.windows if model in w.readings]
     if len(windows) >= 2:
-        return True  # the gauge's growth between the two is what tells
+        return not grows
     reading = windows[-1].readings[model]
     return reading.queue_seconds_per_second >= STOOD_SHARE * reading.pending_requests
 
