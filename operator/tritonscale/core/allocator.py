@@ -268,12 +268,12 @@ def allocate(
     # with that hold, the room it leaves would go to another model, which is then lowered in
     # turn for the fewest instances, and the two would swap an instance every few windows.
     closed_loops = sorted(m for m in pipeline.roots if m in sized and sized[m].closed_loop)
+    why = ""  # why the split serving the most is chosen
     if not closed_loops and fits({m: _within(n, lower[m], helpful[m]) for m, n in needed.items()}):
         objective = HOLD_TARGETS
-        short = ""
     else:
         objective = MOST_HEADROOM
-        short = _closed_loops(closed_loops) or "the budget cannot hold every model under its target"
+        why = _closed_loops(closed_loops) or "the budget cannot hold every model under its target"
         most = _most_headroom(sized, current, lower, upper, fits, switch_margin)
         counts = most if most is not None else dict(lower)
         if most is None:
@@ -282,7 +282,7 @@ def allocate(
     targets = dict(fixed)
     for model, stage in sized.items():
         targets[model] = _target(
-            stage, specs[model], current[model], counts[model], short, prediction
+            stage, specs[model], current[model], counts[model], objective, why, prediction
         )
     return Allocation(targets, prediction, objective, problem)
 
@@ -337,16 +337,15 @@ def _most_headroom(
         if best is None or best in found:
             break
         found.append(best)
-    levels = [headroom(split, demand, capacity(split)) for split in found]
-    top = max(levels)
-    best = min(
-        (split for split, level in zip(found, levels, strict=True) if level >= top * (1 - _EQUAL)),
-        key=lambda split: sum(split.values()),
+    judged = [(headroom(split, demand, capacity(split)), split) for split in found]
+    top = max(level for level, _ in judged)
+    most, best = min(
+        ((level, split) for level, split in judged if level >= top * (1 - _EQUAL)),
+        key=lambda pair: sum(pair[1].values()),
     )
     if any(best[m] > today[m] for m in waited):
         return best  # instances go where the requests wait
     kept = headroom(today, demand, capacity(today))
-    most = headroom(best, demand, capacity(best))
     if fits(today) and most * (1 - switch_margin) <= kept < most * (1 - _EQUAL):
         return today  # it serves about as much: within the noise, a move is no gain
     return best
@@ -508,18 +507,19 @@ def _target(
     spec: AutoscalerSpec,
     current: int,
     count: int,
-    short: str,
+    objective: str,
+    why: str,
     prediction: Prediction,
 ) -> Target:
-    """The model's target and why; `short`: why the split serving the most was chosen (""
-    when every model is held under its target)."""
+    """The model's target and the reason for it; `why`: why the split serving the most was
+    chosen (MOST_HEADROOM)."""
     utilization_then = stage.demand_rps / (count * stage.capacity_per_instance_rps)
     seen = (
         f"demand {stage.demand_rps:.1f} req/s, {1000 * stage.hold_per_request_s.value:.1f} ms "
         f"of an instance per request: busy {utilization_then:.2f} per instance at "
         f"{_instances(count)} (target {spec.targets.utilization:.2f})"
     )
-    if not short:
+    if objective == HOLD_TARGETS:
         reason = (
             HIGH_UTILIZATION
             if count > current
@@ -533,7 +533,7 @@ def _target(
         if stage.model == prediction.bottleneck
         else f"bottleneck {prediction.bottleneck}"
     )
-    share = f"{short}; this split serves the most, {prediction.capacity_rps:.1f} req/s ({where})"
+    share = f"{why}; this split serves the most, {prediction.capacity_rps:.1f} req/s ({where})"
     reason = REALLOCATED if count < current else MAX_THROUGHPUT
     return Target(stage.model, current, count, reason, f"{share}: {seen}")
 
