@@ -55,18 +55,26 @@ def pipeline_at(
     specs: Mapping[str, AutoscalerSpec],
     queue_grows_at: str | tuple[str, ...] | None = None,
     batching: Mapping[str, Batching] | None = None,
+    clients_waiting: float = 0.0,
 ) -> PipelineModel:
     """Three windows of `load` at `at`; `queue_grows_at`: the models whose queue (the pending
     gauge) grows by 100 requests a window, as an overloaded model's does. With `batching`
-    (the models' configs), every request is one row."""
+    (the models' configs), every request is one row. `clients_waiting`: requests queued in
+    front of the parent in every window (a closed loop's standing queue)."""
     growing = (queue_grows_at,) if isinstance(queue_grows_at, str) else queue_grows_at or ()
     history = PipelineHistory()
     for i in range(3):
         snapshot = load.snapshot(START + i * WINDOW_S, at)
-        if growing or batching:
+        if growing or batching or clients_waiting:
             models = dict(snapshot.models)
             for model in growing:
                 models[model] = replace(models[model], pending_requests=100.0 * i)
+            if clients_waiting:
+                models[PARENT] = replace(
+                    models[PARENT],
+                    pending_requests=clients_waiting,
+                    queue_seconds_per_second=clients_waiting,
+                )
             if batching:
                 models = {
                     m: replace(signals, inference_rate=signals.request_rate)
@@ -83,9 +91,10 @@ def allocated(
     specs: Mapping[str, AutoscalerSpec],
     queue_grows_at: str | tuple[str, ...] | None = None,
     batching: Mapping[str, Batching] | None = None,
+    clients_waiting: float = 0.0,
     **kwargs: Any,
 ) -> Allocation:
-    pipeline = pipeline_at(load, at, specs, queue_grows_at, batching)
+    pipeline = pipeline_at(load, at, specs, queue_grows_at, batching, clients_waiting)
     return allocate(pipeline, specs, at, **kwargs)
 
 
@@ -425,27 +434,6 @@ def test_a_short_budget_is_split_in_one_decision() -> None:
     assert allocated(Load(300.0), counts(1, 4), specs).counts == counts(1, 4)
 
 
-def closed_loop_at(
-    load: Load,
-    at: Mapping[str, int],
-    specs: Mapping[str, AutoscalerSpec],
-    batching: Mapping[str, Batching] | None = None,
-) -> PipelineModel:
-    """Three windows of `load` at `at` with 28 clients waiting in front of the parent in each
-    (a closed loop's standing queue); with `batching`, every request is one row."""
-    history = PipelineHistory()
-    for i in range(3):
-        snapshot = load.snapshot(START + i * WINDOW_S, at)
-        models = dict(snapshot.models)
-        models[PARENT] = replace(
-            models[PARENT], pending_requests=28.0, queue_seconds_per_second=28.0
-        )
-        if batching:
-            models = {m: replace(s, inference_rate=s.request_rate) for m, s in models.items()}
-        history = history.observed(replace(snapshot, models=models), at)
-    return measure(specs, at, history, batching)
-
-
 def test_a_closed_loop_is_given_the_split_that_serves_the_most() -> None:
     # branch_embed serves 50 req/s at one instance, and the clients wait on the set: what
     # they send is what it serves, a floor of their demand. The same rates from an open load
@@ -456,7 +444,7 @@ def test_a_closed_loop_is_given_the_split_that_serves_the_most() -> None:
     load = Load(10_000.0)
     assert allocated(load, at, specs).objective == HOLD_TARGETS
     assert allocated(load, at, specs).counts == counts(1, 2)
-    closed = allocate(closed_loop_at(load, at, specs), specs, at)
+    closed = allocated(load, at, specs, clients_waiting=28.0)
     assert closed.objective == MOST_HEADROOM
     assert closed.counts == counts(1, 4)
     assert closed.targets["branch_embed"].message.startswith("pipeline_async is a closed loop")
@@ -478,7 +466,7 @@ def test_a_split_counts_the_batches_its_callers_new_counts_send() -> None:
     specs = pipeline_specs(7)
     at = counts(1, 1)
     batching = dict.fromkeys(CHILDREN, Batching(8, dynamic=True))
-    pipeline = closed_loop_at(load, at, specs, batching)
+    pipeline = pipeline_at(load, at, specs, batching=batching, clients_waiting=28.0)
     embed = pipeline.stages["branch_embed"]
     assert not embed.saturated
     assert embed.capacity_rps(1) == embed.capacity_rps(2) == pytest.approx(2 / 0.016)
