@@ -14,13 +14,28 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.pipeline_load import CHILDREN, PARENT, WINDOW_S, Load, counts, pipeline_specs
+from tests.pipeline_load import (
+    CHILDREN,
+    PARENT,
+    WINDOW_S,
+    Load,
+    counts,
+    make_spec,
+    pipeline_specs,
+)
 from tritonscale.core import verifier
 from tritonscale.core.allocator import Room
 from tritonscale.core.budget import BUDGET_EXHAUSTED
 from tritonscale.core.planner import LOAD_STEP_IN_WINDOW, SetDecision, SetState, decide_set
-from tritonscale.core.policy import METRICS_MISSING, METRICS_STALE, PAUSED, WARMING_UP
-from tritonscale.core.signals import MetricSnapshot
+from tritonscale.core.policy import (
+    GPU_SATURATED,
+    METRICS_MISSING,
+    METRICS_STALE,
+    PAUSED,
+    WARMING_UP,
+)
+from tritonscale.core.signals import GpuSignals, MetricSnapshot, ModelSignals
+from tritonscale.core.sizing import HIGH_STREAMS_IN_FLIGHT
 from tritonscale.core.spec import AutoscalerSpec
 
 pytestmark = pytest.mark.unit
@@ -220,6 +235,81 @@ def test_a_count_above_its_maximum_goes_to_it_at_once() -> None:
     at = counts(1, 1, rank=3)
     decision = decide_set(specs, at, Load(50.0).snapshot(START, at), SetState(), START)
     assert decision.targets["branch_rank"] == 1
+
+
+STREAMS = "stream_tokens"  # a decoupled model beside the pipeline, sized by its streams
+
+
+def with_streams(
+    offered_rps: float, streams: float, **gpu: float
+) -> Callable[[float, Mapping[str, int]], MetricSnapshot]:
+    """The pipeline's steady load, with a decoupled model whose `execute` returns at once
+    (Triton counts no busy time) holding `streams` open, and the pods' GPU when given."""
+
+    def snapshot(now: float, at: Mapping[str, int]) -> MetricSnapshot:
+        models = Load(offered_rps).signals(at)
+        if STREAMS in at:
+            models[STREAMS] = ModelSignals(
+                STREAMS, 40.0, 0.0, 40.0, 0.0, 0.0, 0.0, 1, decoupled=True,
+                streams_in_flight=streams,
+            )  # fmt: skip
+        return MetricSnapshot(now, WINDOW_S, models, gpu=GpuSignals(**gpu) if gpu else None)
+
+    return snapshot
+
+
+def test_a_model_the_pipeline_cannot_time_is_sized_on_its_own_streams() -> None:
+    # Its timings miss its work, so the pipeline model leaves it out; its streams (8 open on
+    # one instance, against 2 per instance) ask for 4, as they would for the model alone, and
+    # its instances count in the budget.
+    specs = {**pipeline_specs(None), STREAMS: make_spec(STREAMS)}
+    at = {**counts(1, 2), STREAMS: 1}
+    decision = decide_set(specs, at, with_streams(40.0, 8.0)(START, at), SetState(), START)
+    stream = decision.models[STREAMS]
+    assert (stream.desired_instances, stream.reason) == (4, HIGH_STREAMS_IN_FLIGHT)
+    assert "streams in flight per instance" in stream.message
+    # Few streams: it comes down, once its scaleDown window has passed.
+    quiet = run(specs, {**at, STREAMS: 4}, with_streams(40.0, 0.5), 30)
+    assert quiet.last.targets[STREAMS] == 1
+    # No usable signals: it keeps its count.
+    no_signals = steady(40.0)
+    kept = decide_set(specs, at, no_signals(START, at), SetState(), START)
+    assert kept.targets[STREAMS] == 1
+
+
+def test_a_full_gpu_takes_no_more_instances() -> None:
+    # 300 req/s on 1/1/1/1 asks for more instances; at the GPU's utilization ceiling (0.9 by
+    # default) no model goes above today's count, and each one refused says why.
+    specs, at = pipeline_specs(None), counts(1, 1)
+    free = decide_set(
+        specs,
+        at,
+        with_streams(300.0, 0.0, utilization=0.5, memory_fraction=0.2)(START, at),
+        SetState(),
+        START,
+    )
+    raised = {m for m, d in free.models.items() if d.desired_instances > at[m]}
+    assert raised
+    full = decide_set(
+        specs,
+        at,
+        with_streams(300.0, 0.0, utilization=0.95, memory_fraction=0.2)(START, at),
+        SetState(),
+        START,
+    )
+    assert all(full.targets[m] <= at[m] for m in specs)
+    for model in raised:
+        assert full.models[model].reason == GPU_SATURATED
+        assert "GPU utilization 0.95 is at or above its ceiling 0.90" in full.models[model].message
+    memory = decide_set(
+        specs,
+        at,
+        with_streams(300.0, 0.0, utilization=0.5, memory_fraction=0.95)(START, at),
+        SetState(),
+        START,
+    )
+    assert all(memory.targets[m] <= at[m] for m in specs)
+    assert {memory.models[m].reason for m in raised} == {GPU_SATURATED}
 
 
 class TestVerifier:

@@ -41,7 +41,9 @@ again with the callers at the split it found, until a split comes back, and each
 is judged at its own callers' counts (`_most_headroom`).
 
 A model that is quiet, unmeasured or `held` keeps its count, and its instances count in the
-budget; an idle one (no request finished or queued) goes to its minimum.
+budget; an idle one (no request finished or queued) goes to its minimum. A model the pipeline
+model cannot measure but whose own signals size it (`alone`: a decoupled model that reports
+its streams) gets the count those signals ask for, and its instances count in the budget too.
 
 Pure: no clock, no I/O.
 """
@@ -191,6 +193,7 @@ def allocate(
     current: Mapping[str, int],
     *,
     held: Mapping[str, int] | None = None,
+    alone: Mapping[str, Target] | None = None,
     ceilings: Mapping[str, int] | None = None,
     settling: frozenset[str] = frozenset(),
     lowered: frozenset[str] = frozenset(),
@@ -199,7 +202,9 @@ def allocate(
     """Every model's count (see the module's docstring for the objective).
 
     `current`: each model's live count per pod. `held`: models that keep a given count
-    whatever the load (paused, or out of their bounds). `ceilings`: the most instances that
+    whatever the load (paused, or out of their bounds). `alone`: the targets of models the
+    pipeline model cannot measure, sized on their own signals by the caller; they go through
+    behavior like the others and count in the budget. `ceilings`: the most instances that
     help a model (the verifier's corrections). `settling`: models whose estimates do not yet
     come from windows at their counts; they do not go down (a count just changed is not
     taken back on the estimates it was changed by). `lowered`: models whose count just went
@@ -208,6 +213,7 @@ def allocate(
     must gain over today's before the counts move (the estimates' noise).
     """
     held = dict(held or {})
+    alone = alone or {}
     ceilings = ceilings or {}
     room = Room.of(specs)
     active = pipeline.active
@@ -216,6 +222,8 @@ def allocate(
         count = current[model]
         if model in held:
             fixed[model] = Target(model, count, held[model], HELD, "held by an earlier stage")
+        elif model in alone:
+            fixed[model] = alone[model]
         elif model in pipeline.unmeasured:
             kept = _within(count, spec.min_instances, spec.max_instances)
             fixed[model] = Target(model, count, kept, UNMEASURED, pipeline.unmeasured[model])

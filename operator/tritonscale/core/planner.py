@@ -7,13 +7,17 @@ count with a reason and a message, the prediction, and the state to keep. Stages
 
 1. a model that is paused, or whose live count is outside [min, max], is held (or goes to the
    bound at once); with no usable snapshot (none, stale, incomplete) every model holds;
-2. the pipeline model (tritonscale.core.pipeline_model) from the snapshot and the history;
+2. the pipeline model (tritonscale.core.pipeline_model) from the snapshot and the history; a
+   model it cannot measure (a decoupled model whose timings miss its work) is sized on its own
+   signals (tritonscale.core.sizing), as the streams it holds open ask;
 3. the verifier (tritonscale.core.verifier) judges the last step up once a window lies
    wholly after it: a step that fell short goes back at once, past the stages below (a step
    taken while another waits is judged with it, against the same baseline);
    the first window whose roots' arrivals moved within it by more than chance (a load step
    it straddles) is not decided on: every model holds for that tick (`LOAD_STEP_IN_WINDOW`);
-4. the allocator (tritonscale.core.allocator) chooses every count together;
+4. the allocator (tritonscale.core.allocator) chooses every count together; where the pods'
+   GPU has reached a model's ceiling (`spec.targets`), it searches again with no such model
+   above today's count (GpuSaturated: more pods are the answer, not more instances);
 5. HPA behavior per model (tritonscale.core.behavior): stabilization, then rate limits;
 6. the room: an increase that the budget cannot hold until another model has given its
    instances back (as slowly as that model's behavior allows) waits for them.
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tritonscale.core import behavior, policy, sizing, verifier
@@ -231,20 +235,37 @@ def decide_set(
                 for model in specs
             }
         else:
-            allocation = allocate(
-                pipeline,
-                specs,
-                current,
-                held={model: step.count for model, step in held.items()},
-                ceilings=checks.ceilings(now),
-                settling=frozenset(
-                    model
-                    for model, stage in pipeline.stages.items()
-                    if not stage.measured_at_counts
-                ),
-                lowered=_lowered(pipeline, history, current),
-                switch_margin=_switch_margin(pipeline),
-            )
+            full = _gpu_full(specs, snapshot)
+            ceilings = checks.ceilings(now)
+
+            def allocated(ceilings: Mapping[str, int]) -> Allocation:
+                return allocate(
+                    pipeline,
+                    specs,
+                    current,
+                    held={model: step.count for model, step in held.items()},
+                    alone=_sized_alone(specs, current, pipeline, snapshot, ceilings),
+                    ceilings=ceilings,
+                    settling=frozenset(
+                        model
+                        for model, stage in pipeline.stages.items()
+                        if not stage.measured_at_counts
+                    ),
+                    lowered=_lowered(pipeline, history, current),
+                    switch_margin=_switch_margin(pipeline),
+                )
+
+            allocation = allocated(ceilings)
+            refused = {
+                model: why
+                for model, why in full.items()
+                if allocation.targets[model].count > current[model]
+            }
+            if refused:
+                # A full GPU takes no more instances: the split is searched again with every
+                # model on that GPU at most at today's count (more pods are the answer).
+                capped = {m: min(current[m], ceilings.get(m, current[m])) for m in full}
+                allocation = _refused(allocated({**ceilings, **capped}), refused)
             steps = _behaving(specs, current, held, allocation, policies, now)
             desired = {model: model_steps[-1].count for model, model_steps in steps.items()}
             checks = verifier.start(checks, pipeline, current, desired, now)
@@ -336,6 +357,81 @@ def _unusable(
     if not snapshot.complete:
         return WARMING_UP, f"the metrics cover {snapshot.window_s:.0f} s of a window (warming up)"
     return None
+
+
+def _sized_alone(
+    specs: Mapping[str, AutoscalerSpec],
+    current: Mapping[str, int],
+    pipeline: PipelineModel,
+    snapshot: MetricSnapshot,
+    ceilings: Mapping[str, int],
+) -> dict[str, Target]:
+    """The models the pipeline model cannot measure, sized on their own signals
+    (tritonscale.core.sizing: each signal's count, the largest wins), within their bounds and
+    ceilings. A decoupled model whose `execute` returns at once is one: Triton's timings miss
+    its work, and the streams it holds open size it instead. A model with no usable signals
+    is left to the allocator, which keeps its count."""
+    alone = {}
+    for model, why in pipeline.unmeasured.items():
+        signals = snapshot.model(model)
+        if signals is None or sizing.unusable_field(signals) is not None:
+            continue
+        spec, count = specs[model], current[model]
+        needs = sizing.needs(signals, count, spec.targets, spec.tolerance)
+        asked, reason, winner = sizing.recommend(needs, count)
+        highest = max(spec.min_instances, min(spec.max_instances, ceilings.get(model, asked)))
+        target = max(spec.min_instances, min(asked, highest))
+        alone[model] = Target(
+            model, count, target, reason, f"{why}; sized on its own from {winner.describe()}"
+        )
+    return alone
+
+
+def _gpu_full(specs: Mapping[str, AutoscalerSpec], snapshot: MetricSnapshot) -> dict[str, str]:
+    """The models whose GPU ceiling (`spec.targets`) the pods' GPU has reached, and in words
+    why: a full GPU takes no more instances (more pods, the HPA's, are the answer)."""
+    gpu = snapshot.gpu
+    if gpu is None:
+        return {}
+    full = {}
+    for model, spec in specs.items():
+        targets = spec.targets
+        if _finite(gpu.utilization) and gpu.utilization >= targets.gpu_utilization_ceiling:
+            full[model] = (
+                f"GPU utilization {gpu.utilization:.2f} is at or above its ceiling "
+                f"{targets.gpu_utilization_ceiling:.2f}"
+            )
+        elif (
+            gpu.memory_fraction is not None
+            and _finite(gpu.memory_fraction)
+            and gpu.memory_fraction >= targets.gpu_memory_ceiling
+        ):
+            full[model] = (
+                f"GPU memory {gpu.memory_fraction:.2f} is at or above its ceiling "
+                f"{targets.gpu_memory_ceiling:.2f}"
+            )
+    return full
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _refused(allocation: Allocation, refused: Mapping[str, str]) -> Allocation:
+    """The allocation searched again on a full GPU, each model refused an increase saying so."""
+    targets = dict(allocation.targets)
+    for model, why in refused.items():
+        target = targets[model]
+        if target.count <= target.current:
+            targets[model] = replace(
+                target,
+                reason=policy.GPU_SATURATED,
+                message=(
+                    f"{why}: more pods (the HPA), not more instances, are the answer; "
+                    f"{target.message}"
+                ),
+            )
+    return replace(allocation, targets=targets)
 
 
 def _served_rps(pipeline: PipelineModel) -> float:
