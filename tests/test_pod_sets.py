@@ -10,6 +10,7 @@ import pytest
 
 from tritonscale.control.loop import Stop, run_set
 from tritonscale.control.pod_sets import PodSet, Shard, owner, pod_sets, set_of, stable_fraction
+from tritonscale.control.set_tick import call_depth
 from tritonscale.core.spec import AutoscalerSpec
 
 pytestmark = pytest.mark.unit
@@ -227,3 +228,25 @@ def test_every_set_has_exactly_one_owner_among_the_shards() -> None:
 def test_a_shard_outside_its_total_is_refused(index: int, total: int) -> None:
     with pytest.raises(ValueError, match="want 0 <= shard < total"):
         Shard(index, total)
+
+
+def test_a_tick_loads_callees_before_their_callers() -> None:
+    # Under overload a BLS caller's reload waits for its old queue, which drains only as
+    # fast as its callees serve: a callee goes first (set_tick.call_depth).
+    specs = {
+        "pipeline": spec("pipeline_async", calls=["branch_embed", "branch_rank"]),
+        "embed": spec("branch_embed", calls=["tokenize"]),
+        "tokenize": spec("tokenize"),
+        "rank": spec("branch_rank"),
+        "elsewhere": spec("other", calls=["not_in_the_set"]),
+    }
+    assert call_depth(specs) == {
+        "pipeline": 2,
+        "embed": 1,
+        "tokenize": 0,
+        "rank": 0,
+        "elsewhere": 0,
+    }
+    # A cycle is cut where it closes: every member still gets a depth.
+    cycle = {"a": spec("a", calls=["b"]), "b": spec("b", calls=["a"])}
+    assert sorted(call_depth(cycle).values()) == [0, 1]
