@@ -292,6 +292,64 @@ def test_todays_policy_does_not_reverse_under_a_steady_load(
     assert phase["reversals"] == 0, (phase["reversal_reasons"], phase["held_at_end"])
 
 
+class _Timed(AllocatorController):
+    """The set planner, keeping when each decision was made and the counts it chose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decided: list[tuple[float, dict[str, int]]] = []
+
+    def decide(self, specs, current, snapshot, now):  # type: ignore[no-untyped-def]
+        targets = super().decide(specs, current, snapshot, now)
+        self.decided.append((now, dict(targets)))
+        return targets
+
+
+@settings(PROPERTY_SETTINGS, max_examples=24)  # cheap (about 0.1 s each), and most never move
+@given(
+    budget=st.sampled_from([4, 5, 6, 7]),
+    low=st.floats(20, 200),
+    high=st.floats(200, 700),
+    seed=st.integers(0, 1000),
+)
+def test_the_set_planner_steps_within_the_budget_and_settles_within_three_intervals(
+    budget: int, low: float, high: float, seed: int
+) -> None:
+    # Never more than the budget asked for or held; and after the load steps up, the counts
+    # stop moving once the first window wholly at the new load has been decided on and three
+    # intervals have passed (the decision, the loads, and the verifier's look at the step).
+    timed: list[_Timed] = []
+
+    def controller() -> _Timed:
+        timed.append(_Timed())
+        return timed[-1]
+
+    row = run_scenario(step_scenario(budget, low, high, seed), controller, SEARCH)
+    assert [phase["budget_overruns"] for phase in row["phases"]] == [0, 0, 0], row
+    assert all(sum(phase["held_at_end"].values()) <= budget for phase in row["phases"])
+    high_phase = row["phases"][1]
+    start, end = high_phase["start_s"], high_phase["start_s"] + high_phase["duration_s"]
+    decided = [(now, counts) for now, counts in timed[0].decided if now < end]
+    moved = [
+        now
+        for (now, counts), (_, before) in zip(decided[1:], decided, strict=False)
+        if counts != before
+    ]
+    last_move = max((now for now in moved if now >= start), default=start)
+    settled_by = start + scenarios.METRICS_WINDOW_S + 3 * scenarios.INTERVAL_S
+    assert last_move <= settled_by, (last_move - start, high_phase["held_at_end"])
+
+
+@PROPERTY_SETTINGS
+@given(budget=st.sampled_from([5, 6, 7]), rps=st.floats(60, 450), seed=st.integers(0, 1000))
+def test_the_set_planner_does_not_reverse_under_a_steady_load(
+    budget: int, rps: float, seed: int
+) -> None:
+    row = run_scenario(steady_scenario(budget, rps, seed), AllocatorController, SEARCH)
+    phase = row["phases"][0]
+    assert phase["reversals"] == 0, (phase["reversal_reasons"], phase["held_at_end"])
+
+
 class _Recorded(AllocatorController):
     """The set planner, keeping every decision's messages."""
 
