@@ -24,6 +24,7 @@ import yaml
 from tests.tooling import in_ci, missing, require_local_triton
 from tritonscale.control.tick import FAILED_GET_METRICS, TickResult
 from tritonscale.core.gain import NO_GAIN
+from tritonscale.core.verifier import STEP_FELL_SHORT
 from tritonscale.drivers.tune import Tuner, parse_config
 from tritonscale.local.demo import (
     DemoError,
@@ -211,8 +212,11 @@ def test_reversals_count_flaps_and_no_gain_give_backs_apart() -> None:
         ("e", _tick("e", 8, 1, 4, "HighUtilization")),
         ("e", _tick("e", 20, 4, 1, NO_GAIN)),
         ("e", _tick("e", 32, 1, 4, "HighUtilization")),
+        # the set planner's verifier undoing a step that fell short: counted apart too
+        ("f", _tick("f", 30, 2, 4, "MaxThroughput")),
+        ("f", _tick("f", 50, 4, 2, STEP_FELL_SHORT)),
     ]
-    assert _reversals(ticks, [row]) == ({"a": 1, "e": 1}, {"b": 1, "e": 1})
+    assert _reversals(ticks, [row]) == ({"a": 1, "e": 1}, {"b": 1, "e": 1, "f": 1})
 
 
 @pytest.mark.unit

@@ -33,6 +33,7 @@ from pathlib import Path
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.tick import TickResult
 from tritonscale.core.gain import NO_GAIN
+from tritonscale.core.verifier import STEP_FELL_SHORT
 from tritonscale.drivers.tune import TuneConfig, Tuner, load_config
 from tritonscale.local.loadgen import OpenLoopLoad, OpenLoopStats, measure
 from tritonscale.local.ports import free_port, port_is_taken
@@ -43,6 +44,9 @@ from tritonscale.triton.endpoints import local_endpoints
 
 # The demo runs from a checkout: its files, relative to the current directory.
 POLICIES = Path("operator/examples/local/policies.yaml")
+# The reasons of an increase given back by a verdict on it, not by a reading of the load: the
+# set planner's verifier (tritonscale.core.verifier) and the per-model gain check.
+GIVEN_BACK = frozenset({STEP_FELL_SHORT, NO_GAIN})
 TARGET = "pipeline_async"
 MODELS = ("pipeline_async", "branch_embed", "branch_classify", "branch_rank")
 # Rows per request. With one row the pipeline's dynamic batcher packs 32 requests into one
@@ -465,12 +469,13 @@ def _scale_downs_before(
 def _reversals(
     ticks: list[tuple[str, TickResult]], rows: list[PhaseRow]
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """(reversals, increases given back by NoGain) per model, within each phase.
+    """(reversals, increases given back by a verdict) per model, within each phase.
 
     Within a phase the load is steady. A reversal is an applied change, after the phase's
     first 30 s (the reaction), against the model's previous change in the phase (that one may
-    fall within the reaction): flapping. A NoGain revert, an increase that bought nothing
-    given back once by design (tritonscale.core.gain), is counted apart, whenever in the
+    fall within the reaction): flapping. A verdict's revert, an increase that bought nothing
+    or fell short of its prediction given back once by design (`GIVEN_BACK`), is counted
+    apart, whenever in the
     phase it came: it is the check's verdict, not the reaction's. An increase after it is
     counted as a reversal like any other (the verdict did not hold).
     """
@@ -486,7 +491,7 @@ def _reversals(
                     continue
                 direction = 1 if pod.after > pod.before else -1
                 model = result.model
-                if result.decision is not None and result.decision.reason == NO_GAIN:
+                if result.decision is not None and result.decision.reason in GIVEN_BACK:
                     given_back[model] = given_back.get(model, 0) + 1
                 elif result.at >= row.start + 30 and last.get(model, direction) != direction:
                     reversals[model] = reversals.get(model, 0) + 1
@@ -577,7 +582,7 @@ def summary_lines(result: DemoResult) -> list[str]:
         f"load dropped -> first scale-down applied: {down}",
         f"came down before the load dropped (first decrease, its signal): {early}",
         f"changes that reversed the previous one under steady load: {flaps}",
-        f"increases given back once because they bought nothing (NoGain): {given_back}",
+        f"increases given back once because they fell short (StepFellShort, NoGain): {given_back}",
         f"decision log: {result.decision_log}",
         f"load, second by second: {result.load_history}",
     ]
