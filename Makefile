@@ -74,7 +74,7 @@ bench: deps vegeta
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary
 
-# Today's policy across every scenario of the pipeline simulator, in virtual time (no server;
+# The operator's set planner across every scenario of the pipeline simulator, in virtual time (no server;
 # a minute or two on one core): reports/sim/summary.json and .png. Narrow or change it:
 # make sim SIM='--family step --controller static'
 sim: venv

@@ -360,9 +360,9 @@ def budget_arguments(
     p.add_argument("--budget", type=int, help=budget_help)
     p.add_argument(
         "--planner",
-        choices=("model", "set"),
-        default="model",
-        help="how `tritonscale tune` decides: each model on its own (default) or the set together",
+        choices=("set", "model"),
+        default="set",
+        help="how `tritonscale tune` decides: the set together (default) or each model on its own",
     )
     p.add_argument(
         "--costs",

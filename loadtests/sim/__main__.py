@@ -1,7 +1,7 @@
 """`python -m loadtests.sim`: every scenario under one controller, summary JSON and PNG.
 
-python -m loadtests.sim                          # all scenarios, today's policy
-python -m loadtests.sim --controller static      # another controller, by name
+python -m loadtests.sim                          # all scenarios, the operator's set planner
+python -m loadtests.sim --controller policy      # another controller, by name
 python -m loadtests.sim --family step --scenarios 10
 """
 
@@ -24,9 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.sim", description=__doc__)
     parser.add_argument(
         "--controller",
-        default="policy",
+        default="allocator",
         choices=sorted(controllers.CONTROLLERS),
-        help="the controller to judge (default: policy, today's operator)",
+        help="the controller to judge (default: allocator, the operator's set planner; "
+        "policy: the per-model rules)",
     )
     parser.add_argument("--scenarios", type=int, default=None, help="run only the first N")
     parser.add_argument(

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
-from tritonscale.control.set_planner import MODEL, PLANNERS
+from tritonscale.control.set_planner import DEFAULT, PLANNERS
 from tritonscale.drivers.tune import TuneConfigError
 from tritonscale.local.interrupts import stop_on_signals
 from tritonscale.local.ports import LOOPBACK
@@ -260,11 +260,11 @@ def serve(
     "--planner",
     show_envvar=True,
     type=click.Choice(PLANNERS),
-    default=MODEL,
+    default=DEFAULT,
     show_default=True,
-    help="How a pod set's tick decides its autoscalers: each model on its own, or the set's "
-    "models together from a model of the pipeline (docs/instancegroupautoscaler.md, "
-    "'The set planner').",
+    help="How a pod set's tick decides its autoscalers: the set's models together from a "
+    "model of the pipeline (docs/instancegroupautoscaler.md, 'The set planner'), or each model "
+    "on its own (the older per-model rules).",
 )
 @click.option(
     "--verbose", is_flag=True, show_envvar=True, help="Log at debug level, every tick included."

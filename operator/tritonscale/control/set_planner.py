@@ -3,8 +3,8 @@
     planner = SetPlanner(pod_set.name)           # one per pod set, kept by the driver
     plans = planner.planned(plans, now)          # in tritonscale.control.set_tick
 
-With `planner: set` (the local driver's file, the operator's `--planner set`) a set tick
-decides its members together (tritonscale.core.planner): the members' plans, each up to its
+With `planner: set`, the default (the local driver's file, the operator's `--planner`), a set
+tick decides its members together (tritonscale.core.planner): the members' plans, each up to its
 metrics and the batching of the live configs its tick read, go in; each comes back with the
 planner's decision for its model (`Plan.chosen`) and the set's prediction, and the tick then
 grants, applies and reports them as it does the policy's. The planner's state (the
@@ -29,6 +29,7 @@ from tritonscale.core.planner import SetDecision, SetState, as_policy_decision, 
 MODEL = "model"  # each model decided on its own (tritonscale.core.policy)
 SET = "set"  # the set's models decided together (tritonscale.core.planner)
 PLANNERS = (MODEL, SET)
+DEFAULT = SET
 
 
 class SetPlanner:

@@ -66,7 +66,7 @@ from tritonscale.control.loop import run_set
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.pod_sets import PodSet, Shard, pod_sets, set_of
 from tritonscale.control.reconcile import budget_key, budget_limits
-from tritonscale.control.set_planner import MODEL, SET, SetPlanner
+from tritonscale.control.set_planner import DEFAULT, SET, SetPlanner
 from tritonscale.control.tick import ReconcileState, TickResult, iso_time
 from tritonscale.core.budget import Claim
 from tritonscale.core.selectors import selector_to_string
@@ -114,9 +114,9 @@ class DriverConfig:
     admission_interval_s: float = 1.0
     # This replica's share of the pod sets (tritonscale.control.pod_sets.Shard).
     shard: Shard = field(default_factory=Shard)
-    # How a set tick decides its members: "model" (each on its own) or "set" (together,
-    # tritonscale.control.set_planner).
-    planner: str = MODEL
+    # How a set tick decides its members: "set" (together, tritonscale.control.set_planner)
+    # or "model" (each on its own).
+    planner: str = DEFAULT
 
 
 @dataclass

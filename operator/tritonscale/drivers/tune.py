@@ -9,13 +9,13 @@ with the InstanceGroupAutoscaler's `spec` shape (docs/instancegroupautoscaler.md
     metrics:
       source: scrape                                # or prometheus
       prometheusUrl: http://127.0.0.1:9090          # with source: prometheus
-    planner: model                                  # or set; optional, default model
+    planner: set                                    # or model; optional, default set
     policies:
       - name: pipeline-async
         spec: {model: pipeline_async, minInstances: 1, maxInstances: 4, ...}
 
-`planner: set` decides the policies together at each tick, from a model of the pipeline
-(tritonscale.control.set_planner); `model`, the default, decides each policy on its own
+`planner: set`, the default, decides the policies together at each tick, from a model of the
+pipeline (tritonscale.control.set_planner); `model` decides each policy on its own
 (tritonscale.core.policy).
 
 Top-level keys starting with `x-` are ignored (a place for YAML anchors shared by the
@@ -53,7 +53,7 @@ from tritonscale.control.ledger import BudgetLedger
 from tritonscale.control.loop import Stop, run_set
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.pod_sets import PodSet, set_name
-from tritonscale.control.set_planner import MODEL, PLANNERS, SET, SetPlanner
+from tritonscale.control.set_planner import DEFAULT, PLANNERS, SET, SetPlanner
 from tritonscale.control.set_tick import Member, tick_set
 from tritonscale.control.tick import ReconcileState, TickResult
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
@@ -88,7 +88,7 @@ class TuneConfig:
     prometheus_url: str | None
     policies: list[Policy]
     path: str = "<config>"
-    planner: str = MODEL  # "model" or "set" (tritonscale.control.set_planner)
+    planner: str = DEFAULT  # "set" or "model" (tritonscale.control.set_planner)
 
     def make_source(self) -> MetricsSource:
         if self.source == "prometheus":
@@ -127,7 +127,7 @@ def _parse(data: Any, path: str) -> TuneConfig:
         # YAML anchors may live under `x-` keys (as in docker-compose files).
         data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}
     top = _mapping(data, "the file", ("triton", "metrics", "planner", "policies"))
-    planner = top.get("planner", MODEL)
+    planner = top.get("planner", DEFAULT)
     if planner not in PLANNERS:
         raise TuneConfigError(f"planner must be one of {', '.join(PLANNERS)}, got {planner!r}")
     for key in ("triton", "policies"):
