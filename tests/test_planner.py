@@ -26,7 +26,13 @@ from tests.pipeline_load import (
 from tritonscale.core import verifier
 from tritonscale.core.allocator import Room
 from tritonscale.core.budget import BUDGET_EXHAUSTED
-from tritonscale.core.planner import LOAD_STEP_IN_WINDOW, SetDecision, SetState, decide_set
+from tritonscale.core.planner import (
+    LOAD_STEP_IN_WINDOW,
+    SetDecision,
+    SetState,
+    as_policy_decision,
+    decide_set,
+)
 from tritonscale.core.policy import (
     GPU_SATURATED,
     METRICS_MISSING,
@@ -275,6 +281,24 @@ def test_a_model_the_pipeline_cannot_time_is_sized_on_its_own_streams() -> None:
     no_signals = steady(40.0)
     kept = decide_set(specs, at, no_signals(START, at), SetState(), START)
     assert kept.targets[STREAMS] == 1
+
+
+def test_a_short_budget_reports_what_each_model_would_take_were_there_room() -> None:
+    # 300 req/s on a budget of 4: the split fits the budget, and each model's recommendation
+    # is what would hold it under its target. Their sum over the budget is the budget's
+    # demand ratio above 1: the HPA's signal that the pods are too few.
+    specs, at = pipeline_specs(4), counts(1, 1)
+    snapshot = Load(300.0).snapshot(START, at)
+    decided = decide_set(specs, at, snapshot, SetState(), START)
+    assert sum(decided.targets.values()) <= 4
+    wanted = {m: d.wanted_instances for m, d in decided.models.items()}
+    assert all(w is not None and w >= decided.targets[m] for m, w in wanted.items()), wanted
+    assert sum(w or 0 for w in wanted.values()) > 4, wanted
+    recommended = as_policy_decision(specs["branch_embed"], decided, snapshot)
+    assert recommended.recommended_instances == wanted["branch_embed"]
+    # With room, the recommendation is the count chosen.
+    roomy = decide_set(pipeline_specs(None), at, snapshot, SetState(), START)
+    assert {m: d.wanted_instances for m, d in roomy.models.items()} == roomy.targets
 
 
 def test_a_full_gpu_takes_no_more_instances() -> None:

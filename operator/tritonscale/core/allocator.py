@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tritonscale.core import sizing
@@ -94,6 +94,15 @@ class Target:
     count: int
     reason: str
     message: str
+    # What the model would take were there room: the count that holds it under its target
+    # utilization (a closed loop's, at what its clients would send), within [min, max]. Above
+    # `count` where a budget is short: what the budget's demand ratio (the HPA's signal that
+    # the pods are too few) counts. None: `count`.
+    wanted: int | None = None
+
+    @property
+    def wanted_count(self) -> int:
+        return self.count if self.wanted is None else self.wanted
 
 
 @dataclass(frozen=True)
@@ -289,9 +298,11 @@ def allocate(
     prediction = predict(pipeline, sized, counts)
     targets = dict(fixed)
     for model, stage in sized.items():
-        targets[model] = _target(
+        target = _target(
             stage, specs[model], current[model], counts[model], objective, why, prediction
         )
+        wanted = _within(needed[model], specs[model].min_instances, specs[model].max_instances)
+        targets[model] = replace(target, wanted=max(wanted, target.count))
     return Allocation(targets, prediction, objective, problem)
 
 

@@ -106,6 +106,9 @@ class ModelDecision:
     allocated_instances: int | None  # the allocator's count, before behavior; None: not sized
     reason: str  # the last stage that changed the count (CamelCase)
     message: str  # one sentence, with the numbers
+    # What the model would take were there room (`Target.wanted`): the need a budget's demand
+    # ratio counts, reported as the decision's recommendation. None: not sized.
+    wanted_instances: int | None = None
 
     @property
     def changes(self) -> bool:
@@ -164,7 +167,7 @@ def as_policy_decision(
     return policy.Decision(
         current_instances=current,
         desired_instances=desired,
-        recommended_instances=model.allocated_instances,
+        recommended_instances=model.wanted_instances,
         direction=policy.UP
         if desired > current
         else policy.DOWN
@@ -273,10 +276,11 @@ def decide_set(
     for model in specs:
         count = steps[model][-1].count
         policies[model] = policies[model].ticked(current[model], count, now)
-        allocated = None
+        allocated = wanted = None
         if allocation is not None and model not in held:
             allocated = allocation.targets[model].count
-        decisions[model] = _rendered(model, current[model], steps[model], allocated)
+            wanted = allocation.targets[model].wanted_count
+        decisions[model] = _rendered(model, current[model], steps[model], allocated, wanted)
     prediction = allocation.prediction if allocation is not None else None
     new_state = SetState(history, policies, checks)
     return SetDecision(decisions, prediction, _summary(prediction, decisions), new_state, served)
@@ -381,8 +385,14 @@ def _sized_alone(
         asked, reason, winner = sizing.recommend(needs, count)
         highest = max(spec.min_instances, min(spec.max_instances, ceilings.get(model, asked)))
         target = max(spec.min_instances, min(asked, highest))
+        wanted = max(target, min(asked, spec.max_instances))
         alone[model] = Target(
-            model, count, target, reason, f"{why}; sized on its own from {winner.describe()}"
+            model,
+            count,
+            target,
+            reason,
+            f"{why}; sized on its own from {winner.describe()}",
+            wanted,
         )
     return alone
 
@@ -609,7 +619,9 @@ def _within_room(
             )
 
 
-def _rendered(model: str, current: int, steps: list[_Step], allocated: int | None) -> ModelDecision:
+def _rendered(
+    model: str, current: int, steps: list[_Step], allocated: int | None, wanted: int | None
+) -> ModelDecision:
     desired, reason = steps[-1].count, steps[-1].reason
     outcome = (
         f"{model} stays at {_instances(current)}"
@@ -617,7 +629,7 @@ def _rendered(model: str, current: int, steps: list[_Step], allocated: int | Non
         else f"{model} {current} -> {_instances(desired)}"
     )
     why = "; ".join(step.clause for step in steps if step.clause)
-    return ModelDecision(model, current, desired, allocated, reason, f"{outcome}: {why}")
+    return ModelDecision(model, current, desired, allocated, reason, f"{outcome}: {why}", wanted)
 
 
 def _summary(prediction: Prediction | None, decisions: Mapping[str, ModelDecision]) -> str:
