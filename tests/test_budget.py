@@ -288,3 +288,18 @@ def test_minimums_above_the_budget_are_reported_and_never_broken(
         assert allocation.problem is not None
     for c in claims:
         assert allocation.grants[c.member].granted >= c.minimum
+
+
+def test_a_member_held_back_by_the_set_planners_split_exhausts_the_budget() -> None:
+    # The split was fitted to the budget before the ask: nothing is refused at the grant, and
+    # the budget is exhausted all the same (its wanted sum over the pod is the HPA's signal).
+    fitted = [
+        Claim("a", "a", current=2, asked=3, minimum=1, wanted=5, held_back=True),
+        Claim("b", "b", current=2, asked=2, minimum=1, wanted=2),
+    ]
+    allocation = allocate("pods", Limits(5, 0), fitted)
+    assert not any(grant.limited for grant in allocation.grants.values())
+    assert allocation.exhausted
+    assert allocation.demand_ratio == pytest.approx(7 / 5)
+    unfitted = [Claim("a", "a", current=2, asked=3, minimum=1, wanted=3), fitted[1]]
+    assert not allocate("pods", Limits(5, 0), unfitted).exhausted

@@ -296,6 +296,13 @@ def test_a_short_budget_reports_what_each_model_would_take_were_there_room() -> 
     assert sum(w or 0 for w in wanted.values()) > 4, wanted
     recommended = as_policy_decision(specs["branch_embed"], decided, snapshot)
     assert recommended.recommended_instances == wanted["branch_embed"]
+    # Those held below it say so: ScalingLimited, BudgetExhausted (the Warning's reason).
+    held = [m for m, d in decided.models.items() if (d.wanted_instances or 0) > decided.targets[m]]
+    assert held
+    for model in held:
+        limited = as_policy_decision(specs[model], decided, snapshot).scaling_limited
+        assert (limited.status, limited.reason) == (True, BUDGET_EXHAUSTED)
+        assert "the budget triton allows" in limited.message
     # With room, the recommendation is the count chosen.
     roomy = decide_set(pipeline_specs(None), at, snapshot, SetState(), START)
     assert {m: d.wanted_instances for m, d in roomy.models.items()} == roomy.targets

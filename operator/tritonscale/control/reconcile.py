@@ -57,7 +57,7 @@ from tritonscale.control.tick import (
 )
 from tritonscale.core import policy, sizing
 from tritonscale.core.allocator import Prediction
-from tritonscale.core.budget import Claim, Grant, Limits
+from tritonscale.core.budget import BUDGET_EXHAUSTED, Claim, Grant, Limits
 from tritonscale.core.pipeline_model import Batching
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
@@ -215,6 +215,8 @@ class Plan:
             queued=sizing.queued_requests(signals) if usable and signals is not None else 0.0,
             gpu_memory_mib=spec.budget.gpu_memory_per_instance_mib if spec.budget else 0,
             pod_full=decision.reason == policy.GPU_SATURATED,
+            held_back=decision.scaling_limited.status
+            and decision.scaling_limited.reason == BUDGET_EXHAUSTED,
         )
 
 

@@ -50,6 +50,9 @@ class Claim:
     queued: float = 0.0  # requests waiting for an instance (summed over the pods)
     gpu_memory_mib: int = 0  # GPU memory one instance takes
     pod_full: bool = False  # a pod-level ceiling (the GPU) refused its increase this tick
+    # Its ask was already fitted to the budget below what it wants (the set planner's split):
+    # refused for want of room before it asked.
+    held_back: bool = False
 
     @property
     def floor(self) -> int:
@@ -141,7 +144,11 @@ def allocate(name: str, limits: Limits, claims: Sequence[Claim]) -> Allocation:
         used=used(),
         wanted=wanted,
         gpu_memory_used_mib=memory_used(),
-        exhausted=pod_full or any(grant.limited for grant in grants.values()),
+        exhausted=(
+            pod_full
+            or any(grant.limited for grant in grants.values())
+            or any(c.held_back for c in claims)
+        ),
         demand_ratio=ratio,
         problem=_problem(limits, claims),
     )

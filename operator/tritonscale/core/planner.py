@@ -151,6 +151,15 @@ def as_policy_decision(
         active = policy.Condition(True, policy.VALID_METRIC_FOUND, f"the set: {decided.message}")
     if reason in policy.LIMITING_REASONS or reason == verifier.STEP_FELL_SHORT:
         limited = policy.Condition(True, reason, model.message)
+    elif _held_by_budget(spec, model):
+        assert spec.budget is not None
+        limited = policy.Condition(
+            True,
+            BUDGET_EXHAUSTED,
+            f"the budget {spec.budget.name} allows {_instances(model.allocated_instances or 0)}"
+            f" in the split that serves the most; {model.wanted_instances} would hold "
+            f"{spec.model} under its target",
+        )
     else:
         limited = policy.Condition(
             False, policy.DESIRED_WITHIN_RANGE, "the desired count is within range"
@@ -180,6 +189,16 @@ def as_policy_decision(
         scaling_limited=limited,
         observed=policy.observed_metrics(spec, current, signals, snapshot),
         state=decided.state.policies[spec.model],
+    )
+
+
+def _held_by_budget(spec: AutoscalerSpec, model: ModelDecision) -> bool:
+    """A member of a budget that the split gives fewer instances than its target asks for."""
+    return (
+        spec.budget is not None
+        and model.allocated_instances is not None
+        and model.wanted_instances is not None
+        and model.wanted_instances > model.allocated_instances
     )
 
 

@@ -129,7 +129,11 @@ def post_events(
             logger.warning(result.line())
     reported.failing = frozenset(error.reason for error in result.errors)
     # The budget refusing instances is a Warning when it starts: more pods are the answer.
-    exhausted = result.reason == BUDGET_EXHAUSTED
+    # The set planner fits its split to the budget and says so in ScalingLimited.
+    limited = result.decision.scaling_limited if result.decision is not None else None
+    exhausted = result.reason == BUDGET_EXHAUSTED or (
+        limited is not None and limited.status and limited.reason == BUDGET_EXHAUSTED
+    )
     if exhausted and not reported.budget_exhausted and result.decision is not None:
         kopf.warn(obj, reason=BUDGET_EXHAUSTED, message=result.decision.message)
         logger.warning(result.line())
