@@ -1,4 +1,5 @@
-"""Instances that do not help are given back (NoGain), on the real server, by `tritonscale tune`.
+"""Instances that do not help are given back, on the real server, by `tritonscale tune`: by the
+per-model rules' NoGain check (`planner: model`) and by the set planner's verifier (the default).
 
 Two copies of a test-only model (tests/contention_models/shared_lock) on a server of this
 module's own, each under the same closed-loop load (6 requests in flight, 20 ms each):
@@ -8,9 +9,10 @@ module's own, each under the same closed-loop load (6 requests in flight, 20 ms 
   at a time: more instances add nothing, and each waits inside `execute`, busy in Triton's eyes.
 
 Both look the same to the busy and queue signals at one instance (busy 1.0, 5 queued), so the
-policy adds instances to both. The check of each increase (tritonscale.core.gain) keeps the
-free model's and reverts the locked model's, once, and holds it there. The driver runs in
-rounds called by the test (no timing assertions: counts and reasons).
+policy adds instances to both. The check of each increase (tritonscale.core.gain; the set
+planner's tritonscale.core.verifier) keeps the free model's and reverts the locked model's,
+once, and holds it there. The driver runs in rounds called by the test (no timing assertions:
+counts and reasons).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import pytest
 
 from tests.contention import ClosedLoop, contention_triton
 from tritonscale.control.tick import TickResult
+from tritonscale.core.verifier import STEP_FELL_SHORT
 from tritonscale.drivers.tune import Tuner, parse_config
 from tritonscale.local.triton_server import LocalTriton
 from tritonscale.triton.actuator import Actuator
@@ -65,6 +68,7 @@ async def test_the_operator_gives_back_instances_that_do_not_help_and_scales_tho
     config = parse_config(
         {
             "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
+            "planner": "model",
             "policies": [
                 {"name": LOCKED, "spec": {"model": LOCKED, **SPEC}},
                 {"name": FREE, "spec": {"model": FREE, **SPEC}},
@@ -134,4 +138,77 @@ async def test_the_operator_gives_back_instances_that_do_not_help_and_scales_tho
     free = results[FREE]
     assert max(r.current_instances or 0 for r in free) >= 2
     assert "NoGain" not in {r.reason for r in free}
+    assert free[-1].current_instances >= 2
+
+
+async def test_the_set_planners_verifier_gives_back_a_step_that_bought_nothing(
+    triton: LocalTriton,
+) -> None:
+    config = parse_config(
+        {
+            "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
+            "policies": [
+                {"name": LOCKED, "spec": {"model": LOCKED, **SPEC}},
+                {"name": FREE, "spec": {"model": FREE, **SPEC}},
+            ],
+        }
+    )
+    assert config.planner == "set"
+    results: dict[str, list[TickResult]] = {LOCKED: [], FREE: []}
+    lines: list[str] = []
+    tuner = Tuner(
+        config,
+        actuator=Actuator(triton.repository_key),
+        echo=lines.append,
+        heal=False,
+        on_tick=lambda name, result: results[name].append(result),
+    )
+
+    def verdict() -> int | None:
+        """The index of the locked model's first revert by the verifier, if any yet."""
+        return next(
+            (
+                i
+                for i, r in enumerate(results[LOCKED])
+                if r.reason == STEP_FELL_SHORT and r.decision and r.decision.direction == "down"
+            ),
+            None,
+        )
+
+    with ClosedLoop(triton, {LOCKED: IN_FLIGHT, FREE: IN_FLIGHT}) as load:
+        for _ in range(MAX_ROUNDS):
+            await tuner.round(config.policies, time.time())
+            found = verdict()
+            if found is not None and len(results[LOCKED]) - found > ROUNDS_HELD:
+                break
+            await asyncio.sleep(INTERVAL_S)
+        else:
+            pytest.fail(
+                f"no {STEP_FELL_SHORT} verdict on {LOCKED} within {MAX_ROUNDS} rounds:\n"
+                + "\n".join(lines[-20:])
+            )
+    assert not load.errors, load.errors[:3]
+
+    locked = results[LOCKED]
+    first = verdict()
+    assert first is not None
+    revert = locked[first]
+    # The step was real (the pods ran more than one instance), then undone to 1, once.
+    assert max(r.current_instances or 0 for r in locked[: first + 1]) > 1
+    assert revert.desired_instances == 1
+    assert "fell short" in revert.message
+    reverts = [r for r in locked if r.reason == STEP_FELL_SHORT and r.decision.direction == "down"]
+    assert len(reverts) == 1, [r.line() for r in reverts]
+    # Held there by the correction the verdict left.
+    held = locked[first + 1 :]
+    assert len(held) >= ROUNDS_HELD
+    assert {r.current_instances for r in held} == {1}, [r.line() for r in held]
+    assert {r.desired_instances for r in held} == {1}, [r.line() for r in held]
+
+    # The model that benefits was scaled, and kept what it got.
+    free = results[FREE]
+    assert max(r.current_instances or 0 for r in free) >= 2
+    # (It holds, reason StepFellShort, while the locked model's step is undone.)
+    undone = [r for r in free if r.reason == STEP_FELL_SHORT and r.decision.direction == "down"]
+    assert not undone, [r.line() for r in undone]
     assert free[-1].current_instances >= 2

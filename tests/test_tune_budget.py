@@ -2,9 +2,12 @@
 
 Two copies of the test-only model tests/contention_models/shared_lock (20 ms a request, one
 request per instance at a time) share a budget of 5 instances per pod. Each wants 4 under its
-load: `busy` has 8 requests in flight, `light` 3. The rounds are allocated jointly: the pods
-never run more than 5 instances of the two together, the one with more requests queued per
-instance gets more, and the one refused says BudgetExhausted. No timing assertions: counts,
+load: `busy` has 8 requests in flight, `light` 3. Under both planners the pods never run more
+than 5 instances of the two together, a model held below its need says BudgetExhausted, and
+the budget's demand ratio (the HPA's signal) is above 1; the per-model rules' greedy grant
+gives the room to the one with more requests queued per instance. (The set planner serves
+both closed loops' clients in proportion to what each was served, so its split of the 5 may
+go either way: 2/3 and 3/2 serve the same 250 req/s here.) No timing assertions: counts,
 reasons and conditions, checked on the live server after every round.
 """
 
@@ -57,12 +60,14 @@ def triton(tmp_path_factory) -> Iterator[LocalTriton]:
         yield server
 
 
-async def test_tune_keeps_the_pods_within_the_budget_and_gives_the_busier_model_more(
-    triton: LocalTriton, tmp_path: Path
+@pytest.mark.parametrize("planner", ["set", "model"])
+async def test_tune_keeps_the_pods_within_the_budget_and_says_what_it_holds_back(
+    triton: LocalTriton, tmp_path: Path, planner: str
 ) -> None:
     config = parse_config(
         {
             "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
+            "planner": planner,
             "policies": [
                 {"name": BUSY, "spec": {"model": BUSY, **SPEC}},
                 {"name": LIGHT, "spec": {"model": LIGHT, **SPEC}},
@@ -95,22 +100,34 @@ async def test_tune_keeps_the_pods_within_the_budget_and_gives_the_busier_model_
 
     # Never more than the budget on the pod, and all of it used.
     assert max(live_totals) == BUDGET, live_totals
-    assert all(r.budget is not None and r.budget.used <= BUDGET for r in results[BUSY])
-    # Both wanted 4; the busier one (more queued per instance) got the room first.
+    assert all(r.budget is not None and r.budget.used <= BUDGET for r in results[BUSY]), [
+        r.line() for r in results[BUSY] if r.budget is None or r.budget.used > BUDGET
+    ]
     final = {name: results[name][-1].current_instances for name in (BUSY, LIGHT)}
-    assert final[BUSY] > final[LIGHT] >= 1, final
-    refused = [r for name in (BUSY, LIGHT) for r in results[name] if r.reason == "BudgetExhausted"]
+    assert min(final.values()) >= 1, final
+    if planner == "model":
+        # Both wanted 4; the busier one (more queued per instance) got the room first.
+        assert final[BUSY] > final[LIGHT], final
+    # Whoever the budget held below its need says so.
+    refused = [
+        (r, c)
+        for name in (BUSY, LIGHT)
+        for r in results[name]
+        for c in r.conditions
+        if c["type"] == "ScalingLimited"
+        and (c["status"], c["reason"]) == ("True", "BudgetExhausted")
+    ]
     assert refused, "no tick said BudgetExhausted"
-    limited = [c for c in refused[-1].conditions if c["type"] == "ScalingLimited"][0]
-    assert (limited["status"], limited["reason"]) == ("True", "BudgetExhausted")
-    assert "the budget pods allows" in refused[-1].message
+    assert "the budget pods allows" in refused[-1][1]["message"]
     last = results[LIGHT][-1].budget
     assert last is not None and last.exhausted and last.wanted > BUDGET
     assert last.demand_ratio > 1  # the pods are too few: the HPA's signal
 
     # The decision log and the operator's metrics say it too.
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
-    assert any(record["reason"] == "BudgetExhausted" for record in records)
+    assert any((record.get("budget") or {}).get("exhausted") for record in records)
+    if planner == "model":
+        assert any(record["reason"] == "BudgetExhausted" for record in records)
     assert records[-1]["budget"]["instancesPerPod"] == BUDGET
     labels = {"namespace": "local", "budget": "pods"}
     assert metrics.registry.get_sample_value("tritonscale_budget_exhausted", labels) == 1
