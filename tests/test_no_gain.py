@@ -62,13 +62,16 @@ def triton(tmp_path_factory) -> Iterator[LocalTriton]:
         yield server
 
 
-async def test_the_operator_gives_back_instances_that_do_not_help_and_scales_those_that_do(
-    triton: LocalTriton,
-) -> None:
+async def until_given_back(
+    triton: LocalTriton, planner: str, reason: str
+) -> tuple[dict[str, list[TickResult]], int]:
+    """`tritonscale tune` with `planner` under both loads, round after round, until the
+    locked model's first decrease for `reason` and ROUNDS_HELD rounds after it: every round's
+    results, and the index of that decrease among the locked model's."""
     config = parse_config(
         {
             "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
-            "planner": "model",
+            "planner": planner,
             "policies": [
                 {"name": LOCKED, "spec": {"model": LOCKED, **SPEC}},
                 {"name": FREE, "spec": {"model": FREE, **SPEC}},
@@ -86,12 +89,11 @@ async def test_the_operator_gives_back_instances_that_do_not_help_and_scales_tho
     )
 
     def verdict() -> int | None:
-        """The index of the locked model's first NoGain revert, if any yet."""
         return next(
             (
                 i
                 for i, r in enumerate(results[LOCKED])
-                if r.reason == "NoGain" and r.decision and r.decision.direction == "down"
+                if r.reason == reason and r.decision and r.decision.direction == "down"
             ),
             None,
         )
@@ -105,14 +107,19 @@ async def test_the_operator_gives_back_instances_that_do_not_help_and_scales_tho
             await asyncio.sleep(INTERVAL_S)
         else:
             pytest.fail(
-                f"no NoGain verdict on {LOCKED} within {MAX_ROUNDS} rounds:\n"
+                f"no {reason} verdict on {LOCKED} within {MAX_ROUNDS} rounds:\n"
                 + "\n".join(lines[-20:])
             )
     assert not load.errors, load.errors[:3]
+    assert found is not None
+    return results, found
 
+
+async def test_the_operator_gives_back_instances_that_do_not_help_and_scales_those_that_do(
+    triton: LocalTriton,
+) -> None:
+    results, first = await until_given_back(triton, "model", "NoGain")
     locked = results[LOCKED]
-    first = verdict()
-    assert first is not None
     revert = locked[first]
     # The increase was real (the pods ran more than one instance), then reverted to 1, once.
     assert max(r.current_instances or 0 for r in locked[: first + 1]) > 1
@@ -144,54 +151,8 @@ async def test_the_operator_gives_back_instances_that_do_not_help_and_scales_tho
 async def test_the_set_planners_verifier_gives_back_a_step_that_bought_nothing(
     triton: LocalTriton,
 ) -> None:
-    config = parse_config(
-        {
-            "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
-            "policies": [
-                {"name": LOCKED, "spec": {"model": LOCKED, **SPEC}},
-                {"name": FREE, "spec": {"model": FREE, **SPEC}},
-            ],
-        }
-    )
-    assert config.planner == "set"
-    results: dict[str, list[TickResult]] = {LOCKED: [], FREE: []}
-    lines: list[str] = []
-    tuner = Tuner(
-        config,
-        actuator=Actuator(triton.repository_key),
-        echo=lines.append,
-        heal=False,
-        on_tick=lambda name, result: results[name].append(result),
-    )
-
-    def verdict() -> int | None:
-        """The index of the locked model's first revert by the verifier, if any yet."""
-        return next(
-            (
-                i
-                for i, r in enumerate(results[LOCKED])
-                if r.reason == STEP_FELL_SHORT and r.decision and r.decision.direction == "down"
-            ),
-            None,
-        )
-
-    with ClosedLoop(triton, {LOCKED: IN_FLIGHT, FREE: IN_FLIGHT}) as load:
-        for _ in range(MAX_ROUNDS):
-            await tuner.round(config.policies, time.time())
-            found = verdict()
-            if found is not None and len(results[LOCKED]) - found > ROUNDS_HELD:
-                break
-            await asyncio.sleep(INTERVAL_S)
-        else:
-            pytest.fail(
-                f"no {STEP_FELL_SHORT} verdict on {LOCKED} within {MAX_ROUNDS} rounds:\n"
-                + "\n".join(lines[-20:])
-            )
-    assert not load.errors, load.errors[:3]
-
+    results, first = await until_given_back(triton, "set", STEP_FELL_SHORT)
     locked = results[LOCKED]
-    first = verdict()
-    assert first is not None
     revert = locked[first]
     # The step was real (the pods ran more than one instance), then undone to 1, once.
     assert max(r.current_instances or 0 for r in locked[: first + 1]) > 1

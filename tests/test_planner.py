@@ -312,33 +312,20 @@ def test_a_full_gpu_takes_no_more_instances() -> None:
     # 300 req/s on 1/1/1/1 asks for more instances; at the GPU's utilization ceiling (0.9 by
     # default) no model goes above today's count, and each one refused says why.
     specs, at = pipeline_specs(None), counts(1, 1)
-    free = decide_set(
-        specs,
-        at,
-        with_streams(300.0, 0.0, utilization=0.5, memory_fraction=0.2)(START, at),
-        SetState(),
-        START,
-    )
+
+    def on_gpu(utilization: float, memory_fraction: float) -> SetDecision:
+        gpu = with_streams(300.0, 0.0, utilization=utilization, memory_fraction=memory_fraction)
+        return decide_set(specs, at, gpu(START, at), SetState(), START)
+
+    free = on_gpu(0.5, 0.2)
     raised = {m for m, d in free.models.items() if d.desired_instances > at[m]}
     assert raised
-    full = decide_set(
-        specs,
-        at,
-        with_streams(300.0, 0.0, utilization=0.95, memory_fraction=0.2)(START, at),
-        SetState(),
-        START,
-    )
+    full = on_gpu(0.95, 0.2)
     assert all(full.targets[m] <= at[m] for m in specs)
     for model in raised:
         assert full.models[model].reason == GPU_SATURATED
         assert "GPU utilization 0.95 is at or above its ceiling 0.90" in full.models[model].message
-    memory = decide_set(
-        specs,
-        at,
-        with_streams(300.0, 0.0, utilization=0.5, memory_fraction=0.95)(START, at),
-        SetState(),
-        START,
-    )
+    memory = on_gpu(0.5, 0.95)
     assert all(memory.targets[m] <= at[m] for m in specs)
     assert {memory.models[m].reason for m in raised} == {GPU_SATURATED}
 

@@ -141,6 +141,8 @@ def test_the_example_policies_are_valid() -> None:
     ]
     assert all(p.spec.interval_seconds == 5 for p in config.policies)
     assert config.source == "scrape"
+    # No planner named: the set planner decides them together.
+    assert config.planner == "set"
 
 
 # ---- the real console script against a real Triton --------------------------------------
