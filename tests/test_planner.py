@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -241,6 +241,46 @@ def test_a_count_above_its_maximum_goes_to_it_at_once() -> None:
     at = counts(1, 1, rank=3)
     decision = decide_set(specs, at, Load(50.0).snapshot(START, at), SetState(), START)
     assert decision.targets["branch_rank"] == 1
+
+
+def on_pods(
+    load: Callable[[float, Mapping[str, int]], MetricSnapshot], pods: int
+) -> Callable[[float, Mapping[str, int]], MetricSnapshot]:
+    """The same load on each of `pods` pods: every rate and gauge summed over them."""
+
+    def snapshot(now: float, at: Mapping[str, int]) -> MetricSnapshot:
+        one = load(now, at)
+        models = {
+            model: replace(
+                s,
+                request_rate=s.request_rate * pods,
+                failure_rate=s.failure_rate * pods,
+                execution_rate=s.execution_rate * pods,
+                compute_seconds_per_second=s.compute_seconds_per_second * pods,
+                queue_seconds_per_second=s.queue_seconds_per_second * pods,
+                pending_requests=s.pending_requests * pods,
+                pods_reporting=pods,
+            )
+            for model, s in one.models.items()
+        }
+        return replace(one, models=models)
+
+    return snapshot
+
+
+def test_counts_are_per_pod_whatever_the_number_of_pods() -> None:
+    # Ten pods that each see what one pod sees report ten times its rates; the counts are
+    # per pod, so they go where one pod's go, tick after tick (at a load that holds every
+    # model under its target, and at one the budget cannot).
+    for offered, budget in ((60.0, None), (200.0, 7)):
+        specs = pipeline_specs(budget)
+        one = run(specs, counts(1, 1), steady(offered), 12)
+        ten = run(specs, counts(1, 1), on_pods(steady(offered), 10), 12)
+        assert ten.ran == one.ran
+        assert ten.last.prediction is not None and one.last.prediction is not None
+        assert ten.last.prediction.capacity_rps == pytest.approx(
+            10 * one.last.prediction.capacity_rps
+        )
 
 
 STREAMS = "stream_tokens"  # a decoupled model beside the pipeline, sized by its streams

@@ -512,7 +512,8 @@ def _count_at_target(stage: Stage, spec: AutoscalerSpec, current: int) -> int:
     policy's tolerance (a ratio within it keeps the count) and scale-down margin (down only
     to a count where the load reads clearly below the target)."""
     target = spec.targets.utilization
-    needed = stage.demand_rps / (target * stage.capacity_per_instance_rps)
+    # Per pod: the demand is the set's, spread over its pods.
+    needed = stage.demand_rps / (target * stage.capacity_per_instance_rps * max(1, stage.pods))
     ratio = needed / current
     if round(abs(1.0 - ratio), 9) <= spec.tolerance:
         return current
@@ -532,7 +533,9 @@ def _target(
 ) -> Target:
     """The model's target and the reason for it; `why`: why the split serving the most was
     chosen (MOST_HEADROOM)."""
-    utilization_then = stage.demand_rps / (count * stage.capacity_per_instance_rps)
+    utilization_then = stage.demand_rps / (
+        count * max(1, stage.pods) * stage.capacity_per_instance_rps
+    )
     seen = (
         f"demand {stage.demand_rps:.1f} req/s, {1000 * stage.hold_per_request_s.value:.1f} ms "
         f"of an instance per request: busy {utilization_then:.2f} per instance at "

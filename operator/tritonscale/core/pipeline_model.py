@@ -374,17 +374,18 @@ class Stage:
         return max(self.mean_batch, min(self.max_batch, in_flight / count))
 
     def capacity_rps(self, count: int, callers: Mapping[str, int] | None = None) -> float:
-        """Requests per second `count` instances serve when busy all the time, at the batch
-        they would reach (`batch_at`, the callers at their counts in `callers`): a batch
-        takes the instance time measured per execution, so a child held to small batches by
-        its callers serves more once they send it more, up to all the calls they can have
-        out to it."""
+        """Requests per second the set's pods serve with `count` instances each, busy all the
+        time, at the batch they would reach (`batch_at`, the callers at their counts in
+        `callers`): a batch takes the instance time measured per execution, so a child held
+        to small batches by its callers serves more once they send it more, up to all the
+        calls they can have out to it. Counts are per pod, and every pod runs them."""
         if count <= 0:
             return 0.0
+        instances = count * max(1, self.pods)
         batch = self.batch_at(count, callers)
         if batch <= self.mean_batch:
-            return count * self.capacity_per_instance_rps
-        return count * batch / self.hold_per_execution_s.value
+            return instances * self.capacity_per_instance_rps
+        return instances * batch / self.hold_per_execution_s.value
 
 
 @dataclass(frozen=True)
