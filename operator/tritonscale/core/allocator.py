@@ -95,7 +95,7 @@ class Target:
     reason: str
     message: str
     # What the model would take were there room: the count that holds it under its target
-    # utilization (a closed loop's, at what its clients would send), within [min, max]. Above
+    # utilization, within [min, max]. Above
     # `count` where a budget is short: what the budget's demand ratio (the HPA's signal that
     # the pods are too few) counts. None: `count`.
     wanted: int | None = None

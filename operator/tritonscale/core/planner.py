@@ -419,31 +419,8 @@ def _sized_alone(
 def _gpu_full(specs: Mapping[str, AutoscalerSpec], snapshot: MetricSnapshot) -> dict[str, str]:
     """The models whose GPU ceiling (`spec.targets`) the pods' GPU has reached, and in words
     why: a full GPU takes no more instances (more pods, the HPA's, are the answer)."""
-    gpu = snapshot.gpu
-    if gpu is None:
-        return {}
-    full = {}
-    for model, spec in specs.items():
-        targets = spec.targets
-        if _finite(gpu.utilization) and gpu.utilization >= targets.gpu_utilization_ceiling:
-            full[model] = (
-                f"GPU utilization {gpu.utilization:.2f} is at or above its ceiling "
-                f"{targets.gpu_utilization_ceiling:.2f}"
-            )
-        elif (
-            gpu.memory_fraction is not None
-            and _finite(gpu.memory_fraction)
-            and gpu.memory_fraction >= targets.gpu_memory_ceiling
-        ):
-            full[model] = (
-                f"GPU memory {gpu.memory_fraction:.2f} is at or above its ceiling "
-                f"{targets.gpu_memory_ceiling:.2f}"
-            )
-    return full
-
-
-def _finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
+    full = {model: policy.gpu_ceiling_reached(spec, snapshot) for model, spec in specs.items()}
+    return {model: why for model, why in full.items() if why is not None}
 
 
 def _refused(allocation: Allocation, refused: Mapping[str, str]) -> Allocation:

@@ -333,25 +333,31 @@ def _gpu_full(
     spec: AutoscalerSpec, snapshot: MetricSnapshot, current: int, count: int, reason: str
 ) -> _Step:
     """A full GPU takes no more instances: more pods (the HPA) are the answer."""
-    gpu = snapshot.gpu
-    if count <= current or gpu is None:
-        return _Step(count, reason)
-    targets = spec.targets
-    if _finite(gpu.utilization) and gpu.utilization >= targets.gpu_utilization_ceiling:
-        what = (
-            f"GPU utilization {gpu.utilization:.2f} is at or above its ceiling "
-            f"{targets.gpu_utilization_ceiling:.2f}"
-        )
-    elif _finite(gpu.memory_fraction) and gpu.memory_fraction >= targets.gpu_memory_ceiling:
-        what = (
-            f"GPU memory {gpu.memory_fraction:.2f} is at or above its ceiling "
-            f"{targets.gpu_memory_ceiling:.2f}"
-        )
-    else:
+    what = gpu_ceiling_reached(spec, snapshot)
+    if count <= current or what is None:
         return _Step(count, reason)
     return _Step(
         current, GPU_SATURATED, f"{what}: more pods (the HPA), not more instances, are the answer"
     )
+
+
+def gpu_ceiling_reached(spec: AutoscalerSpec, snapshot: MetricSnapshot) -> str | None:
+    """Which of the spec's GPU ceilings the snapshot's GPU has reached, in words; None when
+    neither (or no GPU is reported)."""
+    gpu, targets = snapshot.gpu, spec.targets
+    if gpu is None:
+        return None
+    if _finite(gpu.utilization) and gpu.utilization >= targets.gpu_utilization_ceiling:
+        return (
+            f"GPU utilization {gpu.utilization:.2f} is at or above its ceiling "
+            f"{targets.gpu_utilization_ceiling:.2f}"
+        )
+    if _finite(gpu.memory_fraction) and gpu.memory_fraction >= targets.gpu_memory_ceiling:
+        return (
+            f"GPU memory {gpu.memory_fraction:.2f} is at or above its ceiling "
+            f"{targets.gpu_memory_ceiling:.2f}"
+        )
+    return None
 
 
 def _child_saturated(
