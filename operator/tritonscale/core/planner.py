@@ -22,9 +22,9 @@ count with a reason and a message, the prediction, and the state to keep. Stages
 6. the room: an increase that the budget cannot hold until another model has given its
    instances back (as slowly as that model's behavior allows) waits for them.
 
-The drivers call it through tritonscale.control.set_planner when asked to (`--planner set`);
-by default tritonscale.core.policy decides each model on its own. `as_policy_decision` gives
-one model's part of the result in the policy's form, which the drivers report and apply.
+The drivers call it through tritonscale.control.set_planner, at every set tick.
+`as_policy_decision` gives one model's part of the result in the form the drivers report and
+apply (tritonscale.core.policy.Decision).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tritonscale.core import behavior, policy, sizing, verifier
-from tritonscale.core.allocator import Allocation, Prediction, Room, Target, allocate
+from tritonscale.core.allocator import UNMEASURED, Allocation, Prediction, Room, Target, allocate
 from tritonscale.core.behavior import PolicyState
 from tritonscale.core.budget import BUDGET_EXHAUSTED
 from tritonscale.core.pipeline_model import (
@@ -133,7 +133,8 @@ class SetDecision:
 # Every model holds for one tick: the window straddles a change of the roots' load.
 LOAD_STEP_IN_WINDOW = "LoadStepInWindow"
 
-_INACTIVE = frozenset({PAUSED, METRICS_MISSING, METRICS_STALE, WARMING_UP})
+# Reasons for which ScalingActive is False: the model was not sized this tick.
+_INACTIVE = frozenset({PAUSED, METRICS_MISSING, METRICS_STALE, WARMING_UP, UNMEASURED})
 
 
 def as_policy_decision(
@@ -260,6 +261,10 @@ def decide_set(
             full = _gpu_full(specs, snapshot)
             ceilings = checks.ceilings(now)
 
+            settling = frozenset(
+                model for model, stage in pipeline.stages.items() if not stage.measured_at_counts
+            )
+
             def allocated(ceilings: Mapping[str, int]) -> Allocation:
                 return allocate(
                     pipeline,
@@ -268,12 +273,8 @@ def decide_set(
                     held={model: step.count for model, step in held.items()},
                     alone=_sized_alone(specs, current, pipeline, snapshot, ceilings),
                     ceilings=ceilings,
-                    settling=frozenset(
-                        model
-                        for model, stage in pipeline.stages.items()
-                        if not stage.measured_at_counts
-                    ),
-                    lowered=_lowered(pipeline, history, current),
+                    settling=settling,
+                    lowered=_lowered(pipeline, history, current, policies),
                     switch_margin=_switch_margin(pipeline),
                 )
 
@@ -288,7 +289,7 @@ def decide_set(
                 # model on that GPU at most at today's count (more pods are the answer).
                 capped = {m: min(current[m], ceilings.get(m, current[m])) for m in full}
                 allocation = _refused(allocated({**ceilings, **capped}), refused)
-            steps = _behaving(specs, current, held, allocation, policies, now)
+            steps = _behaving(specs, current, held, allocation, policies, now, settling)
             desired = {model: model_steps[-1].count for model, model_steps in steps.items()}
             checks = verifier.start(checks, pipeline, current, desired, now)
     decisions = {}
@@ -330,9 +331,13 @@ def _behaving(
     allocation: Allocation,
     policies: dict[str, PolicyState],
     now: float,
+    settling: frozenset[str] = frozenset(),
 ) -> dict[str, list[_Step]]:
     """The allocation through each model's HPA behavior, then the budget's room. The
-    allocated counts are recorded as recommendations in `policies`."""
+    allocated counts are recorded as recommendations in `policies`, but for a model held at
+    its count because it is `settling` (not yet measured at the count it was just moved to):
+    that hold says nothing of the load, and recorded it would hold every step down of a
+    scale-down for a whole stabilization window, where the HPA steps at its rate policy."""
     steps: dict[str, list[_Step]] = {}
     behaved: dict[str, _Behaved] = {}
     for model, spec in specs.items():
@@ -343,7 +348,10 @@ def _behaving(
         seeded = policies[model].seeded(current[model], now, spec)
         behaved[model] = _Behaved(spec, seeded, current[model], target, now)
         steps[model] = behaved[model].steps()
-        policies[model] = seeded.recommend(target.count, now, spec)
+        if model in settling and target.count == current[model]:
+            policies[model] = seeded
+        else:
+            policies[model] = seeded.recommend(target.count, now, spec)
     _within_room(specs, current, steps, behaved, allocation)
     return steps
 
@@ -449,15 +457,23 @@ def _served_rps(pipeline: PipelineModel) -> float:
 
 
 def _lowered(
-    pipeline: PipelineModel, history: PipelineHistory, current: Mapping[str, int]
+    pipeline: PipelineModel,
+    history: PipelineHistory,
+    current: Mapping[str, int],
+    policies: Mapping[str, PolicyState],
 ) -> frozenset[str]:
-    """The models whose count just went down and is not yet measured (no window lies wholly
-    after the change), unless their load rose beyond its noise since: the estimates they
-    went down by do not take them back up (two roots that trade an instance while the old
-    one's queue drains would otherwise trade it back at the next tick)."""
+    """The models the planner just lowered whose new count is not yet measured (no window
+    lies wholly after the change), unless their load rose beyond its noise since: the
+    estimates they went down by do not take them back up (two roots that trade an instance
+    while the old one's queue drains would otherwise trade it back at the next tick). A count
+    that fell by itself (a pod restarted with the repository's count) is no such decision:
+    the load takes it back up at once."""
     lowered = set()
     for model, stage in pipeline.stages.items():
         count = current[model]
+        ours = policies.get(model)
+        if ours is None or ours.last_desired != count:
+            continue
         before = [w for w in history.windows if w.counts.get(model, count) != count]
         if not before or before[-1].counts[model] < count:
             continue
