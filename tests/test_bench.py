@@ -217,29 +217,18 @@ def test_costs_on_the_command_line_are_model_equals_milliseconds() -> None:
             common.parse_costs(bad)
 
 
-@pytest.mark.parametrize(
-    ("planner", "costs"), [("model", {}), ("set", {"branch_rank": 12.0})], ids=["model", "set"]
-)
-def test_operator_vs_static_quick(
-    triton: LocalTriton, tmp_path: Path, planner: str, costs: dict[str, float]
-) -> None:
+def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
     before, cost_before = _counts(triton), _rank_cost(triton)
-    result = operator_vs_static.run(
-        triton, {**operator_vs_static.QUICK, "planner": planner, "costs": costs}
-    )
+    costs = {"branch_rank": 12.0}
+    result = operator_vs_static.run(triton, {**operator_vs_static.QUICK, "costs": costs})
     # The branches' costs given are back to the repository's after the run.
     assert _rank_cost(triton) == cost_before
     log = [json.loads(line) for line in result["operator"].pop("decision_log").splitlines()]
     assert len(log) == result["operator"]["decisions"]
-    assert result["operator"]["policy_file"]["planner"] == planner
-    # The set planner's decisions carry its prediction once a window is measured; the
-    # policy's never do.
+    # The set planner's decisions carry its prediction once a window is measured.
     predicted = [record for record in log if record["prediction"] is not None]
-    if planner == "set":
-        assert predicted, [record["reason"] for record in log]
-        assert all(record["prediction"]["expectedRps"] > 0 for record in predicted)
-    else:
-        assert not predicted
+    assert predicted, [record["reason"] for record in log]
+    assert all(record["prediction"]["expectedRps"] > 0 for record in predicted)
     doc = _written(
         "operator_vs_static", result, tmp_path, lambda p: operator_vs_static.plot(result, p)
     )
@@ -331,7 +320,7 @@ def test_steady_quick(tmp_path: Path) -> None:
         "branch_classify",
         "branch_rank",
     }
-    assert set(doc["given_back_no_gain"]) == set(doc["reversals"])
+    assert set(doc["given_back"]) == set(doc["reversals"])
     assert doc["changes"], "a load above the capacity at one instance each changed no count"
     assert (tmp_path / "steady" / "decisions.jsonl").is_file()
 

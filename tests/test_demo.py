@@ -23,7 +23,6 @@ import yaml
 
 from tests.tooling import in_ci, missing, require_local_triton
 from tritonscale.control.tick import FAILED_GET_METRICS, TickResult
-from tritonscale.core.gain import NO_GAIN
 from tritonscale.core.verifier import STEP_FELL_SHORT
 from tritonscale.drivers.tune import Tuner, parse_config
 from tritonscale.local.demo import (
@@ -134,7 +133,7 @@ def test_running_a_count_rises_and_the_pipeline_serves_more(demo: DemoResult) ->
 
 def test_after_the_load_the_counts_come_back_down(demo: DemoResult) -> None:
     # Inside the high phase a count may rise in the reaction and come back before the drop
-    # (the backlog drained, a NoGain give-back): the demo promises where each count ends and
+    # (the backlog drained, a verifier's give-back): the demo promises where each count ends and
     # that whatever was still up when the load dropped came down after it, not when.
     high, low = demo.row(HIGH), demo.row(LOW)
     risen = {model: peak for model, peak in high.instances_max.items() if peak > FLOOR[model]}
@@ -192,25 +191,25 @@ def _tick(model: str, at: float, before: int, after: int, reason: str) -> Simple
 
 
 @pytest.mark.unit
-def test_reversals_count_flaps_and_no_gain_give_backs_apart() -> None:
+def test_reversals_count_flaps_and_the_verifiers_give_backs_apart() -> None:
     row = PhaseRow(Phase("high", 1.4, 100), start=0.0, end=100.0, rate=100.0)
     ticks = [
         # up in the reaction, down after it: a reversal, whatever the first change's time
         ("a", _tick("a", 20, 1, 2, "HighUtilization")),
         ("a", _tick("a", 40, 2, 1, "LowUtilization")),
-        # up, then given back once by the gain check: counted apart
+        # up, then given back once by the verifier: counted apart
         ("b", _tick("b", 25, 1, 2, "HighUtilization")),
-        ("b", _tick("b", 45, 2, 1, NO_GAIN)),
+        ("b", _tick("b", 45, 2, 1, STEP_FELL_SHORT)),
         # two ups: no reversal
         ("c", _tick("c", 35, 1, 2, "HighUtilization")),
         ("c", _tick("c", 50, 2, 3, "HighUtilization")),
         # down within the reaction after an up within it: the reaction's own business
         ("d", _tick("d", 5, 1, 2, "HighUtilization")),
         ("d", _tick("d", 10, 2, 1, "LowUtilization")),
-        # given back by the gain check within the reaction, then up again after it: the
+        # given back by the verifier within the reaction, then up again after it: the
         # give-back counts whenever it came, and the rise after it is a reversal
         ("e", _tick("e", 8, 1, 4, "HighUtilization")),
-        ("e", _tick("e", 20, 4, 1, NO_GAIN)),
+        ("e", _tick("e", 20, 4, 1, STEP_FELL_SHORT)),
         ("e", _tick("e", 32, 1, 4, "HighUtilization")),
         # the set planner's verifier undoing a step that fell short: counted apart too
         ("f", _tick("f", 30, 2, 4, "MaxThroughput")),

@@ -1,5 +1,5 @@
-"""Instances that do not help are given back, on the real server, by `tritonscale tune`: by the
-per-model rules' NoGain check (`planner: model`) and by the set planner's verifier (the default).
+"""Instances that do not help are given back, on the real server, by `tritonscale tune`: the
+set planner's verifier judges each step up.
 
 Two copies of a test-only model (tests/contention_models/shared_lock) on a server of this
 module's own, each under the same closed-loop load (6 requests in flight, 20 ms each):
@@ -9,9 +9,8 @@ module's own, each under the same closed-loop load (6 requests in flight, 20 ms 
   at a time: more instances add nothing, and each waits inside `execute`, busy in Triton's eyes.
 
 Both look the same to the busy and queue signals at one instance (busy 1.0, 5 queued), so the
-policy adds instances to both. The check of each increase (tritonscale.core.gain; the set
-planner's tritonscale.core.verifier) keeps the free model's and reverts the locked model's,
-once, and holds it there. The driver runs in rounds called by the test (no timing assertions:
+planner adds instances to both. The verifier (tritonscale.core.verifier) keeps the free
+model's step and reverts the locked model's, once, and holds it there. The driver runs in rounds called by the test (no timing assertions:
 counts and reasons).
 """
 
@@ -63,15 +62,14 @@ def triton(tmp_path_factory) -> Iterator[LocalTriton]:
 
 
 async def until_given_back(
-    triton: LocalTriton, planner: str, reason: str
+    triton: LocalTriton, reason: str
 ) -> tuple[dict[str, list[TickResult]], int]:
-    """`tritonscale tune` with `planner` under both loads, round after round, until the
+    """`tritonscale tune` under both loads, round after round, until the
     locked model's first decrease for `reason` and ROUNDS_HELD rounds after it: every round's
     results, and the index of that decrease among the locked model's."""
     config = parse_config(
         {
             "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
-            "planner": planner,
             "policies": [
                 {"name": LOCKED, "spec": {"model": LOCKED, **SPEC}},
                 {"name": FREE, "spec": {"model": FREE, **SPEC}},
@@ -115,43 +113,10 @@ async def until_given_back(
     return results, found
 
 
-async def test_the_operator_gives_back_instances_that_do_not_help_and_scales_those_that_do(
-    triton: LocalTriton,
-) -> None:
-    results, first = await until_given_back(triton, "model", "NoGain")
-    locked = results[LOCKED]
-    revert = locked[first]
-    # The increase was real (the pods ran more than one instance), then reverted to 1, once.
-    assert max(r.current_instances or 0 for r in locked[: first + 1]) > 1
-    assert revert.desired_instances == 1
-    assert "bought nothing" in revert.message
-    reverts = [r for r in locked if r.reason == "NoGain" and r.decision.direction == "down"]
-    assert len(reverts) == 1, [r.line() for r in reverts]
-    # Held there: the busy and queue signals still ask for more, and get nothing.
-    held = locked[first + 1 :]
-    assert len(held) >= ROUNDS_HELD
-    assert {r.current_instances for r in held} == {1}
-    assert {r.desired_instances for r in held} == {1}
-    # (A reload restarts Triton's counters, and a round slowed by a busy machine may find its
-    # window short: the scrape source then warms up, which holds the count too.)
-    assert {r.reason for r in held} <= {"NoGain", "WarmingUp"}, [r.line() for r in held]
-    judged = [r for r in held if r.reason == "NoGain"]
-    assert judged, [r.line() for r in held]
-    assert all((r.decision.recommended_instances or 0) > 1 for r in judged)
-    limited = [c for c in judged[-1].conditions if c["type"] == "ScalingLimited"][0]
-    assert (limited["status"], limited["reason"]) == ("True", "NoGain")
-
-    # The model that benefits was scaled, and kept what it got.
-    free = results[FREE]
-    assert max(r.current_instances or 0 for r in free) >= 2
-    assert "NoGain" not in {r.reason for r in free}
-    assert free[-1].current_instances >= 2
-
-
 async def test_the_set_planners_verifier_gives_back_a_step_that_bought_nothing(
     triton: LocalTriton,
 ) -> None:
-    results, first = await until_given_back(triton, "set", STEP_FELL_SHORT)
+    results, first = await until_given_back(triton, STEP_FELL_SHORT)
     locked = results[LOCKED]
     revert = locked[first]
     # The step was real (the pods ran more than one instance), then undone to 1, once.

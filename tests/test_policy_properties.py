@@ -1,7 +1,9 @@
-"""Properties of the policy over generated specs, loads, histories and clocks (hypothesis).
+"""Properties of the set planner deciding one model, over generated specs, loads, histories
+and clocks (hypothesis).
 
 - the bounds always hold (unless paused, which never acts);
-- more load never means fewer instances, one signal at a time, other things equal;
+- more load never means fewer instances, one signal at a time, other things equal (from a
+  load that is measured, on a fresh history);
 - a constant load never flaps: the count moves one way, then stays;
 - missing, stale, incomplete or broken metrics never move the count.
 """
@@ -13,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.test_policy import MODEL, signals, snapshot
-from tritonscale.core.policy import PolicyState, decide, max_snapshot_age_s
+from tests.model_signals import MODEL, signals, snapshot
+from tritonscale.core.pipeline_model import MIN_REQUESTS_PER_WINDOW
+from tritonscale.core.planner import SetState, as_policy_decision, decide_set
+from tritonscale.core.policy import Decision, max_snapshot_age_s
 from tritonscale.core.signals import GpuSignals, MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec
 
@@ -28,6 +32,29 @@ START = 1_000_000.0
 PROFILE = settings(
     max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
+REQUEST_COST_S = 0.014  # an instance's seconds per request: more busy seconds, more requests
+WINDOW_S = 60.0  # tests.model_signals.snapshot's
+
+
+def decide(
+    spec: AutoscalerSpec,
+    current: int,
+    snap: MetricSnapshot | None,
+    state: SetState,
+    now: float,
+    child_instances: dict[str, int] | None = None,
+) -> tuple[Decision, SetState]:
+    """The planner's decision for a set of `spec`'s model (and the child it calls, when its
+    count is given: a set of two), and the state for the next tick."""
+    specs = {spec.model: spec}
+    counts = {spec.model: current}
+    for child, count in (child_instances or {}).items():
+        specs[child] = spec.model_copy(
+            update={"model": child, "calls": (), "min_instances": 1, "max_instances": 16}
+        )
+        counts[child] = count
+    decided = decide_set(specs, counts, snap, state, now)
+    return as_policy_decision(spec, decided, snap), decided.state
 
 
 @st.composite
@@ -91,6 +118,7 @@ class Load:
             queue=self.queue_ratio * self.busy_seconds,
             pending=self.pending,
             pods=self.pods,
+            requests=self.busy_seconds / REQUEST_COST_S,
         )
 
 
@@ -116,12 +144,11 @@ children = st.none() | st.builds(
 
 
 @st.composite
-def histories(draw: st.DrawFn, spec: AutoscalerSpec, current: int) -> tuple[PolicyState, float]:
+def histories(draw: st.DrawFn, spec: AutoscalerSpec, current: int) -> tuple[SetState, float]:
     """A state reached by some earlier ticks of varied load; returns it and the clock."""
-    state, now, count = PolicyState(), START, current
+    state, now, count = SetState(), START, current
     for load in draw(st.lists(loads(spec), max_size=8)):
-        decision = decide(spec, count, snapshot(load.signals(), taken_at=now), state, now)
-        state = decision.state
+        decision, state = decide(spec, count, snapshot(load.signals(), taken_at=now), state, now)
         if draw(st.booleans()):  # applied, or not (a dry run, a failed load)
             count = decision.desired_instances
         now += draw(st.sampled_from([1.0, 15.0, 60.0]))
@@ -132,7 +159,7 @@ def one_tick(
     spec: AutoscalerSpec,
     current: int,
     load: Load,
-    state: PolicyState,
+    state: SetState,
     now: float,
     gpu: GpuSignals | None = None,
     child: Any = None,
@@ -143,7 +170,7 @@ def one_tick(
         models.append(child[0])
         child_instances = {"branch_embed": child[1]}
     snap = snapshot(*models, taken_at=now, gpu=gpu)
-    return decide(spec, current, snap, state, now, child_instances).desired_instances
+    return decide(spec, current, snap, state, now, child_instances)[0].desired_instances
 
 
 @PROFILE
@@ -164,7 +191,7 @@ def test_the_bounds_always_hold(
 def test_paused_never_acts_not_even_to_clamp(
     data: st.DataObject, spec: AutoscalerSpec, current: int
 ) -> None:
-    desired = one_tick(spec, current, data.draw(loads(spec)), PolicyState(), START)
+    desired = one_tick(spec, current, data.draw(loads(spec)), SetState(), START)
     assert desired == current
 
 
@@ -186,9 +213,14 @@ def test_more_load_never_means_fewer_instances(
     more: float,
 ) -> None:
     load = data.draw(loads(spec))
+    # A model with too few requests to measure keeps its count, whatever it is: the
+    # property holds from a load that is measured.
+    assume(load.busy_seconds / REQUEST_COST_S * WINDOW_S >= MIN_REQUESTS_PER_WINDOW)
     more *= 1 + getattr(load, which)  # from a little more to about twice as much
     current = data.draw(st.integers(spec.min_instances, spec.max_instances))
-    state, now = data.draw(histories(spec, current))
+    # From a fresh history: after earlier windows, a load unlike theirs is not decided on for
+    # one tick (LoadStepInWindow, tests/test_planner.py), where the lighter one would be.
+    state, now = SetState(), START
     heavier = Load(**{**load.__dict__, which: getattr(load, which) + more})
     before = one_tick(spec, current, load, state, now, gpu, child)
     after = one_tick(spec, current, heavier, state, now, gpu, child)
@@ -208,15 +240,15 @@ def test_a_constant_load_never_flaps(
 ) -> None:
     load = data.draw(loads(spec))
     current = data.draw(st.integers(spec.min_instances, spec.max_instances))
-    state, now = PolicyState(), START
+    state, now = SetState(), START
     counts = [current]
     for _ in range(60):
         models = [load.signals()] + ([child[0]] if child else [])
         snap = snapshot(*models, taken_at=now, gpu=gpu)
-        decision = decide(
+        decision, state = decide(
             spec, current, snap, state, now, {"branch_embed": child[1]} if child else {}
         )
-        state, current = decision.state, decision.desired_instances
+        current = decision.desired_instances
         counts.append(current)
         now += interval
     steps = [b - a for a, b in zip(counts, counts[1:], strict=False) if b != a]
@@ -249,7 +281,7 @@ def test_missing_stale_or_incomplete_metrics_never_move_the_count(
     load = data.draw(loads(spec))
     current = data.draw(st.integers(spec.min_instances, spec.max_instances))
     state, now = data.draw(histories(spec, current))
-    decision = decide(spec, current, _broken(load, how, spec, now), state, now)
+    decision, _ = decide(spec, current, _broken(load, how, spec, now), state, now)
     assert decision.desired_instances == current
     assert decision.scaling_active.status is False
-    assert decision.reason in {"MetricsMissing", "MetricsStale", "WarmingUp"}
+    assert decision.reason in {"MetricsMissing", "MetricsStale", "WarmingUp", "Unmeasured"}

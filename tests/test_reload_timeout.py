@@ -53,13 +53,10 @@ from tests.operator_harness import (
     triton_pod,
 )
 from tests.tooling import missing
-from tritonscale.control.set_tick import reconcile
-from tritonscale.control.tick import RELOAD_TIMEOUT, ReconcileState, TickResult
-from tritonscale.core import gain
+from tritonscale.control.tick import RELOAD_TIMEOUT, TickResult
 from tritonscale.drivers import kopf_operator as kopf_driver
 from tritonscale.drivers.tune import Tuner, parse_config
 from tritonscale.local.triton_server import DEFAULT_MODEL_REPOSITORY, LocalTriton, LocalTritonError
-from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.triton.actuator import Actuator
 from tritonscale.triton.client import AsyncTritonClient
 from tritonscale.triton.connections import Connections
@@ -209,83 +206,6 @@ async def test_a_pod_whose_reload_hangs_holds_back_no_other_pod(
     finally:
         for server in calm:
             server.stop()
-
-
-# ---- the increase's gain check ----------------------------------------------------------------
-
-
-async def test_an_increase_whose_load_hangs_keeps_its_gain_check_until_the_count_is_live(
-    hanging: HangingTriton,
-) -> None:
-    """The check of an increase (core.gain) outlives ticks whose load is in flight; the tick
-    that sees the new count live restarts its clock, and a later tick judges it."""
-    endpoint = hanging.endpoint
-    source = ScrapeSource()
-    actuator = Actuator(hanging.server.repository_key, load_deadline_s=2.0)
-    stop = threading.Event()
-
-    def traffic() -> None:
-        while not stop.is_set():
-            hanging.answers(HANGS, count=1)
-
-    sender = threading.Thread(target=traffic, name="traffic to hang_on_reload")
-    sender.start()
-    try:
-        # A full window of scrapes with requests in it: the first tick has a request rate,
-        # so its increase gets a check (an idle model's increase has none).
-        async def primed() -> bool:
-            snapshot = await source.snapshot([HANGS], [endpoint], 2.0)
-            return snapshot.complete and snapshot.models[HANGS].request_rate > 0
-
-        await wait_for(primed, "a full window of requests to hang_on_reload")
-        state = ReconcileState()
-
-        async def tick() -> TickResult:
-            nonlocal state
-            wanted = {
-                **spec(HANGS),
-                "selector": {"matchLabels": TRITON_LABELS},
-                # The busy signal asks for 2 (a count raised to minInstances is not checked).
-                "minInstances": 1,
-                "targets": {"utilization": 0.001},
-            }
-            result = await reconcile(wanted, [endpoint], source, actuator, state, time.time())
-            state = result.state
-            return result
-
-        first = await tick()
-        assert first.reason == RELOAD_TIMEOUT and not hanging.released(), first.line()
-        check = state.policy.gain_check
-        assert check is not None and state.load_in_flight and check.before.instances == 1
-        decided_at = check.since
-        for _ in range(3):
-            await asyncio.sleep(1.0)
-            during = await tick()
-            assert during.reason == RELOAD_TIMEOUT and during.current_instances == 1
-            check = state.policy.gain_check
-            assert check is not None and (check.since, state.load_in_flight) == (decided_at, True)
-
-        hanging.release()
-        await wait_for(lambda: is_count(hanging, HANGS, 2), "the released load to finish")
-        landed = await tick()
-        assert landed.current_instances == 2 and landed.errors == [], landed.line()
-        check = state.policy.gain_check
-        assert check is not None and not state.load_in_flight and check.since == landed.at
-
-        # Judged once a window lies wholly after the landing (2 s window + SETTLE_S): the
-        # check ends, with a verdict either way (NoGain here holds the count at minInstances).
-        later: list[TickResult] = []
-        while state.policy.gain_check is not None:
-            assert len(later) < 30, "no verdict within 30 ticks of the landing"
-            await asyncio.sleep(1.0)
-            later.append(await tick())
-        judged = later[-1]
-        assert judged.at - 2.0 >= landed.at + gain.SETTLE_S, judged.line()
-        assert judged.current_instances == 2 and await hanging.live_count(HANGS) == 2
-    finally:
-        stop.set()
-        sender.join(timeout=WAIT_S)
-    assert not sender.is_alive(), "the traffic thread did not stop"
 
 
 # ---- the local driver ------------------------------------------------------------------------

@@ -16,10 +16,11 @@ from tritonscale.control.reconcile import Plan, _batching, _Tick
 from tritonscale.control.set_planner import SetPlanner
 from tritonscale.control.tick import ReconcileState
 from tritonscale.core import policy
+from tritonscale.core.behavior import PolicyState
 from tritonscale.core.budget import BUDGET_EXHAUSTED, Grant
 from tritonscale.core.pipeline_model import Batching
 from tritonscale.core.signals import MetricSnapshot
-from tritonscale.core.spec import AutoscalerSpec
+from tritonscale.core.spec import AutoscalerSpec, LabelSelector
 from tritonscale.triton.endpoints import Endpoint
 
 pytestmark = pytest.mark.unit
@@ -124,17 +125,85 @@ def test_the_live_configs_batching_reaches_the_planner(monkeypatch) -> None:
     }
 
 
-def test_members_that_read_different_snapshots_are_decided_on_their_own() -> None:
+def test_members_that_read_different_pods_are_decided_in_groups_each_on_its_own_snapshot() -> None:
+    # Two Deployments bound by one budget: one set, two snapshots. Each group is decided from
+    # its own pods' window, as a planner of that group alone decides it, and keeps its own
+    # state from tick to tick.
+    specs = pipeline_specs(7)
+    other = {
+        model: spec.model_copy(update={"selector": LabelSelector(matchLabels={"app": "b"})})
+        for model, spec in specs.items()
+    }
+    busy, quiet = Load(400.0), Load(30.0)
+    planner, alone_a, alone_b = SetPlanner(), SetPlanner(), SetPlanner()
+    at_a, at_b = counts(1, 1), counts(2, 2)
+    for tick in range(3):
+        now = START + tick * TICK_S
+        group_a = plans(specs, at_a, busy.snapshot(now, at_a), now)
+        group_b = {
+            f"b-{name}": plan
+            for name, plan in plans(other, at_b, quiet.snapshot(now, at_b), now).items()
+        }
+        decided = planner.planned({**group_a, **group_b}, now)
+        expect_a = alone_a.planned(group_a, now)
+        expect_b = alone_b.planned({name[2:]: plan for name, plan in group_b.items()}, now)
+        for name, plan in expect_a.items():
+            assert decided[name].decision.desired_instances == plan.decision.desired_instances
+            assert decided[name].decision.reason == plan.decision.reason
+        for name, plan in expect_b.items():
+            assert decided[f"b-{name}"].decision.desired_instances == (
+                plan.decision.desired_instances
+            )
+        at_a = {p.spec.model: p.decision.desired_instances for p in expect_a.values()}
+        at_b = {p.spec.model: p.decision.desired_instances for p in expect_b.values()}
+    assert len(planner.decisions) == 2
+    assert sum(at_a.values()) > sum(counts(1, 1).values()), "the busy group was not scaled up"
+
+
+def test_two_members_naming_one_model_get_one_decision_and_say_so() -> None:
     specs = pipeline_specs(7)
     at, now = counts(1, 1), START
-    together = plans(specs, at, Load(100.0).snapshot(now, at), now)
-    apart = {**together}
-    apart["branch-rank"] = plans(specs, at, Load(100.0).snapshot(now, at), now)["branch-rank"]
-    decided = SetPlanner().planned(apart, now)
-    for name, plan in decided.items():
-        assert plan.chosen is None, f"{name} was decided by the planner from another snapshot"
-        assert any("decided on its own" in note for note in plan.notes)
-        assert plan.decision.desired_instances >= 1  # the policy decides it
+    members = plans(specs, at, Load(400.0).snapshot(now, at), now)
+    members["embed-again"] = replace(members["branch-embed"])
+    decided = SetPlanner().planned(members, now)
+    first, again = decided["branch-embed"], decided["embed-again"]
+    assert again.decision.desired_instances == first.decision.desired_instances
+    assert not any("another member" in note for note in first.notes)
+    assert any("another member that names branch_embed" in note for note in again.notes)
+
+
+def test_a_restarted_planner_keeps_the_members_stabilization_windows() -> None:
+    # The behavior history lives in each member's state (its status): a fresh planner, as
+    # after a restart, holds a scale-down that the window still holds, and lets one go that
+    # the window no longer holds.
+    specs = {
+        model: spec.model_copy(
+            update={
+                "behavior": spec.behavior.model_copy(
+                    update={
+                        "scale_down": spec.behavior.scale_down.model_copy(
+                            update={"stabilization_window_seconds": 60}
+                        )
+                    }
+                )
+            }
+        )
+        for model, spec in pipeline_specs(12).items()
+    }
+    at, now = counts(4, 4), START
+    quiet = Load(20.0).snapshot(now, at)
+    recent = {model: PolicyState().recommend(4, now - 30, specs[model]) for model in specs}
+    old = {model: PolicyState().recommend(4, now - 90, specs[model]) for model in specs}
+    held = SetPlanner().planned(
+        plans(specs, at, quiet, now, {m: ReconcileState(policy=s) for m, s in recent.items()}),
+        now,
+    )
+    let_go = SetPlanner().planned(
+        plans(specs, at, quiet, now, {m: ReconcileState(policy=s) for m, s in old.items()}),
+        now,
+    )
+    assert held["branch-embed"].decision.desired_instances == 4
+    assert let_go["branch-embed"].decision.desired_instances < 4
 
 
 def test_without_metrics_every_member_holds_and_says_why() -> None:

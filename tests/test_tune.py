@@ -106,9 +106,9 @@ def _run_cli(tmp_path: Path, text: str) -> tuple[int, str]:
             id="metrics URLs do not pair with the HTTP URLs",
         ),
         pytest.param(
-            yaml.safe_dump({**_config(), "planner": "global"}),
-            "planner must be one of model, set, got 'global'",
-            id="an unknown planner",
+            yaml.safe_dump({**_config(), "planner": "model"}),
+            "the file.planner is not a known field (known: triton, metrics, policies)",
+            id="a field that is not the file's",
         ),
         pytest.param("", "the file must be a mapping", id="an empty file"),
     ],
@@ -141,8 +141,6 @@ def test_the_example_policies_are_valid() -> None:
     ]
     assert all(p.spec.interval_seconds == 5 for p in config.policies)
     assert config.source == "scrape"
-    # No planner named: the set planner decides them together.
-    assert config.planner == "set"
 
 
 # ---- the real console script against a real Triton --------------------------------------

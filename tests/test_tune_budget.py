@@ -2,13 +2,12 @@
 
 Two copies of the test-only model tests/contention_models/shared_lock (20 ms a request, one
 request per instance at a time) share a budget of 5 instances per pod. Each wants 4 under its
-load: `busy` has 8 requests in flight, `light` 3. Under both planners the pods never run more
-than 5 instances of the two together, a model held below its need says BudgetExhausted, and
-the budget's demand ratio (the HPA's signal) is above 1; the per-model rules' greedy grant
-gives the room to the one with more requests queued per instance. (The set planner serves
-both closed loops' clients in proportion to what each was served, so its split of the 5 may
-go either way: 2/3 and 3/2 serve the same 250 req/s here.) No timing assertions: counts,
-reasons and conditions, checked on the live server after every round.
+load: `busy` has 8 requests in flight, `light` 3. The pods never run more than 5 instances of
+the two together, a model held below its need says BudgetExhausted, and the budget's demand
+ratio (the HPA's signal) is above 1. (The set planner serves both closed loops' clients in
+proportion to what each was served, so its split of the 5 may go either way: 2/3 and 3/2
+serve the same 250 req/s here.) No timing assertions: counts, reasons and conditions,
+checked on the live server after every round.
 """
 
 from __future__ import annotations
@@ -60,14 +59,12 @@ def triton(tmp_path_factory) -> Iterator[LocalTriton]:
         yield server
 
 
-@pytest.mark.parametrize("planner", ["set", "model"])
 async def test_tune_keeps_the_pods_within_the_budget_and_says_what_it_holds_back(
-    triton: LocalTriton, tmp_path: Path, planner: str
+    triton: LocalTriton, tmp_path: Path
 ) -> None:
     config = parse_config(
         {
             "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
-            "planner": planner,
             "policies": [
                 {"name": BUSY, "spec": {"model": BUSY, **SPEC}},
                 {"name": LIGHT, "spec": {"model": LIGHT, **SPEC}},
@@ -105,9 +102,6 @@ async def test_tune_keeps_the_pods_within_the_budget_and_says_what_it_holds_back
     ]
     final = {name: results[name][-1].current_instances for name in (BUSY, LIGHT)}
     assert min(final.values()) >= 1, final
-    if planner == "model":
-        # Both wanted 4; the busier one (more queued per instance) got the room first.
-        assert final[BUSY] > final[LIGHT], final
     # Whoever the budget held below its need says so.
     refused = [
         (r, c)
@@ -126,8 +120,6 @@ async def test_tune_keeps_the_pods_within_the_budget_and_says_what_it_holds_back
     # The decision log and the operator's metrics say it too.
     records = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert any((record.get("budget") or {}).get("exhausted") for record in records)
-    if planner == "model":
-        assert any(record["reason"] == "BudgetExhausted" for record in records)
     assert records[-1]["budget"]["instancesPerPod"] == BUDGET
     labels = {"namespace": "local", "budget": "pods"}
     assert metrics.registry.get_sample_value("tritonscale_budget_exhausted", labels) == 1

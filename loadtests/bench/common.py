@@ -359,12 +359,6 @@ def budget_arguments(
     p = parser(description)
     p.add_argument("--budget", type=int, help=budget_help)
     p.add_argument(
-        "--planner",
-        choices=("set", "model"),
-        default="set",
-        help="how `tritonscale tune` decides: the set together (default) or each model on its own",
-    )
-    p.add_argument(
         "--costs",
         type=parse_costs,
         default={},
@@ -374,7 +368,6 @@ def budget_arguments(
     )
     args = p.parse_args(argv)
     settings = dict(quick if args.quick else full)
-    settings["planner"] = args.planner
     settings["costs"] = args.costs
     if args.budget is not None:
         if args.budget < len(models):

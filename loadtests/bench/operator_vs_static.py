@@ -164,7 +164,6 @@ def policies(
     return {
         "triton": {"http": [triton.http_url], "metrics": [triton.metrics_url]},
         "metrics": {"source": "scrape"},
-        "planner": settings.get("planner", "set"),
         "policies": [
             {
                 "name": model.replace("_", "-"),

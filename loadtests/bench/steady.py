@@ -13,7 +13,7 @@ any change go back on the one before it?
    operator running from one instance each, unchanged to the end.
 3. Every applied change, and the reversals among them: a change against the model's
    previous one, after the first 30 s (the reaction to the step). Steady load should give none.
-   An increase the gain check gives back once (NoGain) is counted apart.
+   An increase the verifier gives back once (StepFellShort) is counted apart.
 
 Result: reports/bench/steady.json (+ .png); the demo's files (decision log, the load's
 history, the HTML report) in reports/bench/steady/.
@@ -88,7 +88,7 @@ def run(settings: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         "seconds_to_objective": result.seconds_to_objective,
         "reaction_s": REACTION_S,
         "reversals": {model: result.reversals.get(model, 0) for model in MODELS},
-        "given_back_no_gain": {model: result.given_back.get(model, 0) for model in MODELS},
+        "given_back": {model: result.given_back.get(model, 0) for model in MODELS},
         "changes_after_reaction": sum(1 for c in changes if c["after_s"] >= REACTION_S),
         "changes": changes,
         "instances_end": row.instances_end,

@@ -160,8 +160,8 @@ def steady(doc: dict) -> list[str]:
         f"p95 {_f(doc['p95_ms_last_10s'], 0)} ms at the end (objective {_f(doc['p95_objective_ms'], 0)} ms, "
         f"under it and kept there after {_f(doc['seconds_to_objective'], 0)} s)",
         f"- {len(doc['changes'])} changes, {doc['changes_after_reaction']} after the first "
-        f"{doc['reaction_s']:g} s; reversals: {flaps}; given back once by NoGain: "
-        + (", ".join(f"{m} {n}" for m, n in doc.get("given_back_no_gain", {}).items()) or "-"),
+        f"{doc['reaction_s']:g} s; reversals: {flaps}; given back once (StepFellShort): "
+        + (", ".join(f"{m} {n}" for m, n in doc.get("given_back", {}).items()) or "-"),
         f"- instances at the end: {counts}",
     ]
 

@@ -1,7 +1,7 @@
 """`python -m loadtests.sim`: every scenario under one controller, summary JSON and PNG.
 
 python -m loadtests.sim                          # all scenarios, the operator's set planner
-python -m loadtests.sim --controller policy      # another controller, by name
+python -m loadtests.sim --controller static      # another controller, by name
 python -m loadtests.sim --family step --scenarios 10
 """
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         default="allocator",
         choices=sorted(controllers.CONTROLLERS),
         help="the controller to judge (default: allocator, the operator's set planner; "
-        "policy: the per-model rules)",
+        "static: the counts it came in with)",
     )
     parser.add_argument("--scenarios", type=int, default=None, help="run only the first N")
     parser.add_argument(

@@ -20,7 +20,7 @@ from tritonscale.core.spec import AutoscalerSpec
 
 
 class AllocatorController:
-    """Every model of the set decided together (not yet the operator's default)."""
+    """Every model of the set decided together, as the operator decides them."""
 
     def __init__(self) -> None:
         self.state: dict[str, Any] = {}

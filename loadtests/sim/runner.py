@@ -19,7 +19,7 @@ serving meanwhile. Per phase:
 - `instance_seconds`: the instances held over the phase, beside the best's;
 - `reversals`: changes of a model's count against its previous change in the same phase, and
   `reversal_reasons`, where the controller says why it decides (`reasons`: model -> the
-  reason of its last decision, as PolicyController keeps them): how many each reason made;
+  reason of its last decision, as AllocatorController keeps them): how many each reason made;
 - `budget_overruns`: ticks at which the counts asked for or held exceeded the budget.
 """
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import click
 
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
-from tritonscale.control.set_planner import DEFAULT, PLANNERS
 from tritonscale.drivers.tune import TuneConfigError
 from tritonscale.local.interrupts import stop_on_signals
 from tritonscale.local.ports import LOOPBACK
@@ -257,16 +256,6 @@ def serve(
     "(its ordinal, the number after the last '-').",
 )
 @click.option(
-    "--planner",
-    show_envvar=True,
-    type=click.Choice(PLANNERS),
-    default=DEFAULT,
-    show_default=True,
-    help="How a pod set's tick decides its autoscalers: the set's models together from a "
-    "model of the pipeline (docs/instancegroupautoscaler.md, 'The set planner'), or each model "
-    "on its own (the older per-model rules).",
-)
-@click.option(
     "--verbose", is_flag=True, show_envvar=True, help="Log at debug level, every tick included."
 )
 def operator(
@@ -284,7 +273,6 @@ def operator(
     load_deadline_s: float,
     total_shards: int,
     shard: str,
-    planner: str,
     verbose: bool,
 ) -> None:
     """Run the Kubernetes operator: the InstanceGroupAutoscalers of the same pods tick as one
@@ -322,7 +310,6 @@ def operator(
         triton_metrics_port=triton_metrics_port,
         load_deadline_s=load_deadline_s,
         shard=share,
-        planner=planner,
     )
     try:
         kopf_driver.run(

@@ -100,8 +100,6 @@ spec:
         - name: TRITONSCALE_OPERATOR_PROMETHEUS_URL
           value: {{ . | quote }}
         {{- end }}
-        - name: TRITONSCALE_OPERATOR_PLANNER
-          value: {{ $operator.planner | quote }}
         {{- with $operator.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}

@@ -7,22 +7,22 @@
 
 A tick: read the live counts on the ready pods (the highest is `current`, so that a restarted
 or lagging pod converges to what the others serve; disagreements are reported), read the
-children's counts (`spec.calls`), take a metrics snapshot, ask `policy.decide`, then, unless
-paused, dry-running or backing off, bring every pod whose count differs from the decision to
-it (`Actuator.apply`: the first pod alone, then the others in parallel). A tick is a coroutine:
-it waits on Triton and Prometheus without holding a thread, and its reads of several pods go
-together. Errors are results, not exceptions: `TickResult.errors` holds each with its HPA-style reason (FailedGetMetrics,
-FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec) and one line. A load that does not
-finish within the actuator's deadline ends the tick's wait with ReloadTimeout; while it is in
-flight no other load goes to that pod, each tick says so (ReloadTimeout again), and the next
-tick tells the policy (`load_in_flight`, kept in the state), so that the increase keeps its
-gain check (core.gain) for the tick that sees the new count live. Failed and timed-out loads
-back off exponentially per autoscaler (`Backoff`, in the state, on the caller's clock).
+children's counts (`spec.calls`), take a metrics snapshot; the set planner decides
+(tritonscale.control.set_planner: `Plan.chosen`); then, unless paused, dry-running or backing
+off, bring every pod whose count differs from the decision to it (`Actuator.apply`: the first
+pod alone, then the others in parallel). A tick is a coroutine: it waits on Triton and
+Prometheus without holding a thread, and its reads of several pods go together. Errors are
+results, not exceptions: `TickResult.errors` holds each with its HPA-style reason
+(FailedGetMetrics, FailedRescale, ReloadTimeout, NoReadyPods, InvalidSpec) and one line. A
+load that does not finish within the actuator's deadline ends the tick's wait with
+ReloadTimeout; while it is in flight no other load goes to that pod, and each tick says so
+(ReloadTimeout again; `load_in_flight` in the state and the status). Failed and timed-out
+loads back off exponentially per autoscaler (`Backoff`, in the state, on the caller's clock).
 
 A model whose spec names a budget (`spec.budget`) shares it with the other members: with a
-`ledger` (tritonscale.control.ledger, one per driver) the tick claims its decision, decides
-again with what the budget grants (an input of `policy.decide`: BudgetExhausted when it grants
-less), applies that and settles what the pods then run.
+`ledger` (tritonscale.control.ledger, one per driver) the tick claims its decision, cuts it to
+what the budget grants (`policy.granted`: BudgetExhausted when it grants less), applies that
+and settles what the pods then run.
 
 Both drivers tick pod sets through these parts (tritonscale.control.set_tick: `tick_set`,
 and `reconcile` for one autoscaler alone), which share one metrics read among a set's members.
@@ -168,7 +168,7 @@ class Plan:
     notes: tuple[str, ...]
     healing: tuple[HealingResult, ...]
     # The set planner's decision for this model (tritonscale.control.set_planner), made for
-    # the whole set; None: the policy decides the model on its own.
+    # the whole set; None until the planner has decided.
     chosen: policy.Decision | None = None
     prediction: Prediction | None = None
     # The batching of the model and its children, from their live configs on the first pod
@@ -176,20 +176,10 @@ class Plan:
     batching: Mapping[str, Batching] = field(default_factory=dict, hash=False)
 
     def decide(self, grant: Grant | None = None) -> policy.Decision:
-        """The policy on this tick's inputs, of which a budget's grant is one; or the set
-        planner's decision, cut to the grant."""
-        if self.chosen is not None:
-            return policy.granted(self.spec.model, self.chosen, grant)
-        return policy.decide(
-            self.spec,
-            self.current,
-            self.snapshot,
-            self.tick.state.policy,
-            self.tick.now,
-            self.children,
-            grant=grant,
-            load_in_flight=self.tick.state.load_in_flight,
-        )
+        """The set planner's decision, cut to what the budget grants."""
+        if self.chosen is None:
+            raise RuntimeError(f"{self.spec.model}: the set planner has not decided this plan")
+        return policy.granted(self.spec.model, self.chosen, grant)
 
     @functools.cached_property
     def decision(self) -> policy.Decision:
@@ -202,7 +192,7 @@ class Plan:
         signals = self.snapshot.model(spec.model) if self.snapshot is not None else None
         usable = signals is not None and sizing.unusable_field(signals) is None
         wanted = decision.recommended_instances
-        if wanted is None or decision.reason == policy.NO_GAIN:
+        if wanted is None:
             wanted = decision.desired_instances
         return Claim(
             member=member,

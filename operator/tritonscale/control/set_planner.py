@@ -3,18 +3,19 @@
     planner = SetPlanner(pod_set.name)           # one per pod set, kept by the driver
     plans = planner.planned(plans, now)          # in tritonscale.control.set_tick
 
-With `planner: set`, the default (the local driver's file, the operator's `--planner`), a set
-tick decides its members together (tritonscale.core.planner): the members' plans, each up to its
-metrics and the batching of the live configs its tick read, go in; each comes back with the
-planner's decision for its model (`Plan.chosen`) and the set's prediction, and the tick then
-grants, applies and reports them as it does the policy's. The planner's state (the
-pipeline's windows, the verifier's pending check and corrections) lives here, in memory: a
-driver that restarts starts afresh, which is safe (a fresh behavior history holds scale-downs
-back, and the windows fill again within one metrics window).
+A set tick decides its members together (tritonscale.core.planner): the members' plans, each
+up to its metrics and the batching of the live configs its tick read, go in; each comes back
+with the planner's decision for its model (`Plan.chosen`) and the set's prediction, and the
+tick then grants, applies and reports them. The planner's state (the pipeline's windows, the
+verifier's pending check and corrections) lives here, in memory: a driver that restarts
+starts afresh, which is safe (the behavior history comes back from each member's own state,
+kept in its status, and the windows fill again within one metrics window).
 
-The members a set tick decides together share one snapshot (the same pods and window); where
-the members read different pods or windows, or two name the same model, the policy decides
-each on its own this tick and the plans say why in a note.
+The members decided together share one snapshot (the same pods). A set whose members read
+different pods (two Deployments bound by one budget) is decided in groups, one per snapshot,
+each with its own state, kept by the group's selectors; the budget's ledger then grants across
+them. Two members that name the same model are decided as one, by the first member's spec
+(by name); each plan says so in a note.
 """
 
 from __future__ import annotations
@@ -25,11 +26,7 @@ from dataclasses import replace
 from tritonscale.control.reconcile import Plan
 from tritonscale.core.allocator import Prediction
 from tritonscale.core.planner import SetDecision, SetState, as_policy_decision, decide_set
-
-MODEL = "model"  # each model decided on its own (tritonscale.core.policy)
-SET = "set"  # the set's models decided together (tritonscale.core.planner)
-PLANNERS = (MODEL, SET)
-DEFAULT = SET
+from tritonscale.core.selectors import selector_to_string
 
 
 class SetPlanner:
@@ -37,60 +34,74 @@ class SetPlanner:
 
     def __init__(self, name: str = "") -> None:
         self.name = name  # the set's (tritonscale.control.pod_sets), for the metrics
-        self.last: SetDecision | None = None  # the last tick's decision, for reports
+        # Per group of members decided together (one unless they read different pods), by
+        # their selectors: the last decision, whose state the group's next tick starts from.
+        self.decisions: dict[frozenset[str], SetDecision] = {}
+        self.last: SetDecision | None = None  # the largest group's last decision, for reports
         self.prediction: Prediction | None = None  # the last prediction made
 
     @property
     def state(self) -> SetState:
-        """What the next tick starts from: the last decision's state, or a fresh one."""
+        """What the next tick of the largest group starts from."""
         return self.last.state if self.last is not None else SetState()
 
     def planned(self, plans: Mapping[str, Plan], now: float) -> dict[str, Plan]:
-        """`plans` (by member) with the set's decision in each; unchanged where the members
-        cannot be decided together (see the module's docstring)."""
-        if not plans:
-            return dict(plans)
-        why = _not_together(plans)
-        if why is not None:
-            return {
-                name: replace(plan, notes=(*plan.notes, f"decided on its own: {why}"))
-                for name, plan in plans.items()
-            }
-        snapshot = next(iter(plans.values())).snapshot
-        specs = {plan.spec.model: plan.spec for plan in plans.values()}
-        current = {plan.spec.model: plan.current for plan in plans.values()}
+        """`plans` (by member) with the set's decision in each."""
+        groups: dict[int, dict[str, Plan]] = {}
+        for name in sorted(plans):
+            groups.setdefault(id(plans[name].snapshot), {})[name] = plans[name]
+        planned: dict[str, Plan] = {}
+        largest = 0
+        for group in groups.values():
+            decided, notes = self._decided(group, now)
+            models = len(decided.models)
+            if models > largest or self.last is None:
+                largest, self.last = models, decided
+            if decided.prediction is not None:
+                self.prediction = decided.prediction
+            for name, plan in group.items():
+                planned[name] = replace(
+                    plan,
+                    chosen=as_policy_decision(plan.spec, decided, plan.snapshot),
+                    prediction=decided.prediction,
+                    notes=(*plan.notes, *notes.get(name, ())),
+                )
+        return {name: planned[name] for name in plans}
+
+    def _decided(
+        self, group: Mapping[str, Plan], now: float
+    ) -> tuple[SetDecision, dict[str, tuple[str, ...]]]:
+        """One `decide_set` for members that share a snapshot; the notes it leaves, by member."""
+        deciding: dict[str, Plan] = {}  # by model: the first member (by name) that names it
+        notes: dict[str, tuple[str, ...]] = {}
+        for name, plan in group.items():
+            first = deciding.setdefault(plan.spec.model, plan)
+            if first is not plan:
+                notes[name] = (
+                    f"decided by the spec of another member that names {plan.spec.model} too",
+                )
+        key = frozenset(selector_to_string(plan.spec.selector) for plan in group.values())
+        previous = self.decisions.get(key)
+        state = previous.state if previous is not None else SetState()
+        # A model new to the planner starts from the behavior history its member kept (in its
+        # status), so that a restarted operator does not lose its stabilization windows.
+        policies = {model: plan.tick.state.policy for model, plan in deciding.items()}
+        state = replace(state, policies={**policies, **state.policies})
+        snapshot = next(iter(group.values())).snapshot
+        specs = {model: plan.spec for model, plan in deciding.items()}
+        current = {model: plan.current for model, plan in deciding.items()}
         # Each model's batching as its own member's tick read it, else as a caller's did (a
         # caller's tick reads its children's configs too).
         batching = {
             model: batching
-            for plan in plans.values()
+            for plan in deciding.values()
             for model, batching in plan.batching.items()
             if model in specs
         }
-        for plan in plans.values():
-            own = plan.batching.get(plan.spec.model)
+        for model, plan in deciding.items():
+            own = plan.batching.get(model)
             if own is not None:
-                batching[plan.spec.model] = own
-        decided = decide_set(specs, current, snapshot, self.state, now, batching)
-        self.last = decided
-        if decided.prediction is not None:
-            self.prediction = decided.prediction
-        return {
-            name: replace(
-                plan,
-                chosen=as_policy_decision(plan.spec, decided, snapshot),
-                prediction=decided.prediction,
-            )
-            for name, plan in plans.items()
-        }
-
-
-def _not_together(plans: Mapping[str, Plan]) -> str | None:
-    models = [plan.spec.model for plan in plans.values()]
-    if len(set(models)) < len(models):
-        return "two members of the set name the same model"
-    first = next(iter(plans.values()))
-    for plan in plans.values():
-        if plan.snapshot is not first.snapshot:
-            return "the set's members read different pods or metrics windows"
-    return None
+                batching[model] = own
+        decided = decide_set(specs, current, snapshot, state, now, batching)
+        self.decisions[key] = decided
+        return decided, notes

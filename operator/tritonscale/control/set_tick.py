@@ -9,10 +9,10 @@ Both drivers run their ticks through here (tritonscale.control.pod_sets says wha
 A set tick:
 
 1. observes every member (heal, the live counts of its model and children), together;
-2. reads the metrics once for the members that share pods and a window: one snapshot of all
-   their models (one read of each pod when scraping, one query per signal with Prometheus);
-3. decides every member: each on its own (tritonscale.core.policy), or, with a `planner`
-   (tritonscale.control.set_planner), all of them together;
+2. reads the metrics once for the members that share pods: one snapshot of all their models
+   over the longest window any asks (one read of each pod when scraping, one query per
+   signal with Prometheus);
+3. decides every member together (tritonscale.control.set_planner);
 4. grants the budgets once: every member that names one claims first, then each is granted,
    the ones that give instances back first, so that what they release is there for the
    others in the same tick;
@@ -82,8 +82,9 @@ async def tick_set(
     planner: SetPlanner | None = None,
 ) -> dict[str, TickResult]:
     """Tick `members` as one; each member's result, by name. Never raises for Triton's or
-    Prometheus's troubles. With a `planner` (the set's, kept by the driver between ticks) the
-    members are decided together.
+    Prometheus's troubles. The `planner` is the set's, kept by the driver between ticks (its
+    pipeline windows and the verifier's checks live there); without one, a fresh planner
+    decides from this tick's window and the members' behavior histories alone.
 
     `on_result(name, result)` is awaited for each member as soon as its result is ready (a
     member whose load waits for its deadline does not hold back the others' reports)."""
@@ -121,15 +122,16 @@ async def tick_set(
     # A pod the healer read while observing was read for this tick: it serves the snapshot.
     snapshots = await _read_metrics(source, observations, time.monotonic() - started)
     plans = {name: seen.planned(snapshots[_reading(seen)]) for name, seen in observations.items()}
-    if planner is not None:
-        plans = planner.planned(plans, now)
-        if metrics is not None and planner.last is not None:
-            metrics.record_set(
-                namespace,
-                planner.name,
-                planner.prediction.expected_rps if planner.prediction is not None else None,
-                planner.last.served_rps,
-            )
+    if planner is None:
+        planner = SetPlanner()
+    plans = planner.planned(plans, now)
+    if metrics is not None and planner.name and planner.last is not None:
+        metrics.record_set(
+            namespace,
+            planner.name,
+            planner.prediction.expected_rps if planner.prediction is not None else None,
+            planner.last.served_rps,
+        )
 
     budgeted = {name: plan for name, plan in plans.items() if plan.spec.budget is not None}
     if ledger is not None:
@@ -224,18 +226,19 @@ def _change(plan: Plan) -> int:
     return plan.decision.desired_instances - plan.current
 
 
-def _reading(seen: Observation) -> tuple[tuple[str, ...], float]:
-    """Members that read the same pods over the same window share one snapshot."""
-    return tuple(sorted(e.name for e in seen.endpoints)), seen.metrics.window_s
+def _reading(seen: Observation) -> tuple[str, ...]:
+    """Members that read the same pods share one snapshot (over the longest window any of
+    them asks): the planner decides them together."""
+    return tuple(sorted(e.name for e in seen.endpoints))
 
 
 async def _read_metrics(
     source: MetricsSource, observations: Mapping[str, Observation], reuse_within_s: float
-) -> dict[tuple[tuple[str, ...], float], MetricSnapshot | MetricsUnavailable]:
-    """One snapshot per reading (pods, window) of the set, the readings together. The pods
+) -> dict[tuple[str, ...], MetricSnapshot | MetricsUnavailable]:
+    """One snapshot per reading (the pods read) of the set, the readings together. The pods
     read are those that answered any member sharing the reading; a pod read in the last
     `reuse_within_s` seconds is not read again."""
-    groups: dict[tuple[tuple[str, ...], float], list[Observation]] = {}
+    groups: dict[tuple[str, ...], list[Observation]] = {}
     for seen in observations.values():
         groups.setdefault(_reading(seen), []).append(seen)
 
@@ -265,8 +268,10 @@ async def reconcile(
     backoff_cap_s: float = BACKOFF_CAP_S,
     healer: Healer | None = None,
     ledger: BudgetLedger | None = None,
+    planner: SetPlanner | None = None,
 ) -> TickResult:
-    """One autoscaler's tick: a set of one, through `tick_set`.
+    """One autoscaler's tick: a set of one, through `tick_set`. Pass the same `planner` every
+    tick to keep the pipeline's windows and the verifier's checks between ticks.
 
     `spec` may be the raw CR spec (a mapping): an invalid one gives an InvalidSpec result.
     `autoscaler` (the member's name, under which `metrics` records it) defaults to the model's.
@@ -284,5 +289,6 @@ async def reconcile(
         metrics=metrics,
         backoff_base_s=backoff_base_s,
         backoff_cap_s=backoff_cap_s,
+        planner=planner,
     )
     return results[name]

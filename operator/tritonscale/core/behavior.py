@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tritonscale.core.gain import GainCheck, NoGainHold
 from tritonscale.core.spec import AutoscalerSpec, ScalingRules
 
 SCALE_UP_LIMIT = "ScaleUpLimit"
@@ -56,8 +55,6 @@ class PolicyState:
     last_instances: int | None = None  # the live count seen on the last tick
     last_desired: int | None = None  # the count decided on the last tick
     last_tick_at: float | None = None
-    gain_check: GainCheck | None = None  # an increase waiting for its verdict (core.gain)
-    no_gain: NoGainHold | None = None  # the count a useless increase was reverted to
 
     def observe(self, current_instances: int, now: float, spec: AutoscalerSpec) -> PolicyState:
         """Record the change in the live count since the last tick as a scale event.
@@ -118,8 +115,6 @@ class PolicyState:
             "lastInstances": self.last_instances,
             "lastDesired": self.last_desired,
             "lastTickAt": self.last_tick_at,
-            "gainCheck": self.gain_check.to_dict() if self.gain_check else None,
-            "noGain": self.no_gain.to_dict() if self.no_gain else None,
         }
 
     @classmethod
@@ -143,8 +138,6 @@ class PolicyState:
                 last_instances=_optional(d.get("lastInstances"), int),
                 last_desired=_optional(d.get("lastDesired"), int),
                 last_tick_at=_optional(d.get("lastTickAt"), float),
-                gain_check=_optional(d.get("gainCheck"), GainCheck.from_dict),
-                no_gain=_optional(d.get("noGain"), NoGainHold.from_dict),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"malformed policy state: {error!r}") from None

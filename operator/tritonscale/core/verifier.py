@@ -32,13 +32,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tritonscale.core import gain
 from tritonscale.core.pipeline_model import NOISE_SIGMAS, PipelineModel, Stage
 from tritonscale.core.signals import MetricSnapshot
 
 STEP_FELL_SHORT = "StepFellShort"
 
-SETTLE_S = gain.SETTLE_S  # a load takes up to about 1.5 s to apply; the window starts after it
+SETTLE_S = 2.0  # a load takes up to about 1.5 s to apply; the window starts after it
 CORRECTION_TTL_S = 600.0
 # A step whose models are still not measured at their new counts this long after it is let go.
 MAX_WAIT_S = 600.0

@@ -66,7 +66,7 @@ from tritonscale.control.loop import run_set
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.pod_sets import PodSet, Shard, pod_sets, set_of
 from tritonscale.control.reconcile import budget_key, budget_limits
-from tritonscale.control.set_planner import DEFAULT, SET, SetPlanner
+from tritonscale.control.set_planner import SetPlanner
 from tritonscale.control.tick import ReconcileState, TickResult, iso_time
 from tritonscale.core.budget import Claim
 from tritonscale.core.selectors import selector_to_string
@@ -114,9 +114,6 @@ class DriverConfig:
     admission_interval_s: float = 1.0
     # This replica's share of the pod sets (tritonscale.control.pod_sets.Shard).
     shard: Shard = field(default_factory=Shard)
-    # How a set tick decides its members: "set" (together, tritonscale.control.set_planner)
-    # or "model" (each on its own).
-    planner: str = DEFAULT
 
 
 @dataclass
@@ -152,12 +149,10 @@ class Runtime:
     sets: dict[str, tuple[float, list[PodSet]]] = field(default_factory=dict)
     # Per namespace: set when a pod starts or goes on waiting at the gate (the `admit` daemons).
     waiting: dict[str, asyncio.Event] = field(default_factory=dict)
-    # Per (namespace, set): the set's planner with `planner: set`, its state across ticks.
+    # Per (namespace, set): the set's planner, its state across ticks.
     planners: dict[tuple[str, str], SetPlanner] = field(default_factory=dict)
 
-    def planner(self, pod_set: PodSet) -> SetPlanner | None:
-        if self.config.planner != SET:
-            return None
+    def planner(self, pod_set: PodSet) -> SetPlanner:
         key = (pod_set.namespace, pod_set.name)
         if key not in self.planners:
             self.planners[key] = SetPlanner(pod_set.name)

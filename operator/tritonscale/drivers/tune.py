@@ -9,14 +9,12 @@ with the InstanceGroupAutoscaler's `spec` shape (docs/instancegroupautoscaler.md
     metrics:
       source: scrape                                # or prometheus
       prometheusUrl: http://127.0.0.1:9090          # with source: prometheus
-    planner: set                                    # or model; optional, default set
     policies:
       - name: pipeline-async
         spec: {model: pipeline_async, minInstances: 1, maxInstances: 4, ...}
 
-`planner: set`, the default, decides the policies together at each tick, from a model of the
-pipeline (tritonscale.control.set_planner); `model` decides each policy on its own
-(tritonscale.core.policy).
+The policies are decided together at each tick, from a model of the pipeline
+(tritonscale.control.set_planner).
 
 Top-level keys starting with `x-` are ignored (a place for YAML anchors shared by the
 specs). `spec.selector` may be left out here (the URLs name the pods); it is ignored when given.
@@ -53,7 +51,7 @@ from tritonscale.control.ledger import BudgetLedger
 from tritonscale.control.loop import Stop, run_set
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.pod_sets import PodSet, set_name
-from tritonscale.control.set_planner import DEFAULT, PLANNERS, SET, SetPlanner
+from tritonscale.control.set_planner import SetPlanner
 from tritonscale.control.set_tick import Member, tick_set
 from tritonscale.control.tick import ReconcileState, TickResult
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
@@ -88,7 +86,6 @@ class TuneConfig:
     prometheus_url: str | None
     policies: list[Policy]
     path: str = "<config>"
-    planner: str = DEFAULT  # "set" or "model" (tritonscale.control.set_planner)
 
     def make_source(self) -> MetricsSource:
         if self.source == "prometheus":
@@ -126,10 +123,7 @@ def _parse(data: Any, path: str) -> TuneConfig:
     if isinstance(data, Mapping):
         # YAML anchors may live under `x-` keys (as in docker-compose files).
         data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}
-    top = _mapping(data, "the file", ("triton", "metrics", "planner", "policies"))
-    planner = top.get("planner", DEFAULT)
-    if planner not in PLANNERS:
-        raise TuneConfigError(f"planner must be one of {', '.join(PLANNERS)}, got {planner!r}")
+    top = _mapping(data, "the file", ("triton", "metrics", "policies"))
     for key in ("triton", "policies"):
         if key not in top:
             raise TuneConfigError(f"{key} is required")
@@ -187,7 +181,6 @@ def _parse(data: Any, path: str) -> TuneConfig:
         prometheus_url=prometheus_url,
         policies=policies,
         path=path,
-        planner=planner,
     )
 
 
@@ -226,11 +219,11 @@ class Tuner:
     heal: bool = True
     states: dict[str, ReconcileState] = field(default_factory=dict)
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
-    # The set's planner with `planner: set` (its state lives across ticks); None otherwise.
+    # The set's planner (its state lives across ticks).
     planner: SetPlanner | None = None
 
     def __post_init__(self) -> None:
-        if self.config.planner == SET and self.planner is None:
+        if self.planner is None:
             self.planner = SetPlanner(self.pod_set().name)
         if self.source is None:
             self.source = self.config.make_source()

@@ -32,7 +32,6 @@ from pathlib import Path
 
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.tick import TickResult
-from tritonscale.core.gain import NO_GAIN
 from tritonscale.core.verifier import STEP_FELL_SHORT
 from tritonscale.drivers.tune import TuneConfig, Tuner, load_config
 from tritonscale.local.loadgen import OpenLoopLoad, OpenLoopStats, measure
@@ -44,9 +43,9 @@ from tritonscale.triton.endpoints import local_endpoints
 
 # The demo runs from a checkout: its files, relative to the current directory.
 POLICIES = Path("operator/examples/local/policies.yaml")
-# The reasons of an increase given back by a verdict on it, not by a reading of the load: the
-# set planner's verifier (tritonscale.core.verifier) and the per-model gain check.
-GIVEN_BACK = frozenset({STEP_FELL_SHORT, NO_GAIN})
+# The reason of an increase given back by a verdict on it, not by a reading of the load: the
+# set planner's verifier (tritonscale.core.verifier).
+GIVEN_BACK = frozenset({STEP_FELL_SHORT})
 TARGET = "pipeline_async"
 MODELS = ("pipeline_async", "branch_embed", "branch_classify", "branch_rank")
 # Rows per request. With one row the pipeline's dynamic batcher packs 32 requests into one
@@ -122,7 +121,7 @@ class DemoResult:
     scaled_down_before_drop: dict[str, EarlyScaleDown]
     # model -> applied changes against the previous direction in a steady phase
     reversals: dict[str, int]
-    # model -> increases the NoGain check gave back under steady load (not flapping: once)
+    # model -> increases the verifier gave back under steady load (not flapping: once)
     given_back: dict[str, int]
     # seconds from the operator's start under the high load until p95 stayed under the
     # objective (every 5 s window to the phase's end); None when it never did
@@ -473,10 +472,9 @@ def _reversals(
 
     Within a phase the load is steady. A reversal is an applied change, after the phase's
     first 30 s (the reaction), against the model's previous change in the phase (that one may
-    fall within the reaction): flapping. A verdict's revert, an increase that bought nothing
-    or fell short of its prediction given back once by design (`GIVEN_BACK`), is counted
-    apart, whenever in the
-    phase it came: it is the check's verdict, not the reaction's. An increase after it is
+    fall within the reaction): flapping. A verdict's revert, an increase that fell short of its
+    prediction given back once by design (`GIVEN_BACK`), is counted apart, whenever in the
+    phase it came: it is the verifier's verdict, not the reaction's. An increase after it is
     counted as a reversal like any other (the verdict did not hold).
     """
     reversals: dict[str, int] = {}
@@ -582,7 +580,7 @@ def summary_lines(result: DemoResult) -> list[str]:
         f"load dropped -> first scale-down applied: {down}",
         f"came down before the load dropped (first decrease, its signal): {early}",
         f"changes that reversed the previous one under steady load: {flaps}",
-        f"increases given back once because they fell short (StepFellShort, NoGain): {given_back}",
+        f"increases given back once because they fell short (StepFellShort): {given_back}",
         f"decision log: {result.decision_log}",
         f"load, second by second: {result.load_history}",
     ]
