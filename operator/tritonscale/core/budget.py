@@ -1,8 +1,10 @@
 """The joint instance budget of a pod set: who gets the instances when the needs exceed it.
 
 The models on one set of Triton pods share each pod's room: a total instance count per pod,
-and, on GPU pods, GPU memory per pod at a known cost per instance. Each model's policy decides
-on its own (tritonscale.core.policy); `allocate` then grants those decisions together:
+and, on GPU pods, GPU memory per pod at a known cost per instance. The set planner fits the
+counts of the members it decides together to the budget already (tritonscale.core.planner);
+`allocate` grants what members decided apart claim (members on other pods, or due at other
+ticks), together:
 
 - what a member already holds stays (no instance is taken back: a scale-down is the member's
   own decision, as fast as its `behavior` allows), and every member keeps its minInstances;

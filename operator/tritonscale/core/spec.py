@@ -305,8 +305,8 @@ class AutoscalerSpec(SpecModel):
         (),
         max_length=MAX_CALLS,
         description=(
-            "Models this one calls through BLS. When one of them is saturated the policy holds"
-            " this model (its compute time is mostly waiting) and says which child to scale."
+            "Models this one calls through BLS: the planner carries this model's requests down"
+            " to them (calls per request, measured) and sizes them together."
         ),
     )
     min_instances: StrictInt = Field(1, ge=1, description="Fewest instances per pod.")
