@@ -561,9 +561,7 @@ def _service_windows(
     serving = [
         w
         for w in history.windows
-        if _at_counts(w, models, counts)
-        and w.starts_at >= changed_at - TICK_LATENESS_S
-        and _served(w, model)
+        if _at_counts(w, models, counts) and starts_after(w, changed_at) and _served(w, model)
     ]
     if serving:
         return serving, True
@@ -691,6 +689,12 @@ def _children_execution_s(window: Window, children: Sequence[str]) -> float:
     return max(
         (window.readings[c].execution_s for c in children if _served(window, c)), default=0.0
     )
+
+
+def starts_after(window: Window, changed_at: float) -> bool:
+    """Whether `window` lies wholly after a change of counts at `changed_at` (a tick's time),
+    within the lateness of ticks (TICK_LATENESS_S)."""
+    return window.starts_at >= changed_at - TICK_LATENESS_S
 
 
 def _calls_per_request(window: Window, child: str, parents: Sequence[str]) -> float | None:

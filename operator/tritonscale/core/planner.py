@@ -46,6 +46,7 @@ from tritonscale.core.pipeline_model import (
     PipelineModel,
     Window,
     measure,
+    starts_after,
 )
 from tritonscale.core.policy import (
     METRICS_MISSING,
@@ -478,7 +479,9 @@ def _lowered(
         if not before or before[-1].counts[model] < count:
             continue
         changed_at = before[-1].taken_at
-        if any(w.counts.get(model) == count and w.starts_at >= changed_at for w in history.windows):
+        if any(
+            w.counts.get(model) == count and starts_after(w, changed_at) for w in history.windows
+        ):
             continue
         then = before[-1].readings.get(model)
         load = stage.arrival_rps
