@@ -144,8 +144,11 @@ async def test_an_invalid_spec_is_a_condition_and_one_warning_not_a_crash(api: E
         assert operator.thread.is_alive()
 
         # Fixed by the user, the spec is read on the next tick: the InvalidSpec goes away.
+        # (Its interval is 1 s: the default, 15 s, would make the next tick 15 s away.)
         await patch_object(
-            api, "broken", {"metadata": {"generation": 2}, "spec": {"minInstances": 1}}
+            api,
+            "broken",
+            {"metadata": {"generation": 2}, "spec": {"minInstances": 1, "intervalSeconds": 1}},
         )
         fixed = await eventually(
             lambda: (
