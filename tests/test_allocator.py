@@ -39,6 +39,7 @@ from tritonscale.core.allocator import (
     headroom,
 )
 from tritonscale.core.pipeline_model import Batching, PipelineHistory, PipelineModel, measure
+from tritonscale.core.signals import MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec
 
 pytestmark = pytest.mark.unit
@@ -483,6 +484,62 @@ def test_an_overloaded_bottleneck_is_not_kept_within_the_noise() -> None:
         Load(300.0), counts(2, 3), pipeline_specs(7), "branch_embed", switch_margin=0.15
     )
     assert moved.counts == counts(1, 4)
+
+
+def closed_loop_at_3_1_1_1(served: float, embed_batch: float) -> PipelineModel:
+    """Three windows of a closed loop at 3/1/1/1, serving `served` req/s. The parent runs 4
+    requests an execution, 4.4 ms of its own work, and makes one call to each child an
+    execution (4 rows). branch_embed batches up to 8 rows (two calls) and takes 16 ms a
+    batch; it runs `embed_batch` calls a batch. classify and rank (5 ms each) run one call
+    at a time. Every parent instance is out all the time (busy 1.0), waiting on branch_embed's
+    queue; 28 requests wait in front of them."""
+    at = counts(3, 1)
+    calls = served / 4
+    execution = at[PARENT] * 4 / served
+    embed_wait = execution - 0.0044
+    history = PipelineHistory()
+    for i in range(3):
+        models = {
+            PARENT: ModelSignals(PARENT, served, 0.0, served / 4, served * execution, 28, 28, 1),
+            "branch_embed": ModelSignals(
+                "branch_embed",
+                calls,
+                0.0,
+                calls / embed_batch,
+                calls * 0.016,
+                calls * (embed_wait - 0.016),
+                0.0,
+                1,
+                inference_rate=calls * 4,
+            ),
+            "branch_classify": ModelSignals(
+                "branch_classify", calls, 0.0, calls, calls * 0.005, 0.0, 0.0, 1
+            ),
+            "branch_rank": ModelSignals("branch_rank", calls, 0.0, calls, calls * 0.005, 0, 0, 1),
+        }
+        history = history.observed(MetricSnapshot(START + i * WINDOW_S, WINDOW_S, models), at)
+    batching = {"branch_embed": Batching(8, dynamic=True)}
+    return measure(pipeline_specs(6), at, history, batching)
+
+
+def test_a_limit_that_serves_less_than_its_batch_says_is_counted_at_what_it_served() -> None:
+    # Its callers have three calls out to it: branch_embed is counted at batches of two, 500
+    # req/s at one instance, and 3/1/1/1 (500) serves more than 2/2/1/1 (the parents' 392).
+    # Where it runs them, the split stays.
+    specs = pipeline_specs(6)
+    exact = allocate(closed_loop_at_3_1_1_1(500.0, embed_batch=2.0), specs, counts(3, 1))
+    assert exact.counts == counts(3, 1)
+    assert exact.prediction.capacity_rps == pytest.approx(500.0)
+    # Where it runs batches of 1.6 (a parent away with its own work when a batch starts) and
+    # the set serves 376, 0.75 of it: at that share 3/1/1/1 serves 376, and 2/2/1/1 (392,
+    # the parents' limit) is taken in one decision.
+    short = allocate(closed_loop_at_3_1_1_1(376.0, embed_batch=1.6), specs, counts(3, 1))
+    assert short.counts == counts(2, 2)
+    assert short.prediction.bottleneck == PARENT
+    assert short.prediction.capacity_rps == pytest.approx(2 * 4 / 0.0204)
+    assert "today's split served 0.75 of what branch_embed was counted to serve" in (
+        short.targets[PARENT].message
+    )
 
 
 # ---- properties ------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from tritonscale.core import sizing
 from tritonscale.core.budget import Limits, strictest
 from tritonscale.core.pipeline_model import (
     MIN_REQUESTS_PER_WINDOW,
+    NOISE_FLOOR,
     NOISE_SIGMAS,
     SATURATED_UTILIZATION,
     UNKNOWN_NOISE,
@@ -280,6 +281,7 @@ def allocate(
     at_target = {m: _within(n, lower[m], upper[m]) for m, n in needed.items()}
     problem = None
     counts = at_target
+    shortfall: dict[str, float] = {}
     # Whether the budget holds every model under its target is a question of the load: a
     # model held at a count it was just lowered to still needs what its target says. Asked
     # with that hold, the room it leaves would go to another model, which is then lowered in
@@ -291,11 +293,17 @@ def allocate(
     else:
         objective = MOST_HEADROOM
         why = _closed_loops(closed_loops) or "the budget cannot hold every model under its target"
-        most = _most_headroom(sized, current, lower, upper, fits, switch_margin)
+        shortfall = served_short(pipeline, sized, current, switch_margin)
+        for model, share in shortfall.items():
+            why += (
+                f"; today's split served {share:.2f} of what {model} was counted to serve at "
+                f"the batch its callers' calls would make, and {model} is counted at that share"
+            )
+        most = _most_headroom(sized, current, lower, upper, fits, switch_margin, shortfall)
         counts = most if most is not None else dict(lower)
         if most is None:
             problem = room.overflow({**fixed_counts, **counts})
-    prediction = predict(pipeline, sized, counts)
+    prediction = predict(pipeline, sized, counts, shortfall)
     targets = dict(fixed)
     for model, stage in sized.items():
         target = _target(
@@ -313,9 +321,11 @@ def _most_headroom(
     upper: Mapping[str, int],
     fits: Callable[[Mapping[str, int]], bool],
     switch_margin: float,
+    shortfall: Mapping[str, float],
 ) -> dict[str, int] | None:
     """The best split (`best_split`), or today's where it serves within `switch_margin` of
-    it; None when not even the lower bounds fit.
+    it; None when not even the lower bounds fit. A stage in `shortfall` (`served_short`) is
+    counted at that share of what the model says it serves, at every count.
 
     Where the set's requests pile up at some stages (`waited_at`), those stages serve what
     they can, while the capacity of a stage they do not pile up at is a lower bound (it
@@ -338,6 +348,7 @@ def _most_headroom(
         gain = {
             m: 1.0 if m in waited or stage.batch_full else 1 + benefit for m, stage in sized.items()
         }
+    gain.update(shortfall)
 
     def capacity(at: Mapping[str, int]) -> Capacity:
         """Each stage's capacity with its callers at their counts in `at`."""
@@ -489,12 +500,60 @@ def best_split(
     return best
 
 
+def served_short(
+    pipeline: PipelineModel,
+    sized: Mapping[str, Stage],
+    current: Mapping[str, int],
+    switch_margin: float,
+) -> dict[str, float]:
+    """A child that limits today's split at a batch it does not run, with the share of the
+    capacity counted for it that the set served; empty where there is none.
+
+    A child with a dynamic batcher is counted at the batch its callers' calls in flight
+    would make (`Stage.batch_at`), not at the one it runs: a lower bound would keep it from
+    ever getting an instance its callers will fill. When a root is a closed loop, what it
+    finishes is what today's split serves, measured. If the model's limit at today's counts
+    is such a child and the set served clearly less than it was counted to serve (by more
+    than `NOISE_SIGMAS` times `switch_margin`), the calls did not all reach it at once: its
+    callers work between them, and a batch starts with those that wait (three calls to a
+    child that takes two run as batches of two and one, one of the three always away). It is
+    then counted at that share of its capacity at every count, and a split that relieves it
+    can win over today's. Stages counted at the batch they run are left as they are: their
+    estimates are measured, and a parent's leaves out, on purpose, the queue its children
+    would lose at another split. None of it while a stage's estimates come from other counts.
+    """
+    roots = [m for m in pipeline.roots if m in sized]
+    if not any(sized[m].closed_loop for m in roots) or not all(
+        stage.measured_at_counts for stage in sized.values()
+    ):
+        return {}
+    today = predict(pipeline, sized, current)
+    limit = today.bottleneck
+    served = sum(sized[m].arrival_rps.value for m in roots)
+    if limit is None or served <= 0:
+        return {}
+    stage = sized[limit]
+    if stage.batch_at(current[limit], current) <= stage.mean_batch * (1 + NOISE_FLOOR):
+        return {}
+    if today.capacity_rps <= served * (1 + NOISE_SIGMAS * switch_margin):
+        return {}
+    return {limit: served / today.capacity_rps}
+
+
 def predict(
-    pipeline: PipelineModel, sized: Mapping[str, Stage], counts: Mapping[str, int]
+    pipeline: PipelineModel,
+    sized: Mapping[str, Stage],
+    counts: Mapping[str, int],
+    shortfall: Mapping[str, float] | None = None,
 ) -> Prediction:
     """What the counts should serve: the roots' demand times the stages' least headroom, each
-    stage at the batch it would reach with its callers at their counts (`Stage.capacity_rps`)."""
-    capacity = {m: stage.capacity_rps(counts[m], counts) for m, stage in sized.items()}
+    stage at the batch it would reach with its callers at their counts (`Stage.capacity_rps`),
+    a stage in `shortfall` at that share of it (`served_short`)."""
+    shortfall = shortfall or {}
+    capacity = {
+        m: stage.capacity_rps(counts[m], counts) * shortfall.get(m, 1.0)
+        for m, stage in sized.items()
+    }
     ratios = {
         m: capacity[m] / stage.demand_rps for m, stage in sized.items() if stage.demand_rps > 0
     }
