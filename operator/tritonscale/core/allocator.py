@@ -29,7 +29,9 @@ What it maximises, under what:
   the caller is relieved (`held_back`). Instances may move from one model to another, every
   model going to the split in one decision (the verifier judges the step, and one that falls
   short goes back); a model that is `settling` (its count just changed, not yet measured)
-  does not go down, and one just `lowered` does not go back up.
+  does not go down, and one just `lowered` does not go back up. Under a closed loop, a child
+  that limits today's split at a bigger batch than it runs, and that served clearly less than
+  it was counted to, is counted at the share it served (`served_short`).
 
 The search (`best_split`) is exact at any size while each stage's capacity grows with its own
 count alone: the fewest instances that reach a headroom are each stage's own fewest, and the
