@@ -106,7 +106,7 @@ async def until_given_back(
         else:
             pytest.fail(
                 f"no {reason} verdict on {LOCKED} within {MAX_ROUNDS} rounds:\n"
-                + "\n".join(lines[-20:])
+                + "\n".join(line for line in lines if f" {LOCKED} " in line)
             )
     assert not load.errors, load.errors[:3]
     assert found is not None
