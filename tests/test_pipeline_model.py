@@ -346,6 +346,32 @@ class TestEstimates:
         assert embed.measured_at_counts
         assert embed.hold_per_request_s.windows == 1
 
+    def test_a_window_that_began_before_the_load_ended_is_not_at_the_new_counts(self) -> None:
+        # The tick at START + 2 windows decided 1 -> 3; the load took 6 s (a busy node), and
+        # the old instance served until it ended. The next window, one window after that
+        # tick, began before the load ended: it mixes both counts.
+        before, after = counts(2, 1), counts(2, 3)
+        decided_at = START + 2 * WINDOW_S
+        history = PipelineHistory()
+        for i in range(3):
+            history = history.observed(Load(50.0).snapshot(START + i * WINDOW_S, before), before)
+        loaded = {"branch_embed": decided_at + 6.0}
+        mixed = Load(50.0).snapshot(decided_at + WINDOW_S, after)
+        history = history.observed(mixed, after, loaded)
+        assert history.changed_at(["branch_embed"], after) == decided_at + 6.0
+        embed = measure(pipeline_specs(), after, history).stages["branch_embed"]
+        assert not embed.measured_at_counts
+        # Without the load's end the window would have counted: the tick stood for the change.
+        assert (
+            measure(pipeline_specs(), after, replace(history, live_since={}))
+            .stages["branch_embed"]
+            .measured_at_counts
+        )
+        # The next window lies wholly after the load; the end is kept across ticks.
+        history = history.observed(Load(50.0).snapshot(decided_at + 2 * WINDOW_S, after), after)
+        assert measure(pipeline_specs(), after, history).stages["branch_embed"].measured_at_counts
+        assert PipelineHistory.from_dict(json.loads(json.dumps(history.to_dict()))) == history
+
     def test_demand_follows_the_calls_down_the_pipeline(self) -> None:
         at = counts(2, 3)
         model, _ = measured(apart(Load(80.0), at, 3), at)

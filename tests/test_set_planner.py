@@ -125,6 +125,26 @@ def test_the_live_configs_batching_reaches_the_planner(monkeypatch) -> None:
     }
 
 
+def test_the_end_of_a_load_reaches_the_planners_windows() -> None:
+    # A tick decides 1 -> 2 for branch_embed; its load ends 6 s later (the set tick reports
+    # it). The planner's windows date the new count from the load's end, not from the tick
+    # (tests/test_pipeline_model.py: which windows that leaves out).
+    specs, planner = pipeline_specs(7), SetPlanner()
+    before, after = counts(2, 1), counts(2, 2)
+    load = Load(100.0)
+    for tick in range(3):
+        now = START + tick * TICK_S
+        planner.planned(plans(specs, before, load.snapshot(now, before), now), now)
+    decided_at = START + 2 * TICK_S
+    planner.went_live("branch_embed", decided_at + 6.0)
+    planner.went_live("branch_embed", decided_at + 1.0)  # an older report does not move it back
+    now = decided_at + TICK_S
+    planner.planned(plans(specs, after, load.snapshot(now, after), now), now)
+    history = planner.state.history
+    assert history.live_since["branch_embed"] == decided_at + 6.0
+    assert history.changed_at(["branch_embed"], after) == decided_at + 6.0
+
+
 def test_members_that_read_different_pods_are_decided_in_groups_each_on_its_own_snapshot() -> None:
     # Two Deployments bound by one budget: one set, two snapshots. Each group is decided from
     # its own pods' window, as a planner of that group alone decides it, and keeps its own

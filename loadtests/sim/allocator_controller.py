@@ -27,6 +27,11 @@ class AllocatorController:
         self.reasons: dict[str, str] = {}  # model -> the reason of its last decision
         self.messages: dict[str, str] = {}  # model -> the message of its last decision
         self.batching: dict[str, Batching] = {}  # model -> its batching, from its config
+        self.live_since: dict[str, float] = {}  # model -> when its last load ended
+
+    def went_live(self, model: str, at: float) -> None:
+        """The load of a new count of `model` ended at `at` (the runner's clock)."""
+        self.live_since[model] = at
 
     def configure(self, configs: Mapping[str, Mapping[str, Any]]) -> None:
         """The live configs of the set's models (Triton's JSON); one that cannot be read is
@@ -45,7 +50,13 @@ class AllocatorController:
         now: float,
     ) -> dict[str, int]:
         decision = decide_set(
-            specs, current, snapshot, SetState.from_dict(self.state), now, self.batching
+            specs,
+            current,
+            snapshot,
+            SetState.from_dict(self.state),
+            now,
+            self.batching,
+            self.live_since,
         )
         self.state = decision.state.to_dict()
         self.reasons = {model: d.reason for model, d in decision.models.items()}

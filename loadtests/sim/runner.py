@@ -119,6 +119,7 @@ def run_scenario(
     if configure is not None:
         configure(scenario.pipeline.configs())
     source = SimulatedSource(sim)
+    went_live = getattr(controller, "went_live", None)
     load_rng = random.Random(scenario.seed)
     tallies = [_PhaseTally() for _ in scenario.phases]
     served_at = [0.0] * (len(scenario.phases) + 1)  # at each phase's start, and at the end
@@ -160,7 +161,10 @@ def run_scenario(
                 reasons = getattr(controller, "reasons", {})
                 tally.reversal_reasons[reasons.get(model, "unknown")] += 1
             last_direction[model] = direction
-            sim.set_count(model, count, at=t + load_rng.uniform(*LOAD_SECONDS))
+            live_at = t + load_rng.uniform(*LOAD_SECONDS)
+            sim.set_count(model, count, at=live_at)
+            if went_live is not None:
+                went_live(model, live_at)  # as the operator's set tick reports a load's end
         tally.instance_seconds += sum(held.values()) * interval
     sim.run_until(end)
     held_at_end[phase] = sim.counts()

@@ -39,6 +39,13 @@ class SetPlanner:
         self.decisions: dict[frozenset[str], SetDecision] = {}
         self.last: SetDecision | None = None  # the largest group's last decision, for reports
         self.prediction: Prediction | None = None  # the last prediction made
+        # Per model, when the last load that changed its count ended (the ticks' clock): the
+        # windows before then mix the old count with the new.
+        self.live_since: dict[str, float] = {}
+
+    def went_live(self, model: str, at: float) -> None:
+        """A load that changed `model`'s count ended at `at` (the clock of the ticks' `now`)."""
+        self.live_since[model] = max(at, self.live_since.get(model, at))
 
     @property
     def state(self) -> SetState:
@@ -102,6 +109,7 @@ class SetPlanner:
             own = plan.batching.get(model)
             if own is not None:
                 batching[model] = own
-        decided = decide_set(specs, current, snapshot, state, now, batching)
+        live_since = {model: at for model, at in self.live_since.items() if model in specs}
+        decided = decide_set(specs, current, snapshot, state, now, batching, live_since)
         self.decisions[key] = decided
         return decided, notes

@@ -122,15 +122,15 @@ async def tick_set(
     # A pod the healer read while observing was read for this tick: it serves the snapshot.
     snapshots = await _read_metrics(source, observations, time.monotonic() - started)
     plans = {name: seen.planned(snapshots[_reading(seen)]) for name, seen in observations.items()}
-    if planner is None:
-        planner = SetPlanner()
-    plans = planner.planned(plans, now)
-    if metrics is not None and planner.name and planner.last is not None:
+    set_planner = planner if planner is not None else SetPlanner()
+    plans = set_planner.planned(plans, now)
+    if metrics is not None and set_planner.name and set_planner.last is not None:
+        prediction = set_planner.prediction
         metrics.record_set(
             namespace,
-            planner.name,
-            planner.prediction.expected_rps if planner.prediction is not None else None,
-            planner.last.served_rps,
+            set_planner.name,
+            prediction.expected_rps if prediction is not None else None,
+            set_planner.last.served_rps,
         )
 
     budgeted = {name: plan for name, plan in plans.items() if plan.spec.budget is not None}
@@ -175,6 +175,9 @@ async def tick_set(
                 backoff_cap_s=backoff_cap_s,
             )
             ledger.settle(key, name, result.holding)
+        if any(p.ok and not p.pending and p.after != p.before for p in result.applied):
+            # In the ticks' clock: `now` plus the time this tick has taken.
+            set_planner.went_live(plan.spec.model, now + result.duration_s)
         await finished(name, result)
 
     async def finish_budgeted() -> None:

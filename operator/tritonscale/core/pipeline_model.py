@@ -227,14 +227,32 @@ class Window:
 
 @dataclass(frozen=True)
 class PipelineHistory:
-    """The recent windows of a pod set, oldest first; the caller stores it between ticks."""
+    """The recent windows of a pod set, oldest first; the caller stores it between ticks.
+
+    `live_since`: per model, when its count went live where the driver knows it (the end of
+    the load that set it). A load takes time (seconds for a Python backend on a busy node),
+    and the old instances serve until it ends: a window that begins after the tick that
+    decided the change but before the load ended mixes both counts.
+    """
 
     windows: tuple[Window, ...] = ()
+    live_since: Mapping[str, float] = field(default_factory=dict, hash=False)
 
-    def observed(self, snapshot: MetricSnapshot, counts: Mapping[str, int]) -> PipelineHistory:
-        """Add the snapshot (unless the history holds it or a later one already) and prune."""
+    def observed(
+        self,
+        snapshot: MetricSnapshot,
+        counts: Mapping[str, int],
+        live_since: Mapping[str, float] | None = None,
+    ) -> PipelineHistory:
+        """Add the snapshot (unless the history holds it or a later one already) and prune;
+        `live_since` adds to what the history knows of when counts went live."""
         if self.windows and snapshot.taken_at <= self.windows[-1].taken_at:
             return self
+        since = {
+            model: at
+            for model, at in {**self.live_since, **(live_since or {})}.items()
+            if model in counts and at > snapshot.taken_at - HISTORY_S
+        }
         # A decoupled model sized by its streams is left out: Triton's timings of it measure
         # the hand-off, not the work (tritonscale.core.sizing), and it keeps its count.
         readings = {
@@ -252,10 +270,23 @@ class PipelineHistory:
                 # the chain of those that do not, and the newest (where the counts changed,
                 # every window, for the time of the change).
                 kept.pop()
-        return PipelineHistory((*kept, window)[-MAX_WINDOWS:])
+        return PipelineHistory((*kept, window)[-MAX_WINDOWS:], since)
+
+    def changed_at(self, models: Sequence[str], counts: Mapping[str, int]) -> float:
+        """When today's `counts` of `models` went live, as far as the history knows: the end
+        of the newest window that ran other counts, or the end of a later load (-inf: they
+        ran these counts in every window)."""
+        return max(
+            [w.taken_at for w in self.windows if not _at_counts(w, models, counts)]
+            + [self.live_since[model] for model in models if model in self.live_since],
+            default=-math.inf,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"windows": [window.to_dict() for window in self.windows]}
+        return {
+            "windows": [window.to_dict() for window in self.windows],
+            "liveSince": dict(self.live_since),
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> PipelineHistory:
@@ -267,7 +298,10 @@ class PipelineHistory:
         if not d:
             return cls()
         try:
-            return cls(tuple(Window.from_dict(w) for w in d.get("windows", [])))
+            return cls(
+                tuple(Window.from_dict(w) for w in d.get("windows", [])),
+                {str(model): float(at) for model, at in d.get("liveSince", {}).items()},
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"malformed pipeline history: {error!r}") from None
 
@@ -557,7 +591,7 @@ def _service_windows(
     was undone): the hold per request does not depend on the counts where the model's
     assumption holds, and the verifier tests it.
     """
-    changed_at = _changed_at(history, models, counts)
+    changed_at = history.changed_at(models, counts)
     serving = [
         w
         for w in history.windows
@@ -597,16 +631,6 @@ def _served(window: Window, model: str) -> bool:
 
 def _at_counts(window: Window, models: Sequence[str], counts: Mapping[str, int]) -> bool:
     return all(window.counts.get(model) == counts.get(model) for model in models)
-
-
-def _changed_at(
-    history: PipelineHistory, models: Sequence[str], counts: Mapping[str, int]
-) -> float:
-    """When the newest window that ran other counts of `models` ended (-inf: none did)."""
-    return max(
-        (w.taken_at for w in history.windows if not _at_counts(w, models, counts)),
-        default=-math.inf,
-    )
 
 
 def _apart(windows: Sequence[Window]) -> list[Window]:

@@ -218,12 +218,15 @@ def decide_set(
     state: SetState,
     now: float,
     batching: Mapping[str, Batching] | None = None,
+    live_since: Mapping[str, float] | None = None,
 ) -> SetDecision:
     """Decide every model's count of one pod set (see the module's docstring for the stages).
 
     `specs` and `current` are keyed by model; `current` is each model's live count per pod
     (the highest where pods disagree). `batching`: each model's batching from its live config
-    (`Batching.of_config`); a model left out is taken at today's batch. Raises ValueError
+    (`Batching.of_config`); a model left out is taken at today's batch. `live_since`: when a
+    model's count went live, where the driver knows it (the end of its load; without it, the
+    tick that decided the change stands for it). Raises ValueError
     when a model has no live count (with no ready pod, report NoReadyPods instead of asking
     the planner).
     """
@@ -245,7 +248,7 @@ def decide_set(
         reason, why = problem or (METRICS_MISSING, "no metrics snapshot")
         steps = {model: [held.get(model) or _Step(current[model], reason, why)] for model in specs}
     else:
-        history = history.observed(snapshot, current)
+        history = history.observed(snapshot, current, live_since)
         pipeline = measure(specs, current, history, batching)
         served = _served_rps(pipeline)
         verdict = verifier.judge(checks, pipeline, current, snapshot, now)
@@ -478,7 +481,7 @@ def _lowered(
         before = [w for w in history.windows if w.counts.get(model, count) != count]
         if not before or before[-1].counts[model] < count:
             continue
-        changed_at = before[-1].taken_at
+        changed_at = history.changed_at((model,), current)
         if any(
             w.counts.get(model) == count and starts_after(w, changed_at) for w in history.windows
         ):
