@@ -226,7 +226,7 @@ def decide_set(
     (the highest where pods disagree). `batching`: each model's batching from its live config
     (`Batching.of_config`); a model left out is taken at today's batch. `live_since`: when a
     model's count went live, where the driver knows it (the end of its load; without it, the
-    tick that decided the change stands for it). Raises ValueError
+    last window that ran the old count stands for it). Raises ValueError
     when a model has no live count (with no ready pod, report NoReadyPods instead of asking
     the planner).
     """
