@@ -168,6 +168,7 @@ def test_the_triton_image_serves_the_repository_models_as_the_chart_runs_it(
         f"--metrics-address={LOOPBACK}",
         f"--metrics-port={metrics}",
         "--exit-timeout-secs=5",
+        "--rate-limit=execution_count",
         f"--http-restricted-api={restricted}",
         f"--grpc-restricted-protocol={restricted}",
         "--log-verbose=0",

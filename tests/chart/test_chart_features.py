@@ -133,6 +133,13 @@ class TestTritonPod:
         assert "--load-model=*" in args
         assert "--model-repository=/models" in args
 
+    def test_the_rate_limiter_lets_count_changes_finish_under_load(self, render) -> None:
+        # In Triton's default (`off`) a BLS root's instance change waited for its queue to
+        # empty; `execution_count` is what lets the operator's loads finish under load.
+        assert "--rate-limit=execution_count" in triton_container(render().objects)["args"]
+        args = triton_container(render(sets=("triton.rateLimit=off",)).objects)["args"]
+        assert "--rate-limit=off" in args
+
     def test_repository_api_is_restricted_by_the_secrets_key(self, render) -> None:
         objects = render().objects
         tritonserver = triton_container(objects)

@@ -36,6 +36,13 @@ from tritonscale.triton.endpoints import Endpoint
 # stay open.
 RESTRICTED_APIS = "model-repository,shared-memory,logging,trace"
 
+# Triton's rate limiter in the mode where each payload is scheduled when an instance is free
+# (`--rate-limit=execution_count`), not in the default `off`. In `off` a new instance's
+# initialization (and a removed one's exit) waits in a queue that its backend thread reads
+# only once the model's queue of batches is empty: under a load that never drains, a BLS
+# root's count change never finished (docs/count-changes.md has the source and the numbers).
+RATE_LIMIT = "execution_count"
+
 # The model repository when none is named: models/ in the current directory (a checkout).
 DEFAULT_MODEL_REPOSITORY = Path("models")
 
@@ -165,6 +172,7 @@ class LocalTriton:
         startup_timeout_s: float = 240.0,
         log_path: str | os.PathLike[str] | None = None,
         extra_args: list[str] | None = None,
+        rate_limit: str = RATE_LIMIT,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         self.http_address = _listen_address("HTTP", http_address)
@@ -195,6 +203,9 @@ class LocalTriton:
         self.exit_timeout_s = exit_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.extra_args = list(extra_args or [])
+        self.rate_limit = (
+            rate_limit  # `off` is Triton's default: the count-change benchmark's baseline
+        )
         # The Python backend names its /dev/shm regions with this prefix: this server's own.
         self.shm_prefix = f"tritonscale_{secrets.token_hex(6)}_"
         self._workdir: Path | None = None
@@ -248,6 +259,7 @@ class LocalTriton:
             f"--http-restricted-api={restricted}",
             f"--grpc-restricted-protocol={restricted}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--rate-limit={self.rate_limit}",
             # Keep going when one model fails so that we can name it and Triton's reason.
             "--exit-on-error=false",
             "--strict-readiness=true",
