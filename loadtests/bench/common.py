@@ -2,8 +2,10 @@
 progress lines, JSON results and plots.
 
 The load generators are tritonscale.local.loadgen's, over `tritonclient.grpc.aio`: `measure`
-keeps a fixed number of requests in flight (closed loop), `measure_stream` does the same over
-one gRPC stream (decoupled models), `OpenLoopLoad` sends at a rate;
+keeps a fixed number of requests in flight (closed loop) for one measurement, `SteadyClosedLoop`
+keeps them in flight for a whole run (the windows of a tuner's benchmark are spans of it: users'
+traffic does not pause between two measurements), `measure_stream` does the same over one
+gRPC stream (decoupled models), `OpenLoopLoad` sends at a rate;
 one process, no gevent, so that at these rates the generator is not the bottleneck
 (bench/loadgen_headroom.py measures how far that holds). `measure(..., path=...)` runs the
 same closed loop on the path a model's users take: unary gRPC, unary HTTP, or a gRPC stream
@@ -42,6 +44,7 @@ from tritonscale.local.loadgen import (
     Inputs,
     Measurement,
     OpenLoopLoad,
+    SteadyClosedLoop,
     measure,
     measure_stream,
 )
@@ -53,7 +56,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "reports" / "bench"
 
 # The load generators live in tritonscale.local.loadgen (the demo uses them too).
-__all__ = ["CLIENT_PATHS", "Inputs", "Measurement", "OpenLoopLoad", "measure", "measure_stream"]
+__all__ = [
+    "CLIENT_PATHS",
+    "Inputs",
+    "Measurement",
+    "OpenLoopLoad",
+    "SteadyClosedLoop",
+    "measure",
+    "measure_stream",
+]
 
 
 def pipeline_inputs(rows: int = 1) -> Callable[[np.random.Generator], Inputs]:
@@ -154,40 +165,60 @@ def read_decisions(log: Path) -> tuple[str, list[dict[str, Any]]]:
     return text, [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def steady_load(
+    triton: LocalTriton, model: str, settings: Mapping[str, Any], concurrency: int | None = None
+) -> SteadyClosedLoop:
+    """The benchmark's closed loop on `model` (`settings["concurrency"]` requests of
+    `settings["rows"]` rows in flight unless `concurrency` says otherwise), not yet started:
+    one load for the whole run, so that no window drains the queues the next one starts with."""
+    return SteadyClosedLoop(
+        triton.grpc_url,
+        model,
+        pipeline_inputs(settings["rows"]),
+        concurrency=settings["concurrency"] if concurrency is None else concurrency,
+    )
+
+
+def steady_window(load: SteadyClosedLoop, settings: Mapping[str, Any]) -> Measurement:
+    """One configuration's window on the running load: `settings["warmup_s"]` for the queues
+    to settle at the new counts, then `settings["static_seconds"]` measured."""
+    load.window(settings["warmup_s"])
+    return load.window(settings["static_seconds"])
+
+
 def closed_loop_windows(
-    triton: LocalTriton,
+    load: SteadyClosedLoop,
     instances: Instances,
     settings: dict,
-    concurrency: int,
     seconds: float,
     started: float,
     tune: subprocess.Popen | None,
     label: str,
-    model: str,
     models: Sequence[str],
 ) -> list[dict[str, Any]]:
-    """Closed-loop windows on `model` for `seconds`, each with the counts of `models` after it
-    (`tune`: the driver that must stay up meanwhile; None for a static configuration)."""
-    timeline = []
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    """Windows of `settings["window_s"]` on the running closed loop `load` for `seconds`, one
+    after another with no gap, each with the counts of `models` read after it (`tune`: the
+    driver that must stay up meanwhile; None for a static configuration). The load runs on
+    between windows and after the last: its queues never drain on the benchmark's account."""
+
+    def driver_up() -> None:
         if tune is not None and tune.poll() is not None:
             raise SystemExit(f"bench: tritonscale tune exited with code {tune.returncode}")
-        m = measure(
-            triton.grpc_url,
-            model,
-            pipeline_inputs(settings["rows"]),
-            concurrency=concurrency,
-            seconds=settings["window_s"],
-            warmup_s=0.0,
-        )
+
+    timeline = []
+    window_start = time.monotonic()
+    end = window_start + seconds
+    while window_start < end:
+        m = load.window(settings["window_s"], start=window_start, stop_early=driver_up)
+        window_start += settings["window_s"]
         counts = {name: instances.get(name) for name in models}
         timeline.append(
             {
-                "t_s": round(time.monotonic() - started, 2),
+                "t_s": round(window_start - started, 2),
                 "phase": label,
                 "throughput_rps": round(m.throughput_rps, 2),
                 "p95_ms": round(m.p95_ms, 2) if m.p95_ms else None,
+                "failures": m.failures,
                 "instances": counts,
                 "total_instances": sum(counts.values()),
             }
@@ -215,11 +246,10 @@ RECHECKED = 3
 
 
 def best_static_rechecked(
-    triton: LocalTriton,
+    load: SteadyClosedLoop,
     instances: Instances,
     settings: dict,
     sweep: Sequence[tuple[Mapping[str, int], float]],
-    model: str,
     models: Sequence[str],
 ) -> dict[str, Any]:
     """The bar a tuner's steady state is held to: the sweep's leading configurations
@@ -229,16 +259,17 @@ def best_static_rechecked(
     winner's curse), and two configurations a few per cent apart may swap places from one
     run to the next; its windows also have a warm-up the tuner's do not. So every
     configuration within CONTENDER_SHARE of the best (at most RECHECKED) is measured again,
-    right after the tuner's run, in the same closed-loop windows (no warm-up, the counts read
-    after each) for `settings["recheck_s"]`; `window_rps` shows each one's spread."""
+    right after the tuner's run, in the same windows of the same running load (no warm-up,
+    the counts read after each) for `settings["recheck_s"]`; `window_rps` shows each one's
+    spread."""
     ranked = sorted(sweep, key=lambda row: -row[1])
     contenders = [row for row in ranked if row[1] >= CONTENDER_SHARE * ranked[0][1]][:RECHECKED]
     rechecked = []
     for counts, swept_rps in contenders:
         instances.set(dict(counts))
         windows = closed_loop_windows(
-            triton, instances, settings, settings["concurrency"], settings["recheck_s"],
-            time.monotonic(), None, "static", model, models,
+            load, instances, settings, settings["recheck_s"], time.monotonic(), None, "static",
+            models,
         )  # fmt: skip
         rates = [w["throughput_rps"] for w in windows]
         mean = statistics.mean(rates)

@@ -4,13 +4,19 @@
     python -m loadtests.bench.operator_vs_static --budget 8   # another total
     python -m loadtests.bench.operator_vs_static --quick      # tiny (CI)
 
-1. Offline sweep, like Model Analyzer: every instance count of pipeline_async and its three
-   branches (each at least 1) that uses the whole budget, under one closed-loop load
-   (32 requests of 8 rows in flight); the best throughput is the bar.
-2. Every model back at 1, then `tritonscale tune` (the local driver, a subprocess, policies
-   written here with short windows) under the same load, from the load step on: throughput
-   window by window as a fraction of the best static one, the time to reach 95 % of it, the
-   instances held; then a low load, and the instances left after it.
+One closed-loop load (32 requests of 8 rows in flight) runs from the sweep's first window
+to the recheck's last and never pauses: every count changes under it, and a window is a span
+of its completions (common.SteadyClosedLoop), as users' traffic keeps coming between two
+measurements.
+
+1. Sweep, like Model Analyzer: every instance count of pipeline_async and its three
+   branches (each at least 1) that uses the whole budget, each set under the running load
+   and measured on it after a settling span; the best throughput is the bar.
+2. Every model back at 1 (under the load: the backlog is the load step), then `tritonscale
+   tune` (the local driver, a subprocess, policies written here with short windows):
+   throughput window by window as a fraction of the best static one, the time to reach 95 %
+   of it, the instances held; then a low load (the same loop at 1 in flight), and the
+   instances left after it.
 3. The sweep's leading configurations (within 10 % of its best) measured again in the same
    windows as the driver's run (common.best_static_rechecked): the sweep's best is the
    highest of many short samples, and near ties swap places between runs, so the operator's
@@ -103,7 +109,10 @@ def static_configurations(budget: int, models: Sequence[str] = MODELS) -> list[d
     ]
 
 
-def sweep(triton: Any, instances: common.Instances, settings: dict) -> list[dict[str, Any]]:
+def sweep(
+    load: common.SteadyClosedLoop, instances: common.Instances, settings: dict
+) -> list[dict[str, Any]]:
+    """Every configuration of the budget, set under the running load and measured on it."""
     configurations = static_configurations(settings["budget"])
     common.progress(
         f"static sweep: {len(configurations)} configurations of {settings['budget']} instances"
@@ -111,14 +120,7 @@ def sweep(triton: Any, instances: common.Instances, settings: dict) -> list[dict
     rows = []
     for index, counts in enumerate(configurations, start=1):
         instances.set(counts)
-        m = common.measure(
-            triton.grpc_url,
-            PIPELINE,
-            common.pipeline_inputs(settings["rows"]),
-            concurrency=settings["concurrency"],
-            seconds=settings["static_seconds"],
-            warmup_s=settings["warmup_s"],
-        )
+        m = common.steady_window(load, settings)
         rows.append({"instances": counts, **m.to_dict()})
         common.progress(
             f"  [{index}/{len(configurations)}] {counts}: {m.throughput_rps:.1f} rps, "
@@ -180,7 +182,11 @@ def policies(
 
 
 def with_operator(
-    triton: Any, instances: common.Instances, settings: dict, best_rps: float
+    triton: Any,
+    load: common.SteadyClosedLoop,
+    instances: common.Instances,
+    settings: dict,
+    best_rps: float,
 ) -> dict:
     instances.set(dict.fromkeys(MODELS, 1))
     with tempfile.TemporaryDirectory(prefix="bench-tune-") as folder:
@@ -194,30 +200,16 @@ def with_operator(
         started = time.monotonic()
         try:
             high = common.closed_loop_windows(
-                triton,
-                instances,
-                settings,
-                settings["concurrency"],
-                settings["operator_seconds"],
-                started,
-                tune,
-                "high load",
-                PIPELINE,
-                MODELS,
-            )
+                load, instances, settings, settings["operator_seconds"], started, tune,
+                "high load", MODELS,
+            )  # fmt: skip
             common.progress(f"operator: low load ({settings['low_concurrency']} in flight)")
+            load.set_concurrency(settings["low_concurrency"])
             low = common.closed_loop_windows(
-                triton,
-                instances,
-                settings,
-                settings["low_concurrency"],
-                settings["low_seconds"],
-                started,
-                tune,
-                "low load",
-                PIPELINE,
+                load, instances, settings, settings["low_seconds"], started, tune, "low load",
                 MODELS,
-            )
+            )  # fmt: skip
+            load.set_concurrency(settings["concurrency"])
         finally:
             common.stop_tune(tune)
         decision_log, decisions = common.read_decisions(log)
@@ -254,21 +246,23 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
 
 def _run(triton: Any, settings: dict) -> dict[str, Any]:
     instances = common.Instances(triton)
+    # One load from the sweep's first window to the recheck's last: the counts change under it.
+    load = common.steady_load(triton, PIPELINE, settings).start()
     try:
-        static = sweep(triton, instances, settings)
+        static = sweep(load, instances, settings)
         best = max(static, key=lambda row: row["throughput_rps"])
         common.progress(f"best static: {best['instances']} at {best['throughput_rps']:.1f} rps")
-        operator = with_operator(triton, instances, settings, best["throughput_rps"])
+        operator = with_operator(triton, load, instances, settings, best["throughput_rps"])
         common.progress("the leading static configurations again, in the operator's windows")
         rechecked = common.best_static_rechecked(
-            triton,
+            load,
             instances,
             settings,
             [(row["instances"], row["throughput_rps"]) for row in static],
-            PIPELINE,
             MODELS,
         )
     finally:
+        load.stop()
         instances.restore()
     operator["within_budget"] = (
         operator["max_total_instances"] is not None
@@ -285,6 +279,8 @@ def _run(triton: Any, settings: dict) -> dict[str, Any]:
         "reached_95pct_within_60s": reached is not None and reached <= WITHIN_S,
         "max_total_instances": operator["max_total_instances"],
         "within_budget": operator["within_budget"],
+        # The benchmark's own count changes, each under the running load (seconds each).
+        "instance_change_seconds_max": round(max(instances.change_seconds, default=0.0), 2),
         "settings": settings,
         "models": list(MODELS),
         "static_sweep": static,

@@ -8,9 +8,13 @@ The two pipelines share the pods and their three branches; the sync twin pays th
 times one after another, so it needs more parent instances for the same throughput, while
 the async one needs its branches. No static configuration is best for both halves.
 
-1. Offline sweep: every count of the five models (each at least 1) that uses the whole
-   budget, each measured under the first half's load (32 requests of 8 rows in flight on
-   pipeline_async) and right after under the second half's (the same on pipeline_sync).
+One closed-loop load (32 requests of 8 rows in flight) runs from the sweep's first window to
+the recheck's last and never pauses (common.SteadyClosedLoop); what moves is the model its
+requests go to. Every count changes under it.
+
+1. Sweep: every count of the five models (each at least 1) that uses the whole budget, set
+   under the running load and measured with the load on pipeline_async (the first half's
+   mix) and then on pipeline_sync (the second's), each after a settling span.
 2. Every model back at 1, then `tritonscale tune` (the local driver, policies with short
    windows) under the first half's load, then the second's: throughput window by window.
 3. The operator (mean of the last three windows of each half) against the best static
@@ -75,18 +79,11 @@ FULL = {
 }
 
 
-def _measure(triton: Any, model: str, settings: dict) -> common.Measurement:
-    return common.measure(
-        triton.grpc_url,
-        model,
-        common.pipeline_inputs(settings["rows"]),
-        concurrency=settings["concurrency"],
-        seconds=settings["static_seconds"],
-        warmup_s=settings["warmup_s"],
-    )
-
-
-def sweep(triton: Any, instances: common.Instances, settings: dict) -> list[dict[str, Any]]:
+def sweep(
+    load: common.SteadyClosedLoop, instances: common.Instances, settings: dict
+) -> list[dict[str, Any]]:
+    """Every configuration of the budget, set under the running load and measured on it with
+    the load on each half's root in turn (the mix moves, the load never stops)."""
     configurations = static_configurations(settings["budget"], MODELS)
     common.progress(
         f"static sweep: {len(configurations)} configurations of {settings['budget']} instances, "
@@ -95,7 +92,11 @@ def sweep(triton: Any, instances: common.Instances, settings: dict) -> list[dict
     rows = []
     for index, counts in enumerate(configurations, start=1):
         instances.set(counts)
-        first, second = _measure(triton, FIRST, settings), _measure(triton, SECOND, settings)
+        halves = []
+        for model in (FIRST, SECOND):
+            load.set_model(model)
+            halves.append(common.steady_window(load, settings))
+        first, second = halves
         rows.append({"instances": counts, "first": first.to_dict(), "second": second.to_dict()})
         common.progress(
             f"  [{index}/{len(configurations)}] {counts}: {FIRST} {first.throughput_rps:.1f} rps, "
@@ -104,7 +105,10 @@ def sweep(triton: Any, instances: common.Instances, settings: dict) -> list[dict
     return rows
 
 
-def with_operator(triton: Any, instances: common.Instances, settings: dict) -> dict[str, Any]:
+def with_operator(
+    triton: Any, load: common.SteadyClosedLoop, instances: common.Instances, settings: dict
+) -> dict[str, Any]:
+    load.set_model(FIRST)
     instances.set(dict.fromkeys(MODELS, 1))
     with tempfile.TemporaryDirectory(prefix="bench-tune-") as folder:
         config = Path(folder) / "policies.yaml"
@@ -118,14 +122,15 @@ def with_operator(triton: Any, instances: common.Instances, settings: dict) -> d
         started = time.monotonic()
         try:
             first = common.closed_loop_windows(
-                triton, instances, settings, settings["concurrency"], settings["half_seconds"],
-                started, tune, "first half", FIRST, MODELS,
+                load, instances, settings, settings["half_seconds"], started, tune,
+                "first half", MODELS,
             )  # fmt: skip
             shifted_at = time.monotonic() - started
             common.progress(f"operator: the load moves to {SECOND}")
+            load.set_model(SECOND)
             second = common.closed_loop_windows(
-                triton, instances, settings, settings["concurrency"], settings["half_seconds"],
-                started, tune, "second half", SECOND, MODELS,
+                load, instances, settings, settings["half_seconds"], started, tune,
+                "second half", MODELS,
             )  # fmt: skip
         finally:
             common.stop_tune(tune)
@@ -168,8 +173,10 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
 
 def _run(triton: Any, settings: dict) -> dict[str, Any]:
     instances = common.Instances(triton)
+    # One load from the sweep's first window to the recheck's last; only its model moves.
+    load = common.steady_load(triton, FIRST, settings).start()
     try:
-        static = sweep(triton, instances, settings)
+        static = sweep(load, instances, settings)
         best_first = max(static, key=lambda row: row["first"]["throughput_rps"])
         best_second = max(static, key=lambda row: row["second"]["throughput_rps"])
         # The configuration with the best mean over the run, had one been picked for both.
@@ -181,23 +188,23 @@ def _run(triton: Any, settings: dict) -> dict[str, Any]:
             f"best static for {FIRST}: {best_first['instances']}; for {SECOND}: "
             f"{best_second['instances']}"
         )
-        operator = with_operator(triton, instances, settings)
+        operator = with_operator(triton, load, instances, settings)
         common.progress("the leading static configurations again, in the operator's windows")
-        rechecked = {
-            half: common.best_static_rechecked(
-                triton,
+        rechecked = {}
+        for half, key, model in (
+            ("first_half", "first", FIRST),
+            ("second_half", "second", SECOND),
+        ):
+            load.set_model(model)
+            rechecked[half] = common.best_static_rechecked(
+                load,
                 instances,
                 settings,
                 [(row["instances"], row[key]["throughput_rps"]) for row in static],
-                model,
                 MODELS,
             )
-            for half, key, model in (
-                ("first_half", "first", FIRST),
-                ("second_half", "second", SECOND),
-            )
-        }
     finally:
+        load.stop()
         instances.restore()
     best_second_rps = best_second["second"]["throughput_rps"]
     target = TARGET_FRACTION * best_second_rps

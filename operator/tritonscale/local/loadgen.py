@@ -619,6 +619,188 @@ def measure_stream(
     return asyncio.run(_closed_loop_stream(url, model, make, concurrency, warmup_s, seconds))
 
 
+# ---- a closed loop that never pauses: windows are spans of its completions ----------------
+
+
+class SteadyClosedLoop:
+    """`concurrency` requests always in flight to `model` on Triton's gRPC `url`, from
+    `start()` to `stop()`, whatever is measured meanwhile.
+
+    `measure` runs a closed loop for one window and waits out its last requests, so the
+    server's queues empty between two windows; real clients never pause like that. Here one
+    load runs across every window: a window is the span [start, end) of its completions
+    (`stats`), and the queue a window ends with is the next one's start. `set_concurrency`
+    and `set_model` change the load while it runs (a lower load, a shifted mix): the users
+    above the new count finish their request and wait; a user sends to the model in force
+    when its request starts. Times are `time.monotonic()`. Own event loop in a thread,
+    like OpenLoopLoad; one gRPC channel for every user.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        make: Callable[[np.random.Generator], Inputs] | None = None,
+        *,
+        concurrency: int,
+        rows: int = 1,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        if concurrency < 0:
+            raise ValueError(f"concurrency must be >= 0, got {concurrency}")
+        self.url = url
+        self.timeout_s = timeout_s
+        self._make = make or (lambda rng: input_arrays(self._model, rows, rng))
+        self._model = model
+        self._concurrency = concurrency
+        self._lock = threading.Lock()
+        # Each ended request, in the order they ended: when (monotonic s), latency s, ok.
+        self._ended_at: list[float] = []
+        self._ended: list[tuple[float, bool, str]] = []
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None  # why the generator itself stopped
+        self.last_error: str | None = None  # the last failed request's reason
+
+    @property
+    def concurrency(self) -> int:
+        return self._concurrency
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    def set_concurrency(self, concurrency: int) -> None:
+        if concurrency < 0:
+            raise ValueError(f"concurrency must be >= 0, got {concurrency}")
+        self._concurrency = concurrency
+        self._wake_users()
+
+    def set_model(self, model: str) -> None:
+        """Send the requests that start from now on to `model` (same inputs)."""
+        self._model = model
+
+    def start(self, timeout_s: float = 30.0) -> SteadyClosedLoop:
+        self._thread = threading.Thread(target=self._run, name="steady closed loop", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            self.stop()
+            raise RuntimeError(f"the closed-loop load generator did not start in {timeout_s:.0f} s")
+        if self.error:
+            raise RuntimeError(f"the closed-loop load generator failed: {self.error}")
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop sending and give up on the requests still out (they are not counted)."""
+        self._stopping.set()
+        self._wake_users()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+            self._thread = None
+
+    def __enter__(self) -> SteadyClosedLoop:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _wake_users(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop closed meanwhile: nobody left to wake
+                pass
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception as error:  # reported by start() or the caller's checks
+            self.error = _one_line(error)
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        client = grpc_aio.InferenceServerClient(self.url)
+        users: list[asyncio.Task[None]] = []
+        self._ready.set()
+        try:
+            while not self._stopping.is_set():
+                while len(users) < self._concurrency:
+                    users.append(asyncio.create_task(self._user(client, len(users))))
+                self._wake.clear()
+                await self._wake.wait()
+        finally:
+            for user in users:
+                user.cancel()
+            await asyncio.gather(*users, return_exceptions=True)
+            await client.close()
+
+    async def _user(self, client: Any, index: int) -> None:
+        rng = np.random.default_rng(index)
+        assert self._wake is not None
+        while not self._stopping.is_set():
+            if index >= self._concurrency:
+                await asyncio.sleep(0.05)  # parked until the load rises again
+                continue
+            model = self._model
+            inputs = _infer_inputs(self._make(rng))
+            sent = time.monotonic()
+            try:
+                await client.infer(model, inputs, client_timeout=self.timeout_s)
+                ok = True
+            except Exception as error:  # counted: a failure is a result, not a crash
+                ok = False
+                self.last_error = _one_line(error)
+            done = time.monotonic()
+            with self._lock:
+                self._ended_at.append(done)
+                self._ended.append((done - sent, ok, model))
+            if not ok:
+                await asyncio.sleep(0.01)  # a server that refuses must not be hammered
+
+    def stats(self, start: float, end: float) -> Measurement:
+        """The requests that ended in [start, end) (monotonic s): a window of the running load."""
+        with self._lock:
+            first = bisect.bisect_left(self._ended_at, start)
+            last = bisect.bisect_left(self._ended_at, end)
+            ended = self._ended[first:last]
+        latencies = [latency for latency, ok, _ in ended if ok]
+        failures = len(ended) - len(latencies)
+        models = {model for _, _, model in ended} or {self._model}
+        return _measurement(
+            "+".join(sorted(models)),
+            self._concurrency,
+            end - start,
+            latencies,
+            failures,
+            self.last_error if failures else None,
+        )
+
+    def window(
+        self,
+        seconds: float,
+        start: float | None = None,
+        stop_early: Callable[[], None] | None = None,
+    ) -> Measurement:
+        """The completions of the `seconds` from `start` (default: now), once they have passed
+        (`stop_early` is called every tenth of a second meanwhile: it may raise); the load runs
+        on. Windows that each start where the last ended leave no request uncounted."""
+        start = time.monotonic() if start is None else start
+        end = start + seconds
+        while (now := time.monotonic()) < end:
+            if stop_early is not None:
+                stop_early()
+            if self.error:
+                raise RuntimeError(f"the closed-loop load generator failed: {self.error}")
+            time.sleep(min(0.1, end - now))
+        return self.stats(start, end)
+
+
 # ---- closed-loop users as threads ---------------------------------------------------------
 
 
