@@ -24,8 +24,8 @@ from tritonscale.triton.loads import DEFAULT_LOAD_DEADLINE_S
 # `--load-deadline` of the operator and of tune: how long a tick waits for one load.
 LOAD_DEADLINE_HELP = (
     "Seconds a tick waits for one load of a model on a pod (a normal reload takes about "
-    "0.4-3.5 s); past it the old instances keep serving, the tick reports ReloadTimeout, and "
-    "no other load goes to that pod until Triton has answered the first."
+    "0.4-3.5 s); past it the tick reports ReloadTimeout, takes the larger of the two counts for "
+    "what runs, and sends no other load of that model to that pod until Triton has answered."
 )
 
 # Errors that are the user's to fix (bad input, a busy port, a missing binary): one line.

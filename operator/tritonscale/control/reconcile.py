@@ -62,7 +62,7 @@ from tritonscale.core.pipeline_model import Batching
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.metrics.source import MetricsSource
-from tritonscale.triton.actuator import Actuator, PodResult, instance_count, is_decoupled
+from tritonscale.triton.actuator import Actuator, PodResult, is_decoupled
 from tritonscale.triton.endpoints import Endpoint
 from tritonscale.triton.healing import CONDITION_TYPE as HEALTH_CONDITION
 from tritonscale.triton.healing import NONE as NO_HEALING_ACTION
@@ -309,7 +309,7 @@ async def observe(
     unreachable = {h.pod: h.message for h in healing if h.reason == POD_UNREACHABLE}
     reachable = [e for e in asked if e.name not in unreachable]
     configs, unreadable = await actuator.live_configs(reachable, spec.model)
-    live = {pod: instance_count(config) for pod, config in configs.items()}
+    live = {pod: actuator.running(pod, spec.model, config) for pod, config in configs.items()}
     unreadable = {**unreachable, **unreadable}
     for endpoint in asked:
         if endpoint.name in unreadable:
@@ -344,7 +344,9 @@ async def observe(
         configs_of[child], _ = await actuator.live_configs(asked_for, child)
     if child_instances is None:
         child_instances = {
-            child: min(instance_count(config) for config in configs_of[child].values())
+            child: min(
+                actuator.running(pod, child, config) for pod, config in configs_of[child].items()
+            )
             for child in spec.calls
             if configs_of[child]
         }

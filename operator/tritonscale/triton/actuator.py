@@ -13,9 +13,10 @@ good and the others go together, at most `parallel_pods` (4) at a time, each on 
 asyncio task): a slow or hung pod does not hold back the others' counts.
 
 Each load is a bounded wait (`load_deadline_s`, see tritonscale.triton.loads): past its
-deadline the pod's result is `pending`, the old instances keep serving (Triton does that by
-itself), and no other load of the model goes to that pod while the first one is in flight
-(`in_flight`).
+deadline the pod's result is `pending`, the larger of the two counts is taken for what runs
+until Triton answers (`running`: Triton serves on a new instance before it confirms it, and on
+a removed one until it exits), and no other load of the model goes to that pod while the
+first one is in flight (`in_flight`: Triton would queue it behind the first).
 
 Note: after a load with a config override, a later plain load keeps the override; to go
 back to the repository's config, send that config as an override.
@@ -80,7 +81,7 @@ class PodResult:
     reason: str  # "" when ok, else one line
     seconds: float  # load + wait for READY
     # The load had not finished at its deadline (sent now, or on an earlier tick and still
-    # in flight): the old instances serve, and Triton may still finish it.
+    # in flight): Triton may still finish it; `after` is then the larger count (`running`).
     pending: bool = False
 
 
@@ -120,12 +121,24 @@ def repository_key_from_env() -> str | None:
     return os.environ.get(REPOSITORY_KEY_ENV) or None
 
 
+# What serves while Triton has not confirmed a count change, and what to do about it: Triton
+# 2.51 serves on a new instance before it confirms it and on a removed one until it exits,
+# and in its default rate-limiter mode both wait for the model's queue to empty.
+UNCONFIRMED = (
+    "up to {may_serve} instances serve meanwhile (a new instance serves before Triton confirms "
+    "it, a removed one until it exits); a model whose queue never empties holds its change "
+    "until it does unless tritonserver runs with --rate-limit=execution_count"
+)
+
+
 def still_in_flight(load: LoadInFlight, age_s: float) -> str:
     """The one line for a pod whose load of a model, sent `age_s` ago, has not finished yet."""
+    serving = UNCONFIRMED.format(may_serve=load.may_serve) if load.may_serve else ""
     return (
-        f"the load of {load.model} with {load.what} on {load.pod} sent {age_s:.0f} s ago has "
-        f"not finished (deadline {load.deadline_s:g} s); the old instances serve, and no "
-        "other load goes to that pod until it ends"
+        f"Triton has not confirmed the load of {load.model} with {load.what} on {load.pod} "
+        f"sent {age_s:.0f} s ago (deadline {load.deadline_s:g} s); "
+        + (f"{serving}; " if serving else "")
+        + "no other load of that model goes to that pod until it ends (it would wait behind it)"
     )
 
 
@@ -220,9 +233,21 @@ class Actuator:
     async def live_counts(
         self, endpoints: Sequence[Endpoint], model: str
     ) -> tuple[dict[str, int], dict[str, str]]:
-        """`live_configs`, each config's instance count."""
+        """`live_configs`, each as the instances that run (`running`)."""
         configs, failures = await self.live_configs(endpoints, model)
-        return {pod: instance_count(config) for pod, config in configs.items()}, failures
+        return {pod: self.running(pod, model, config) for pod, config in configs.items()}, failures
+
+    def running(self, pod: str, model: str, config: Mapping[str, Any]) -> int:
+        """The instances of `model` that run on `pod`, given its live config: the config's
+        count, or while a count change sent there is unconfirmed, the larger of its two
+        counts. Triton's config lags what serves then, in either direction (it shows the old
+        count until an increase is confirmed, the new one from the start of a decrease), and
+        Triton reports nothing else of it; the larger is what runs while Triton's rate limiter
+        holds the change (measured, docs/count-changes.md), and never less than what runs: the
+        budget counts it."""
+        count = instance_count(config)
+        load = self.loads.in_flight(pod, model)
+        return max(count, load.may_serve) if load is not None and load.may_serve else count
 
     async def each(
         self, endpoints: Sequence[Endpoint], call: Callable[[Endpoint], Awaitable[T]]
@@ -351,7 +376,11 @@ class Actuator:
         what = f"{desired} instance{'' if desired == 1 else 's'}" + (f" of {kind}" if kind else "")
         try:
             late = await self.loads.run(
-                endpoint.name, model, what, lambda: self._load(endpoint, model, override)
+                endpoint.name,
+                model,
+                what,
+                lambda: self._load(endpoint, model, override),
+                may_serve=max(before, desired),
             )
             if late is None:
                 await self._wait_ready(
@@ -367,11 +396,14 @@ class Actuator:
         seconds = self._clock() - started
         if late is not None:
             reason = (
-                f"the load of {model} with {what} on {endpoint.name} did not finish within "
-                f"its deadline of {self.load_deadline_s:g} s; the old instances keep serving"
+                f"Triton has not confirmed the load of {model} with {what} on {endpoint.name} "
+                f"within its deadline of {self.load_deadline_s:g} s; "
+                + UNCONFIRMED.format(may_serve=late.may_serve)
             )
             log.warning("%s: %s %d -> %d: %s", endpoint.name, model, before, desired, reason)
-            return PodResult(endpoint.name, before, before, False, reason, seconds, pending=True)
+            return PodResult(
+                endpoint.name, before, late.may_serve, False, reason, seconds, pending=True
+            )
         log.info(
             "%s: %s %d -> %d instances in %.2f s", endpoint.name, model, before, desired, seconds
         )

@@ -1,11 +1,16 @@
 """Loads with a deadline: a reload that does not finish never holds its caller past it.
 
-Triton 2.51 can leave a reload hanging: seen here, a reload of bls_decoupled_sync to 2
-instances while requests were stuck, and square_int32 put back from 2 instances to 1.
-Measured with a model whose new instance never finishes `initialize()`: the load call does
-not return; the old instances keep serving; the model reads READY with the old count, and
-the repository index says READY too, so nothing in Triton's API tells that a reload is in
-flight; a second load of the model waits behind the first.
+Triton 2.51 can leave a reload hanging. Two causes were seen here:
+- With its rate limiter `off` (Triton's default), an instance-count change of a model whose
+  queue never empties (a BLS root under steady load) waits until the queue empties: the new
+  instance serves before Triton confirms it, a removed one serves until it exits, and the
+  config shows the new count only at the end of an increase, at once for a decrease
+  (docs/count-changes.md). `--rate-limit=execution_count`, which `tritonscale serve` and the
+  chart set, removes this cause.
+- A model whose new instance never finishes `initialize()`: the old instances keep serving.
+Either way the model reads READY and the repository index says READY too, so nothing in
+Triton's API tells that a reload is in flight; a second load of the model waits behind the
+first (measured: it creates no instance until the first ends).
 
 So a load runs as an asyncio task of its own and its caller waits at most `deadline_s`. Past
 the deadline the caller gets the `LoadInFlight` and goes on; the task keeps the request open
@@ -52,6 +57,9 @@ class LoadInFlight:
     what: str  # what the load asks for, e.g. "2 instances"
     started: float  # the clock's time when it was sent
     deadline_s: float
+    # The most instances that may serve until Triton confirms the load (the larger of the
+    # counts before and after a count change; None for a load that changes no count).
+    may_serve: int | None = None
 
 
 @dataclass
@@ -118,7 +126,12 @@ class LoadsInFlight:
         return running.load if running is not None and running.abandoned else None
 
     async def run(
-        self, pod: str, model: str, what: str, send: Callable[[], Awaitable[None]]
+        self,
+        pod: str,
+        model: str,
+        what: str,
+        send: Callable[[], Awaitable[None]],
+        may_serve: int | None = None,
     ) -> LoadInFlight | None:
         """Run `send()` (one load) as a task of its own; wait for it up to the deadline.
 
@@ -129,7 +142,7 @@ class LoadsInFlight:
         key = (pod, model)
         if key in self._running:
             return self._running[key].load
-        load = LoadInFlight(pod, model, what, self._clock(), self.deadline_s)
+        load = LoadInFlight(pod, model, what, self._clock(), self.deadline_s, may_serve)
         self._changed(key)
         task = asyncio.ensure_future(send())
         running = self._running[key] = _Running(load, task)
