@@ -390,7 +390,38 @@ def vegeta(doc: dict) -> list[str]:
     return lines
 
 
+def count_changes(doc: dict) -> list[str]:
+    lines = [
+        f"Every model of pipeline_async 1 -> 2 -> 3 -> 2 -> 1 under loads that never drain; "
+        f"a change counts when Triton's config shows it within {_f(doc['goal_s'], 0)} s.",
+        "",
+        "| --rate-limit | load | within the goal | stalled | median s | slowest s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, loads in doc["arms"].items():
+        for load in ("closed_loop", "open_loop"):
+            row = loads[load]
+            lines.append(
+                f"| {arm} | {load.replace('_', ' ')} | {row['within_goal']} of "
+                f"{row['changes_total']} | {row['stalled']} | {_f(row['median_seconds'], 2)} | "
+                f"{_f(row['max_seconds'], 2)} |"
+            )
+    lines += [
+        "",
+        "| instances | execution_count rps | off rps | ratio | p95 ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for row in doc["cost"]:
+        lines.append(
+            f"| {'/'.join(str(c) for c in row['instances'].values())} | "
+            f"{_f(row['execution_count']['throughput_rps'])} | {_f(row['off']['throughput_rps'])} | "
+            f"{_f(row['throughput_ratio'], 3)} | {_f(row['p95_ratio'], 3)} |"
+        )
+    return lines
+
+
 RENDERERS = {
+    "count_changes": count_changes,
     "gateway": gateway,
     "async_vs_sync": async_vs_sync,
     "operator_vs_static": operator_vs_static,
