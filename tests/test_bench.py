@@ -23,6 +23,7 @@ from loadtests.bench import (
     bls_hop,
     common,
     control_loop_scale,
+    count_changes,
     gateway,
     loadgen_headroom,
     operator_vs_static,
@@ -293,6 +294,24 @@ def test_shifted_mix_quick(triton: LocalTriton, tmp_path: Path) -> None:
             <= shifted_mix.QUICK["half_seconds"] + 1
         )
     assert _counts(triton) == before
+
+
+def test_count_changes_quick(tmp_path: Path) -> None:
+    # Its own two servers (one per --rate-limit): the session's is not changed.
+    result = count_changes.run(count_changes.QUICK)
+    doc = _written("count_changes", result, tmp_path, lambda p: count_changes.plot(result, p))
+    assert doc["arms"].keys() == set(count_changes.ARMS)
+    for arm in count_changes.ARMS:
+        for load in ("closed_loop", "open_loop"):
+            done = doc["arms"][arm][load]
+            # pipeline_async 1 -> 2 -> 1 under each load, each one timed or marked stalled.
+            assert [(row["from"], row["to"]) for row in done["changes"]] == [(1, 2), (2, 1)]
+            assert all((row["seconds"] is None) == row["stalled"] for row in done["changes"])
+            assert done["served"] > 0 and done["failed"] == 0, done["first_error"]
+    # The setting the chart ships finishes every change, whatever the default does.
+    assert doc["arms"]["execution_count"]["closed_loop"]["stalled"] == 0
+    (split,) = doc["cost"]
+    assert split["execution_count"]["throughput_rps"] > 0 and split["off"]["throughput_rps"] > 0
 
 
 def test_scale_down_quick(triton: LocalTriton, tmp_path: Path) -> None:

@@ -170,8 +170,12 @@ class LoadsInFlight:
             return
         load = running.load
         took = self._clock() - load.started
-        error = None if running.task.cancelled() else running.task.exception()
-        ended = f"failed: {getattr(error, 'reason', error)}" if error else "finished"
+        if running.task.cancelled():  # its event loop ended first: Triton may still finish it
+            ended = "was given up (its request closed)"
+        elif (error := running.task.exception()) is not None:
+            ended = f"failed: {getattr(error, 'reason', error)}"
+        else:
+            ended = "finished"
         log.warning(
             "%s: the load of %s (%s) %s %.1f s after it was sent, past its deadline of %g s",
             load.pod,
