@@ -240,9 +240,10 @@ def first_held(
 
 
 # The sweep's configurations measured again: those within this share of its best, at most
-# RECHECKED of them.
+# RECHECKED of them, in turns over RECHECK_ROUNDS rounds.
 CONTENDER_SHARE = 0.9
 RECHECKED = 3
+RECHECK_ROUNDS = 4
 
 
 def best_static_rechecked(
@@ -259,19 +260,29 @@ def best_static_rechecked(
     winner's curse), and two configurations a few per cent apart may swap places from one
     run to the next; its windows also have a warm-up the tuner's do not. So every
     configuration within CONTENDER_SHARE of the best (at most RECHECKED) is measured again,
-    right after the tuner's run, in the same windows of the same running load (no warm-up,
-    the counts read after each) for `settings["recheck_s"]`; `window_rps` shows each one's
-    spread."""
+    right after the tuner's run, in the same windows of the same running load (the counts
+    read after each) for `settings["recheck_s"]` in all; `window_rps` shows each one's spread.
+    Two contenders a few per cent apart are told apart only if the machine's drift does not
+    decide it: they are measured in turns, RECHECK_ROUNDS rounds with the order reversed every
+    other round, and the window after each change is left out (the queue settles to the new
+    counts, as it does after a tuner's step)."""
     ranked = sorted(sweep, key=lambda row: -row[1])
     contenders = [row for row in ranked if row[1] >= CONTENDER_SHARE * ranked[0][1]][:RECHECKED]
+    rounds = RECHECK_ROUNDS if len(contenders) > 1 else 1
+    rates_of: list[list[float]] = [[] for _ in contenders]
+    for round_index in range(rounds):
+        turns = list(enumerate(contenders))
+        for index, (counts, _) in turns if round_index % 2 == 0 else turns[::-1]:
+            instances.set(dict(counts))
+            if rounds > 1:
+                load.window(settings["window_s"])  # settling after the change: left out
+            windows = closed_loop_windows(
+                load, instances, settings, settings["recheck_s"] / rounds, time.monotonic(),
+                None, "static", models,
+            )  # fmt: skip
+            rates_of[index] += [w["throughput_rps"] for w in windows]
     rechecked = []
-    for counts, swept_rps in contenders:
-        instances.set(dict(counts))
-        windows = closed_loop_windows(
-            load, instances, settings, settings["recheck_s"], time.monotonic(), None, "static",
-            models,
-        )  # fmt: skip
-        rates = [w["throughput_rps"] for w in windows]
+    for (counts, swept_rps), rates in zip(contenders, rates_of, strict=True):
         mean = statistics.mean(rates)
         spread = statistics.stdev(rates) if len(rates) > 1 else 0.0
         rechecked.append(
