@@ -497,8 +497,21 @@ the `tmp` emptyDir. The image's environment is compiled already, so Python write
 {{- end -}}
 
 {{- define "tritonscale.validateValues.locust" -}}
-{{- if and .Values.locust.enabled (not (.Files.Get (printf "files/loadtests/%s" .Values.locust.locustfile))) -}}
-tritonscale: locust.enabled is true but the chart holds no loadtests/{{ .Values.locust.locustfile }} (files/loadtests links to loadtests/).
+{{- $locust := .Values.locust -}}
+{{- if $locust.enabled -}}
+{{- $lines := list -}}
+{{- if not (.Files.Get (printf "files/loadtests/%s" $locust.locustfile)) -}}
+{{- $lines = append $lines (printf "tritonscale: locust.enabled is true but the chart holds no loadtests/%s (files/loadtests links to loadtests/)." $locust.locustfile) -}}
+{{- end -}}
+{{- if and $locust.headless (eq (toString $locust.runTime) "") -}}
+{{- $lines = append $lines "tritonscale: locust.headless is true but locust.runTime is empty: a headless run is a Job that must end; set locust.runTime (e.g. 10m)." -}}
+{{- else if and $locust.headless (ne (toString $locust.activeDeadlineSeconds) "") -}}
+{{- $runSeconds := int (include "tritonscale.locustRunSeconds" .) -}}
+{{- if le (int $locust.activeDeadlineSeconds) $runSeconds -}}
+{{- $lines = append $lines (printf "tritonscale: locust.activeDeadlineSeconds (%v) is not above locust.runTime (%s, %d s): Kubernetes would stop every run before its end." $locust.activeDeadlineSeconds $locust.runTime $runSeconds) -}}
+{{- end -}}
+{{- end -}}
+{{- join "\n" $lines -}}
 {{- end -}}
 {{- end -}}
 
