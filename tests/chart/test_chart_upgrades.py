@@ -323,3 +323,20 @@ def test_the_web_ui_keeps_its_deployments_without_a_run_id(render) -> None:
     assert one(objects, "Deployment", "-locust-master")["metadata"]["name"] == (
         "demo-tritonscale-locust-master"
     )
+
+
+def test_values_kept_from_a_release_before_these_keys_still_bound_every_wait(render) -> None:
+    # `helm upgrade --reuse-values` keeps the old chart's defaults (Helm 3 and 4): the new keys
+    # are then missing, and a wait of 0 would be Locust's forever.
+    missing = ("waitForTritonSeconds", "expectWorkersSeconds", "activeDeadlineSeconds",
+               "ttlSecondsAfterFinished")  # fmt: skip
+    objects = render(LOCUST, sets=tuple(f"locust.{key}=null" for key in missing)).objects
+    jobs = locust_jobs(objects)
+    init = jobs["master"]["spec"]["template"]["spec"]["initContainers"][0]
+    assert "--wait=600" in init["command"]
+    assert "--expect-workers-max-wait=300" in container(jobs["master"], "locust")["args"]
+    for role, job in jobs.items():
+        assert job["spec"]["activeDeadlineSeconds"] == 600 + 300 + 600 + 120, role
+        assert "ttlSecondsAfterFinished" not in job["spec"], role
+    kept = render(HA_VALUES, sets=("operator.rollingUpdate=null",)).objects
+    assert rollout_of(kept)["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}

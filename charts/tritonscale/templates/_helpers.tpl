@@ -505,7 +505,7 @@ the `tmp` emptyDir. The image's environment is compiled already, so Python write
 {{- end -}}
 {{- if and $locust.headless (eq (toString $locust.runTime) "") -}}
 {{- $lines = append $lines "tritonscale: locust.headless is true but locust.runTime is empty: a headless run is a Job that must end; set locust.runTime (e.g. 10m)." -}}
-{{- else if and $locust.headless (ne (toString $locust.activeDeadlineSeconds) "") -}}
+{{- else if and $locust.headless (eq (include "tritonscale.isSet" $locust.activeDeadlineSeconds) "true") -}}
 {{- $runSeconds := int (include "tritonscale.locustRunSeconds" .) -}}
 {{- if le (int $locust.activeDeadlineSeconds) $runSeconds -}}
 {{- $lines = append $lines (printf "tritonscale: locust.activeDeadlineSeconds (%v) is not above locust.runTime (%s, %d s): Kubernetes would stop every run before its end." $locust.activeDeadlineSeconds $locust.runTime $runSeconds) -}}

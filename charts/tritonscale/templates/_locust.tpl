@@ -37,7 +37,7 @@ spec:
   # The whole run, waits included, ends by then: Kubernetes stops what still runs and marks
   # the Job Failed with reason DeadlineExceeded.
   activeDeadlineSeconds: {{ include "tritonscale.locustDeadlineSeconds" $ }}
-  {{- if ne (toString $locust.ttlSecondsAfterFinished) "" }}
+  {{- if eq (include "tritonscale.isSet" $locust.ttlSecondsAfterFinished) "true" }}
   ttlSecondsAfterFinished: {{ int $locust.ttlSecondsAfterFinished }}
   {{- end }}
   {{- end }}
@@ -92,7 +92,7 @@ spec:
             - python3
             - /opt/tritonscale/scripts/triton_ready.py
             - --url={{ $host }}
-            - --wait={{ $locust.waitForTritonSeconds }}
+            - --wait={{ include "tritonscale.locustWaitSeconds" (list $locust "waitForTritonSeconds") }}
             {{- range $.Values.triton.readyModels }}
             - {{ . | quote }}
             {{- end }}
@@ -130,7 +130,7 @@ spec:
             - --spawn-rate={{ $locust.spawnRate }}
             - --expect-workers={{ $locust.workers }}
             # Without it the master waits for its workers forever.
-            - --expect-workers-max-wait={{ $locust.expectWorkersSeconds }}
+            - --expect-workers-max-wait={{ include "tritonscale.locustWaitSeconds" (list $locust "expectWorkersSeconds") }}
             {{- with $locust.runTime }}
             - --run-time={{ . }}
             {{- end }}
@@ -204,9 +204,30 @@ spec:
 its longest waits, its run time and two minutes for Locust to stop and report. */}}
 {{- define "tritonscale.locustDeadlineSeconds" -}}
 {{- $locust := .Values.locust -}}
-{{- if ne (toString $locust.activeDeadlineSeconds) "" -}}
+{{- if eq (include "tritonscale.isSet" $locust.activeDeadlineSeconds) "true" -}}
 {{- int $locust.activeDeadlineSeconds -}}
 {{- else -}}
-{{- add (int $locust.waitForTritonSeconds) (int $locust.expectWorkersSeconds) (int (include "tritonscale.locustRunSeconds" .)) 120 -}}
+{{- $triton := int (include "tritonscale.locustWaitSeconds" (list $locust "waitForTritonSeconds")) -}}
+{{- $workers := int (include "tritonscale.locustWaitSeconds" (list $locust "expectWorkersSeconds")) -}}
+{{- add $triton $workers (int (include "tritonscale.locustRunSeconds" .)) 120 -}}
 {{- end -}}
+{{- end -}}
+
+{{/* One of a headless run's waits in seconds: its value, or the chart's default where a release
+upgraded with --reuse-values from a chart before it has none (Helm then keeps the old chart's
+defaults), so that no wait becomes 0, which Locust reads as forever. Call with
+(list .Values.locust "waitForTritonSeconds"|"expectWorkersSeconds"). */}}
+{{- define "tritonscale.locustWaitSeconds" -}}
+{{- $value := get (index . 0) (index . 1) -}}
+{{- $defaults := dict "waitForTritonSeconds" 600 "expectWorkersSeconds" 300 -}}
+{{- if eq (include "tritonscale.isSet" $value) "true" -}}
+{{- int $value -}}
+{{- else -}}
+{{- get $defaults (index . 1) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when a value is set: neither missing (null) nor empty. */}}
+{{- define "tritonscale.isSet" -}}
+{{- and (not (kindIs "invalid" .)) (ne (toString .) "") | toString -}}
 {{- end -}}
