@@ -376,8 +376,12 @@ def runs(cluster: Cluster) -> dict[str, dict[str, dict[str, Any]]]:
     return found
 
 
-def run_pods(cluster: Cluster, run: str) -> list[dict[str, Any]]:
-    return cluster.pods(LOAD_NAMESPACE, f"{LOCUST},{RUN_LABEL}={run}")
+def run_pods(cluster: Cluster, run: str, role: str | None = None) -> list[dict[str, Any]]:
+    """The pods of a run (of one role's Job)."""
+    selector = f"{LOCUST},{RUN_LABEL}={run}"
+    if role is not None:
+        selector += f",tritonscale.io/locust-role={role}"
+    return cluster.pods(LOAD_NAMESPACE, selector)
 
 
 def wait_finished(cluster: Cluster, previous: str | None, timeout_s: float) -> str:
@@ -443,7 +447,7 @@ def test_a_headless_run_installed_with_the_release_finishes(load_release: Cluste
     # Triton starts meanwhile: the master's init container waits for it (up to 420 s here).
     with Stopwatch(load_release.timings, "helm install to the first Locust run finished"):
         run = wait_finished(load_release, None, timeout_s=600)
-    (master,) = [p for p in run_pods(load_release, run) if "master" in p["metadata"]["name"]]
+    (master,) = run_pods(load_release, run, "master")
     (status,) = master["status"]["containerStatuses"]
     assert status["state"]["terminated"]["exitCode"] == 0, status
 
@@ -535,7 +539,7 @@ def test_a_run_that_cannot_reach_triton_fails_within_its_bounds_with_one_line(
     models = [arg for arg in init if not arg.startswith(("-", "/")) and arg != "python3"]
     paths = ["/v2/health/ready", *(f"/v2/models/{model}/ready" for model in models)]
     expected = f"gave up after 10 s waiting for Triton at {nowhere}: not ready: {', '.join(paths)}"
-    (master,) = [p for p in run_pods(load_release, run) if "master" in p["metadata"]["name"]]
+    (master,) = run_pods(load_release, run, "master")
     (waited,) = master["status"]["initContainerStatuses"]
     terminated = waited["state"]["terminated"]
     assert terminated["exitCode"] == 1, waited
