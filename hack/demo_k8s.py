@@ -288,12 +288,13 @@ class Demo:
         return sum(self.served.values()), worst, counts
 
     def load(self, values_file: Path) -> list[PhaseRow]:
-        master = f"{RELEASE}-tritonscale-locust-master"
+        # The headless master's Job is named after a hash of its run: found by its labels.
+        master = f"app.kubernetes.io/instance={RELEASE},tritonscale.io/locust-role=master"
         self.k("helm", "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(values_file))
         say(f"Locust on: {STEP_USERS} more users every {STEP_SECONDS} s, {STEPS} steps")
 
         def running() -> bool:
-            for pod in self.k.items("pods", "-n", NAMESPACE, "-l", f"job-name={master}"):
+            for pod in self.k.items("pods", "-n", NAMESPACE, "-l", master):
                 for status in (pod.get("status") or {}).get("containerStatuses") or []:
                     if "running" in status.get("state", {}):
                         return True

@@ -40,6 +40,16 @@ def model_configs(objects: list[dict]) -> dict[str, str]:
     }
 
 
+def locust_job(objects: list[dict], role: str) -> dict:
+    """The headless run's Job of one role (its name ends with the run's hash)."""
+    (job,) = [
+        o
+        for o in by_kind(objects, "Job")
+        if o["metadata"]["labels"].get("tritonscale.io/locust-role") == role
+    ]
+    return job
+
+
 class TestTritonPod:
     def test_shared_memory_is_a_memory_emptydir_at_dev_shm(self, render) -> None:
         objects = render(sets=("triton.shm.sizeLimit=3Gi",)).objects
@@ -633,13 +643,13 @@ class TestHpaLocustAndHelmTest:
         result = run_helm(helm4, *template_args("locust-values.yaml"))
         assert result.returncode == 0, result.stderr
         objects = result.objects
-        job = one(objects, "Job", "-locust-master")  # headless: one run, never restarted
+        job = locust_job(objects, "master")  # headless: one run, never restarted
         assert job["spec"]["backoffLimit"] == 0
         assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
         master = container(job, "locust")
         # The workers quit with the master: a Job too, or they would be restarted into a
         # master that is gone; each worker runs once, retried only when it fails.
-        workers = one(objects, "Job", "-locust-worker")
+        workers = locust_job(objects, "worker")
         assert workers["spec"]["parallelism"] == workers["spec"]["completions"] == 4
         assert workers["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
         # Locust's own image (loadtests/Dockerfile), not the operator's: that one has no Locust.
@@ -663,7 +673,11 @@ LOCUST_WRITABLE_ENV = ("HOME", "XDG_CACHE_HOME", "TMPDIR")
 
 
 @pytest.mark.parametrize(
-    "sets", [("locust.enabled=true",), ("locust.enabled=true", "locust.headless=true")],
+    "sets",
+    [
+        ("locust.enabled=true",),
+        ("locust.enabled=true", "locust.headless=true", "locust.runTime=1m"),
+    ],
     ids=["web ui", "headless"],
 )  # fmt: skip
 def test_locust_runs_on_a_read_only_root_and_writes_only_to_emptydirs(

@@ -67,6 +67,18 @@ SCHEMA_CASES = [
         'operator.podAntiAffinity must be one of the following: "preferred", "required", ""',
     ),
     (
+        "a rollout surge that is not a number or a percentage",
+        ("operator.rollingUpdate.maxSurge=one",),
+        "at '/operator/rollingUpdate/maxSurge': 'one' does not match pattern",
+        "operator.rollingUpdate.maxSurge: Does not match pattern",
+    ),
+    (
+        "an unbounded wait for the locust workers",
+        ("locust.expectWorkersSeconds=0",),
+        "at '/locust/expectWorkersSeconds': minimum: got 0, want 1",
+        "locust.expectWorkersSeconds: Must be greater than or equal to 1",
+    ),
+    (
         "unknown monitor kind",
         ("monitoring.monitor.kind=Probe",),
         "at '/monitoring/monitor/kind': value must be one of 'ServiceMonitor', 'PodMonitor'",
@@ -74,7 +86,7 @@ SCHEMA_CASES = [
     ),
 ]
 
-# (id, --set values, validateValues' message)
+# (id, --set values, validateValues' message[, ci/ values file the values go on top of])
 COMBINATION_CASES = [
     (
         "gpu mode without gpus",
@@ -190,6 +202,49 @@ COMBINATION_CASES = [
         "tritonscale: operator.shards is 3 and operator.peering.enabled is true",
     ),
     (
+        "a surge with operator pods kept apart",
+        ("operator.rollingUpdate.maxSurge=1",),
+        "tritonscale: operator.podAntiAffinity is required but operator.rollingUpdate.maxSurge "
+        "is 1: a surge pod needs a node without an operator pod, and with as many nodes as "
+        "replicas there is none, so every upgrade would stall",
+        "operator-ha-values.yaml",
+    ),
+    (
+        "a rollout that can replace no pod",
+        ("operator.rollingUpdate.maxSurge=0",),
+        "tritonscale: operator.rollingUpdate.maxSurge (0) and operator.rollingUpdate."
+        "maxUnavailable (0) both come to 0 pods of 2: a rollout could replace none",
+        "peering-values.yaml",
+    ),
+    (
+        "a rollout that takes every operator down",
+        ("operator.rollingUpdate.maxUnavailable=100%",),
+        "tritonscale: operator.rollingUpdate.maxUnavailable (100%) lets a rollout take down all "
+        "3 operator pods; keep it below operator.replicaCount so that one stays active.",
+        "operator-ha-values.yaml",
+    ),
+    (
+        "a rollout that takes more than the budget lets a drain take",
+        ("operator.replicaCount=2",),
+        "tritonscale: a rollout takes down 1 of the 2 operator pods at once (operator."
+        "rollingUpdate.maxUnavailable 1) but operator.pdb lets a drain take only 0: set "
+        "operator.pdb.minAvailable to at most 1 (or operator.pdb.maxUnavailable to at least 1).",
+        "operator-ha-values.yaml",
+    ),
+    (
+        "a headless run without an end",
+        ("locust.enabled=true", "locust.headless=true"),
+        "tritonscale: locust.headless is true but locust.runTime is empty: a headless run is a "
+        "Job that must end; set locust.runTime (e.g. 10m).",
+    ),
+    (
+        "a deadline that stops every run",
+        ("locust.activeDeadlineSeconds=600",),
+        "tritonscale: locust.activeDeadlineSeconds (600) is not above locust.runTime (10m, "
+        "600 s): Kubernetes would stop every run before its end.",
+        "locust-values.yaml",
+    ),
+    (
         "a locustfile the chart does not hold",
         ("locust.enabled=true", "locust.locustfile=soak.py"),
         "tritonscale: locust.enabled is true but the chart holds no loadtests/soak.py",
@@ -212,12 +267,14 @@ def test_schema_rejects(
 
 
 @pytest.mark.parametrize(
-    ("sets", "message"),
-    [case[1:] for case in COMBINATION_CASES],
+    ("sets", "message", "values_files"),
+    [(case[1], case[2], case[3:]) for case in COMBINATION_CASES],
     ids=[case[0] for case in COMBINATION_CASES],
 )
-def test_validate_values_rejects(helm: str, sets: tuple[str, ...], message: str) -> None:
-    result = run_helm(helm, *template_args(sets=sets))
+def test_validate_values_rejects(
+    helm: str, sets: tuple[str, ...], message: str, values_files: tuple[str, ...]
+) -> None:
+    result = run_helm(helm, *template_args(*values_files, sets=sets))
     assert result.returncode != 0
     assert message in result.stderr
     assert "VALUES VALIDATION" in result.stderr

@@ -14,6 +14,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,6 +100,28 @@ def test_not_ready_when_nothing_listens() -> None:
     done = run_script("triton_ready.py", f"--url=http://127.0.0.1:{free_port()}", "--timeout=1")
     assert done.returncode == 1
     assert "/v2/health/ready" in done.stdout
+
+
+def test_a_bounded_wait_gives_up_at_its_limit_with_one_line_naming_what_it_waited_for() -> None:
+    # The headless Locust master's init container: no Triton answers, so it must end.
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    done = run_script("triton_ready.py", f"--url={url}", "--timeout=1", "--wait=3", "bls_async")
+    assert done.returncode == 1
+    assert time.monotonic() - started < 10
+    assert done.stdout.strip() == (
+        f"gave up after 3 s waiting for Triton at {url}: "
+        "not ready: /v2/health/ready, /v2/models/bls_async/ready"
+    )
+
+
+def test_a_bounded_wait_ends_as_soon_as_triton_is_ready(chart_triton: LocalTriton) -> None:
+    started = time.monotonic()
+    done = run_script(
+        "triton_ready.py", f"--url=http://{chart_triton.http_url}", "--wait=600", "bls_async"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert time.monotonic() - started < 30
 
 
 def test_helm_test_inference_on_bls_async_passes(chart_triton: LocalTriton) -> None:

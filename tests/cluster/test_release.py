@@ -407,10 +407,15 @@ def test_under_load_the_count_rises_on_every_pod_and_falls_after(release: Cluste
             + "\n"
             + release.kubectl("get", "endpointslices,pods", "-n", NAMESPACE, "-o", "wide")
         )
-    locust = f"{RELEASE}-tritonscale-locust-master"
+    # The master's Job is named after a hash of its run: found by its labels.
+    masters = f"{INSTANCE},tritonscale.io/locust-role=master"
     release.wait(
         "the Locust master Job to complete its run",
-        lambda: (release.get("job", locust, "-n", NAMESPACE).get("status") or {}).get("succeeded"),
+        lambda: [
+            job
+            for job in release.items("jobs", "-n", NAMESPACE, "-l", masters)
+            if (job.get("status") or {}).get("succeeded")
+        ],
         timeout_s=120,
         namespace=NAMESPACE,
     )

@@ -170,6 +170,62 @@ podAntiAffinity:
 {{- end -}}
 {{- end -}}
 
+{{/* "true" when the operator pods get the chart's required anti-affinity (operator.podAntiAffinity
+required, no operator.affinity, several pods): its selector matches old and new pods alike, so
+a rollout's extra pod needs a node with no operator pod, which a cluster with as many nodes as
+replicas lacks. */}}
+{{- define "tritonscale.operatorKeptApart" -}}
+{{- $operator := .Values.operator -}}
+{{- and (eq (toString $operator.podAntiAffinity) "required") (not $operator.affinity) (gt (int (include "tritonscale.operatorReplicas" .)) 1) | toString -}}
+{{- end -}}
+
+{{/* The peered operator Deployment's rollingUpdate as JSON {"maxSurge", "maxUnavailable"}, each a
+number or a percentage: operator.rollingUpdate where set; otherwise maxSurge 1 and
+maxUnavailable 0 (a new pod Ready before an old one goes), or, where the pods are kept apart
+(tritonscale.operatorKeptApart), maxSurge 0 and maxUnavailable 1 (an old pod goes first and
+its node takes the new one: with three replicas two stay up, one of them active). */}}
+{{- define "tritonscale.operatorRollingUpdate" -}}
+{{- $set := .Values.operator.rollingUpdate | default dict -}}
+{{- $apart := eq (include "tritonscale.operatorKeptApart" .) "true" -}}
+{{- $surge := ternary 0 1 $apart -}}
+{{- $unavailable := ternary 1 0 $apart -}}
+{{- $value := get $set "maxSurge" -}}
+{{- if and (not (kindIs "invalid" $value)) (ne (toString $value) "") -}}
+{{- $surge = $value -}}
+{{- end -}}
+{{- $value = get $set "maxUnavailable" -}}
+{{- if and (not (kindIs "invalid" $value)) (ne (toString $value) "") -}}
+{{- $unavailable = $value -}}
+{{- end -}}
+{{- toJson (dict "maxSurge" $surge "maxUnavailable" $unavailable) -}}
+{{- end -}}
+
+{{/* A rollingUpdate number or percentage as pods of `replicas`, rounded as the Deployment
+controller rounds it (maxSurge up, maxUnavailable down). Call with (list value replicas roundUp). */}}
+{{- define "tritonscale.rolloutPods" -}}
+{{- $value := toString (index . 0) -}}
+{{- $replicas := int (index . 1) -}}
+{{- if hasSuffix "%" $value -}}
+{{- $percent := int (trimSuffix "%" $value) -}}
+{{- if index . 2 -}}
+{{- div (add (mul $replicas $percent) 99) 100 -}}
+{{- else -}}
+{{- div (mul $replicas $percent) 100 -}}
+{{- end -}}
+{{- else -}}
+{{- int $value -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A rollingUpdate value as YAML: a number bare, a percentage quoted. */}}
+{{- define "tritonscale.intOrPercent" -}}
+{{- if hasSuffix "%" (toString .) -}}
+{{- toString . | quote -}}
+{{- else -}}
+{{- int . -}}
+{{- end -}}
+{{- end -}}
+
 {{/* A PodDisruptionBudget over one component's pods from its pdb values (minAvailable or
 maxUnavailable, unhealthyPodEvictionPolicy). Call with (list . "component" $pdb). */}}
 {{- define "tritonscale.podDisruptionBudget" -}}
@@ -225,6 +281,7 @@ spec:
 {{- $messages = append $messages (include "tritonscale.validateValues.hpa" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.budget" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.operator" .) -}}
+{{- $messages = append $messages (include "tritonscale.validateValues.operatorRollout" .) -}}
 {{- $messages = append $messages (include "tritonscale.validateValues.locust" .) -}}
 {{- $messages = without $messages "" -}}
 {{- if $messages -}}
@@ -361,6 +418,40 @@ tritonscale: operator.replicaCount is {{ $operator.replicaCount }} but operator.
 {{- end -}}
 {{- end -}}
 
+{{/* The peered operator's rollout: it must be able to finish, and keep an operator active. */}}
+{{- define "tritonscale.validateValues.operatorRollout" -}}
+{{- $operator := .Values.operator -}}
+{{- if and $operator.enabled $operator.peering.enabled (eq (include "tritonscale.operatorShards" .) "1") -}}
+{{- $rollout := fromJson (include "tritonscale.operatorRollingUpdate" .) -}}
+{{- $replicas := int $operator.replicaCount -}}
+{{- $surge := int (include "tritonscale.rolloutPods" (list $rollout.maxSurge $replicas true)) -}}
+{{- $unavailable := int (include "tritonscale.rolloutPods" (list $rollout.maxUnavailable $replicas false)) -}}
+{{- $lines := list -}}
+{{- if and (eq (include "tritonscale.operatorKeptApart" .) "true") (gt $surge 0) -}}
+{{- $lines = append $lines (printf "tritonscale: operator.podAntiAffinity is required but operator.rollingUpdate.maxSurge is %v: a surge pod needs a node without an operator pod, and with as many nodes as replicas there is none, so every upgrade would stall; set operator.rollingUpdate.maxSurge=0 (or leave both empty: maxSurge 0, maxUnavailable 1) or operator.podAntiAffinity=preferred." $rollout.maxSurge) -}}
+{{- end -}}
+{{- if and (eq $surge 0) (eq $unavailable 0) -}}
+{{- $lines = append $lines (printf "tritonscale: operator.rollingUpdate.maxSurge (%v) and operator.rollingUpdate.maxUnavailable (%v) both come to 0 pods of %d: a rollout could replace none; let one of them be above 0." $rollout.maxSurge $rollout.maxUnavailable $replicas) -}}
+{{- end -}}
+{{- if and (gt $replicas 0) (ge $unavailable $replicas) -}}
+{{- $lines = append $lines (printf "tritonscale: operator.rollingUpdate.maxUnavailable (%v) lets a rollout take down all %d operator pods; keep it below operator.replicaCount so that one stays active." $rollout.maxUnavailable $replicas) -}}
+{{- else if eq (include "tritonscale.operatorPdbEnabled" .) "true" -}}
+{{- /* The Deployment controller does not ask the budget; the two must agree by values. */ -}}
+{{- $pdb := $operator.pdb -}}
+{{- $allowed := -1 -}}
+{{- if regexMatch "^[0-9]+$" (toString $pdb.minAvailable) -}}
+{{- $allowed = sub $replicas (int $pdb.minAvailable) -}}
+{{- else if and (eq (toString $pdb.minAvailable) "") (regexMatch "^[0-9]+$" (toString $pdb.maxUnavailable)) -}}
+{{- $allowed = int $pdb.maxUnavailable -}}
+{{- end -}}
+{{- if and (ge (int $allowed) 0) (gt $unavailable (int $allowed)) -}}
+{{- $lines = append $lines (printf "tritonscale: a rollout takes down %d of the %d operator pods at once (operator.rollingUpdate.maxUnavailable %v) but operator.pdb lets a drain take only %d: set operator.pdb.minAvailable to at most %d (or operator.pdb.maxUnavailable to at least %d)." $unavailable $replicas $rollout.maxUnavailable (int $allowed) (sub $replicas $unavailable) $unavailable) -}}
+{{- end -}}
+{{- end -}}
+{{- join "\n" $lines -}}
+{{- end -}}
+{{- end -}}
+
 {{/* One model's files for its ConfigMap: JSON {key: {"path": path in the model folder, "content": text}}. Keys flatten "/" to "__" (ConfigMap keys allow no "/"); in GPU mode config.pbtxt's KIND_CPU becomes KIND_GPU, in CPU mode KIND_GPU becomes KIND_CPU. Call with (list . "model"). */}}
 {{- define "tritonscale.modelFiles" -}}
 {{- $root := index . 0 -}}
@@ -406,8 +497,21 @@ the `tmp` emptyDir. The image's environment is compiled already, so Python write
 {{- end -}}
 
 {{- define "tritonscale.validateValues.locust" -}}
-{{- if and .Values.locust.enabled (not (.Files.Get (printf "files/loadtests/%s" .Values.locust.locustfile))) -}}
-tritonscale: locust.enabled is true but the chart holds no loadtests/{{ .Values.locust.locustfile }} (files/loadtests links to loadtests/).
+{{- $locust := .Values.locust -}}
+{{- if $locust.enabled -}}
+{{- $lines := list -}}
+{{- if not (.Files.Get (printf "files/loadtests/%s" $locust.locustfile)) -}}
+{{- $lines = append $lines (printf "tritonscale: locust.enabled is true but the chart holds no loadtests/%s (files/loadtests links to loadtests/)." $locust.locustfile) -}}
+{{- end -}}
+{{- if and $locust.headless (eq (toString $locust.runTime) "") -}}
+{{- $lines = append $lines "tritonscale: locust.headless is true but locust.runTime is empty: a headless run is a Job that must end; set locust.runTime (e.g. 10m)." -}}
+{{- else if and $locust.headless (eq (include "tritonscale.isSet" $locust.activeDeadlineSeconds) "true") -}}
+{{- $runSeconds := int (include "tritonscale.locustRunSeconds" .) -}}
+{{- if le (int $locust.activeDeadlineSeconds) $runSeconds -}}
+{{- $lines = append $lines (printf "tritonscale: locust.activeDeadlineSeconds (%v) is not above locust.runTime (%s, %d s): Kubernetes would stop every run before its end." $locust.activeDeadlineSeconds $locust.runTime $runSeconds) -}}
+{{- end -}}
+{{- end -}}
+{{- join "\n" $lines -}}
 {{- end -}}
 {{- end -}}
 
