@@ -395,15 +395,16 @@ class Actuator:
             return PodResult(endpoint.name, before, after, False, error.reason, seconds)
         seconds = self._clock() - started
         if late is not None:
+            # `late` may be a load of the model the healer sent (no count change): then the
+            # count before is what runs.
+            serving = late.may_serve or before
             reason = (
-                f"Triton has not confirmed the load of {model} with {what} on {endpoint.name} "
-                f"within its deadline of {self.load_deadline_s:g} s; "
-                + UNCONFIRMED.format(may_serve=late.may_serve)
+                f"Triton has not confirmed the load of {model} with {late.what} on "
+                f"{endpoint.name} within its deadline of {self.load_deadline_s:g} s; "
+                + UNCONFIRMED.format(may_serve=serving)
             )
             log.warning("%s: %s %d -> %d: %s", endpoint.name, model, before, desired, reason)
-            return PodResult(
-                endpoint.name, before, late.may_serve, False, reason, seconds, pending=True
-            )
+            return PodResult(endpoint.name, before, serving, False, reason, seconds, pending=True)
         log.info(
             "%s: %s %d -> %d instances in %.2f s", endpoint.name, model, before, desired, seconds
         )
