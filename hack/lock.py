@@ -31,8 +31,16 @@ SOURCE = REPO_ROOT / "operator" / "requirements.in"
 LOCK = REPO_ROOT / "operator" / "requirements.txt"
 # pip-compile's options; Dependabot reads them back from the header it writes in the lock.
 # --strip-extras: an extra's packages are pinned as packages (pip's constraint form);
-# --allow-unsafe: pip and setuptools, when something requires them, are pinned too.
-COMPILE_OPTIONS = ("--generate-hashes", "--allow-unsafe", "--strip-extras", "--no-emit-index-url")
+# --allow-unsafe: pip and setuptools, when something requires them, are pinned too;
+# --no-emit-index-url, --no-emit-find-links: the machine's own pip settings (an index, a
+# folder of wheels from PIP_FIND_LINKS) stay out of the file.
+COMPILE_OPTIONS = (
+    "--generate-hashes",
+    "--allow-unsafe",
+    "--strip-extras",
+    "--no-emit-index-url",
+    "--no-emit-find-links",
+)
 RESOLVE_TIMEOUT_S = 600
 
 SOURCE_HEADER = """\
