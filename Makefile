@@ -18,7 +18,7 @@ DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 \
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s drills
-.PHONY: base-image images push images-size flake-hunt vegeta kwok bench-fleet sim
+.PHONY: base-image images push images-size flake-hunt vegeta kwok bench-fleet sim lock
 
 all: test
 
@@ -158,6 +158,15 @@ drills: deps tools
 # no registry needed). An image whose inputs did not change is reused (seconds).
 # `make push REGISTRY=registry.example.com/team` then pushes all three there.
 REGISTRY ?= ghcr.io/tritonscale
+
+# The operator image's lock, operator/requirements.txt: pyproject.toml's [project] dependencies
+# (copied to operator/requirements.in) resolved by pip-compile for the image's Python, every
+# distribution pinned with its hashes; the Dockerfile installs it with --require-hashes. Run it
+# after changing those dependencies: tests/test_lock.py fails, naming it, until then. It asks
+# PyPI (the tests never do). pip-tools comes with the test extra, installed here if missing.
+lock: venv
+	$(PY) -c 'import piptools' 2>/dev/null || $(PY) -m pip install --quiet 'pip-tools>=7.4'
+	$(PY) -m hack.lock
 
 base-image:
 	$(PYTHON) -m hack.images base

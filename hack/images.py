@@ -9,8 +9,8 @@ python:3.11-slim. Elsewhere buildah builds them, daemonless, on a stand-in for t
 made from Debian 12's packages with debootstrap (Docker Hub need not be reachable), kept in
 buildah's storage as localhost/tritonscale-python:3.11-slim.
 
-Each image is labelled with a key: a hash of its Dockerfile, the files it copies, the build
-arguments and the base image's id. A build whose key matches the image in storage and its
+Each image is labelled with a key: a hash of its Dockerfile, the files it copies, the base
+image's name and its id. A build whose key matches the image in storage and its
 archive under out/images/ is skipped, so a second `make images` takes seconds.
 """
 
@@ -289,6 +289,19 @@ def copied_files(dockerfile: Path) -> list[Path]:
     return files
 
 
+# The pinned base of a Dockerfile's FROM (not a FROM that names an earlier stage).
+PINNED_FROM = re.compile(r"^(FROM[ \t]+)(python:\S+@sha256:[0-9a-f]{64})\b", re.MULTILINE)
+
+
+def rebased(dockerfile_text: str, base: str) -> str:
+    """The Dockerfile with every FROM of its pinned base naming `base` instead (the stand-in,
+    or PYTHON_IMAGE): the reference is written out in each FROM, where Dependabot reads it."""
+    text, count = PINNED_FROM.subn(lambda match: match.group(1) + base, dockerfile_text)
+    if count == 0:
+        raise ImageError("no FROM python:...@sha256:... to replace with the base " + base)
+    return text
+
+
 def image_key(image: Image, base: str, base_id: str) -> str:
     dockerfile = REPO_ROOT / image.dockerfile
     parts = [dockerfile.read_bytes(), (REPO_ROOT / ".dockerignore").read_bytes()]
@@ -433,24 +446,30 @@ def build_image(image: Image, *, docker: bool, base: str, base_id: str, version:
     started = time.monotonic()
     if stored is None or stored.key != key:
         print(f"building {name} from {image.dockerfile}", flush=True)
-        options = ["--file", image.dockerfile, "--tag", name, "--label", f"{KEY_LABEL}={key}"]
-        if base:
-            options += ["--build-arg", f"PYTHON_IMAGE={base}"]
-        if docker:
-            stream(["docker", "build", *options, "."], image.name, env=None)
-        else:
-            # --pull-never: the base is the local stand-in; nothing is fetched from a registry.
-            pull = ["--pull-never"] if base == BASE_IMAGE else []
-            with tempfile.TemporaryDirectory(prefix="tritonscale-build-") as scratch:
+        with tempfile.TemporaryDirectory(prefix="tritonscale-build-") as scratch:
+            dockerfile = REPO_ROOT / image.dockerfile
+            if base:
+                # Outside the build context, which stays the repository root.
+                dockerfile = Path(scratch) / "Dockerfile"
+                dockerfile.write_text(rebased((REPO_ROOT / image.dockerfile).read_text(), base))
+            options = ["--file", str(dockerfile), "--tag", name, "--label", f"{KEY_LABEL}={key}"]
+            if docker:
+                stream(["docker", "build", *options, "."], image.name, env=None)
+            else:
+                # --pull-never: the base is the local stand-in; nothing is fetched from a registry.
+                pull = ["--pull-never"] if base == BASE_IMAGE else []
                 trust = build_trust_volumes(Path(scratch))
                 command = [*buildah(), "build", *pull, *trust, *options, "."]
                 stream(command, image.name, env=buildah_env())
-            if stored is not None:
-                # The image this one replaces, now untagged: left, it would fill the storage
-                # with one copy per change. Kept where something still uses it.
-                subprocess.run(
-                    [*buildah(), "rmi", stored.id], capture_output=True, timeout=120, check=False
-                )
+                if stored is not None:
+                    # The image this one replaces, now untagged: left, it would fill the
+                    # storage with one copy per change. Kept where something still uses it.
+                    subprocess.run(
+                        [*buildah(), "rmi", stored.id],
+                        capture_output=True,
+                        timeout=120,
+                        check=False,
+                    )
     OUT.mkdir(parents=True, exist_ok=True)
     print(f"writing {image.archive.relative_to(REPO_ROOT)}", flush=True)
     # Written beside, then renamed: an interrupted write never passes for a finished archive.

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.tooling import require_local_triton
-from tests.venvs import Environment, build_wheel
+from tests.venvs import REPO_ROOT, Environment, build_wheel
 from tritonscale.local.triton_server import LocalTriton
 
 
@@ -97,5 +97,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def base_install(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Environment:
-    """A fresh environment with the wheel's base install (no extras): the operator's image."""
-    return Environment.create(tmp_path_factory.mktemp("base") / "venv", str(wheel))
+    """A fresh environment with the wheel's base install (no extras), installed as the
+    operator's image installs it: the lock with hashes, then the wheel alone."""
+    lock = REPO_ROOT / "operator" / "requirements.txt"
+    path = tmp_path_factory.mktemp("base") / "venv"
+    environment = Environment.create(path, "--require-hashes", "--requirement", str(lock))
+    environment.install("--no-deps", str(wheel))
+    return environment

@@ -44,6 +44,8 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "charts/tools": (),
     # Development tooling (the local cluster, the demo on it): run from a checkout's .venv.
     "hack": (),
+    # `make lock`: pip-compile and packaging come with the test extra.
+    "hack/lock.py": ("test",),
     # The dashboards' generator (grafana-foundation-sdk), run from a checkout's .venv.
     "dashboards": ("reports",),
     # The chart's links to models/ and loadtests/, and its pod scripts, which run in the

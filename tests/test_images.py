@@ -81,7 +81,11 @@ def test_hadolint_does_flag_a_careless_dockerfile(hadolint: str, tmp_path: Path)
 
 def instructions(dockerfile: Path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) per instruction, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    return instructions_of(dockerfile.read_text())
+
+
+def instructions_of(dockerfile_text: str) -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n\s*", " ", dockerfile_text)
     rows = [line.split(None, 1) for line in text.splitlines() if line.strip()]
     return [(row[0].upper(), row[1] if len(row) > 1 else "") for row in rows if row[0][0] != "#"]
 
@@ -89,10 +93,11 @@ def instructions(dockerfile: Path) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("image", sorted(DOCKERFILES))
 def test_each_image_builds_on_the_pinned_base_and_runs_as_a_user(image: str) -> None:
     steps = instructions(DOCKERFILES[image])
-    (base,) = [args for name, args in steps if name == "ARG" and args.startswith("PYTHON_IMAGE=")]
-    assert re.fullmatch(r"PYTHON_IMAGE=python:3\.11-slim@sha256:[0-9a-f]{64}", base), base
+    # Written out in each FROM, not an ARG: Dependabot's docker updates read FROM lines only.
     stages = [args for name, args in steps if name == "FROM"]
-    assert stages == ["${PYTHON_IMAGE} AS builder", "${PYTHON_IMAGE}"], "multi-stage, one base"
+    assert len(stages) == 2 and stages[0] == f"{stages[1]} AS builder", "multi-stage, one base"
+    assert re.fullmatch(r"python:3\.11-slim@sha256:[0-9a-f]{64}", stages[1]), stages
+    assert not [args for name, args in steps if name == "ARG"]
     runtime = steps[max(i for i, (name, _) in enumerate(steps) if name == "FROM") :]
     assert [args for name, args in runtime if name == "USER"] == [USERS[image]]
     assert [args for name, args in runtime if name == "ENTRYPOINT"] == ENTRYPOINTS[image]
@@ -101,12 +106,22 @@ def test_each_image_builds_on_the_pinned_base_and_runs_as_a_user(image: str) -> 
 
 def test_every_image_pins_the_same_base() -> None:
     bases = {
-        args
+        args.split()[0]
         for dockerfile in DOCKERFILES.values()
         for name, args in instructions(dockerfile)
-        if name == "ARG" and args.startswith("PYTHON_IMAGE=")
+        if name == "FROM"
     }
     assert len(bases) == 1, bases
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_another_base_replaces_the_pinned_one_in_every_from(image: str) -> None:
+    text = images.rebased(DOCKERFILES[image].read_text(), images.BASE_IMAGE)
+    stages = [args for name, args in instructions_of(text) if name == "FROM"]
+    assert stages == [f"{images.BASE_IMAGE} AS builder", images.BASE_IMAGE]
+    with pytest.raises(images.ImageError, match="no FROM python:"):
+        images.rebased(text, "python:3.11-slim")
 
 
 def test_the_locust_requirements_are_the_load_extra_pinned() -> None:

@@ -103,12 +103,16 @@ async def test_a_late_failure_is_logged_with_its_reason(caplog: pytest.LogCaptur
 async def test_a_caller_cancelled_while_waiting_leaves_the_load_in_flight() -> None:
     loads = LoadsInFlight(deadline_s=WAIT_S)
     release = asyncio.Event()
+    sent = asyncio.Event()
 
     async def hangs() -> None:
+        sent.set()
         await asyncio.wait_for(release.wait(), WAIT_S)
 
     caller = asyncio.ensure_future(loads.run("pod-a", "m", "2 instances", hangs))
-    await asyncio.sleep(0.05)
+    # The load's task first runs once its caller waits on it: cancelled after that, the
+    # caller is cancelled while waiting.
+    await until(sent.is_set, "the load to be sent")
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller

@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.waiting import wait_for
 from tritonscale import REPOSITORY_KEY_ENV, REPOSITORY_KEY_HEADER
 from tritonscale.local.ports import free_ports
 from tritonscale.local.triton_server import LocalTriton, LocalTritonError
@@ -338,16 +339,26 @@ class TestLiveInstanceChange:
         senders = [threading.Thread(target=send_requests) for _ in range(8)]
         for sender in senders:
             sender.start()
+        # Requests answered before, between and after the two changes: each change is made
+        # while requests flow, and the next waits for requests served at the new count.
+        under_load = 20
+
+        def answered(more: int):
+            """A condition: `more` requests answered from now on (or a failure, which ends the
+            wait for the assertion below to show)."""
+            mark = successes
+            return lambda: failures or successes >= mark + more
+
         try:
-            time.sleep(0.5)
+            wait_for(answered(under_load), f"{under_load} requests answered before the change")
             started = time.monotonic()
             response = load_with_instances(triton, "add_sub", 3)
             applied_s = time.monotonic() - started
             assert response.status_code == 200, response.text
             assert live_instance_count(triton, "add_sub") == 3
-            time.sleep(0.5)
+            wait_for(answered(under_load), f"{under_load} requests answered at 3 instances")
             assert load_with_instances(triton, "add_sub", 1).status_code == 200
-            time.sleep(0.3)
+            wait_for(answered(under_load), f"{under_load} requests answered back at 1 instance")
         finally:
             stop.set()
             for sender in senders:

@@ -31,6 +31,7 @@ from tests.operator_harness import (
     register_resources,
     running_operator,
     status_of,
+    ticks,
     triton_pod,
 )
 from tritonscale.drivers import kopf_operator as kopf_driver
@@ -40,6 +41,8 @@ pytestmark = pytest.mark.kmock(cls=Emulator)
 
 BUSY, LIGHT = "busy", "light"
 BUDGET = 5
+# Ticks of each autoscaler watched after the budget is used (one a second: intervalSeconds 1).
+MORE_TICKS = 5
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +110,20 @@ async def test_autoscalers_ticking_apart_share_one_budget(
                 "an autoscaler refused by the budget, with the budget used",
                 timeout_s=90,
             )
-            for _ in range(5):  # a few more ticks of both, still within the budget
-                await asyncio.sleep(1)
+
+            async def ticks_of_both() -> tuple[float, ...]:
+                """Each autoscaler's ticks so far, the live total sampled on the way."""
                 totals.append(sum((await asyncio.to_thread(live_counts, triton)).values()))
+                return tuple([await ticks(operator, model) for model in (BUSY, LIGHT)])
+
+            # A few more ticks of both, still within the budget.
+            before = await ticks_of_both()
+            await eventually_async(
+                ticks_of_both,
+                lambda now: all(n >= b + MORE_TICKS for n, b in zip(now, before, strict=True)),
+                f"{MORE_TICKS} more ticks of both autoscalers",
+                timeout_s=60,
+            )
             _, text = await http_get(operator.metrics_url)
     assert not load.errors, load.errors[:3]
 

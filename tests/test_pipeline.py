@@ -22,6 +22,8 @@ from tests.model_clients import (
     infer_error,
     make_inputs,
 )
+from tests.test_decoupled_burst import pending_requests
+from tests.waiting import wait_for
 
 TWINS = ("pipeline_async", "pipeline_sync")
 OUTPUTS = ["EMBEDDING", "LABEL_PROBS", "SCORE"]
@@ -187,18 +189,29 @@ def test_a_request_cancelled_while_queued_never_reaches_the_branches(triton):
 
     with config_override(triton, "branch_embed", {"emulated_compute_ms": "1000"}):
         with connect(triton, "http") as stats_client:
-            before = {m: statistics(stats_client, m) for m in ("pipeline_async", "branch_embed")}
+            before = {
+                m: statistics(stats_client, m)
+                for m in ("pipeline_async", "branch_embed", "branch_rank")
+            }
             client = tritonclient.grpc.InferenceServerClient(triton.grpc_url)
             try:
                 inputs = make_inputs("grpc", {"FEATURES": features(1, seed=11)})
                 client.async_infer(
                     "pipeline_async", inputs, lambda result, error: on_answer("first", error)
                 )
-                time.sleep(0.2)
+                # The first holds the instance once its fan-out has begun: the fast branches
+                # answer it while branch_embed holds its batch.
+                wait_for(
+                    lambda: statistics(stats_client, "branch_rank")[0] > before["branch_rank"][0],
+                    "pipeline_async to fan the first request out",
+                )
                 second = client.async_infer(
                     "pipeline_async", inputs, lambda result, error: on_answer("second", error)
                 )
-                time.sleep(0.2)
+                wait_for(
+                    lambda: pending_requests(triton).get("pipeline_async", 0) >= 1,
+                    "the second request to wait in pipeline_async's queue",
+                )
                 second.cancel()
                 assert arrived.wait(timeout=30)
             finally:

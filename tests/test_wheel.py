@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from packaging.utils import canonicalize_name
 
+from hack import lock
 from tests.test_local_triton import stub_processes
 from tests.tooling import require_local_triton
 from tests.venvs import REPO_ROOT, Environment, clean_environment, megabytes
@@ -73,6 +75,9 @@ def test_the_base_install_holds_the_operator_and_no_extra(
 ) -> None:
     packages = base_install.packages()
     assert "tritonscale" in packages
+    # Installed as the image installs it: the lock's distributions and the package, no other.
+    locked = set(lock.pins(lock.LOCK.read_text()))
+    assert {canonicalize_name(name) for name in packages} == locked | {"tritonscale"}
     assert {name.lower() for name in packages} & NOT_IN_THE_BASE == set()
     size = megabytes(base_install.size_bytes())
     print(f"base install: {len(packages)} distributions, {size} MB: {packages}")

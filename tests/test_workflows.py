@@ -178,9 +178,13 @@ def test_the_pin_check_notices_a_uses_it_cannot_read_line_by_line() -> None:
 
 
 @pytest.mark.unit
-def test_dependabot_watches_the_actions_and_every_pinned_requirements_file() -> None:
+def test_dependabot_watches_the_actions_every_pinned_requirements_file_and_dockerfile() -> None:
     updates = yaml.safe_load(DEPENDABOT.read_text())["updates"]
-    watched = {(update["package-ecosystem"], update["directory"]) for update in updates}
+    watched = {
+        (update["package-ecosystem"], directory)
+        for update in updates
+        for directory in update.get("directories", [update.get("directory")])
+    }
     assert ("github-actions", "/") in watched
     pinned = {
         f"/{path.parent.name}"
@@ -189,6 +193,12 @@ def test_dependabot_watches_the_actions_and_every_pinned_requirements_file() -> 
     }
     assert pinned, "no requirements.txt found: has the layout changed?"
     assert {directory for ecosystem, directory in watched if ecosystem == "pip"} == pinned
+    # Every Dockerfile's pinned base, in one update: the three share it (tests/test_images.py).
+    dockerfiles = {f"/{path.parent.name}" for path in REPO_ROOT.glob("*/Dockerfile")}
+    assert dockerfiles == {"/operator", "/loadtests", "/triton"}
+    (docker,) = [update for update in updates if update["package-ecosystem"] == "docker"]
+    assert set(docker["directories"]) == dockerfiles
+    assert docker["groups"], "one pull request for the shared base"
 
 
 def test_the_package_chart_and_images_share_one_version() -> None:

@@ -2,8 +2,9 @@
 
 An environment is built the way the images build theirs (operator/Dockerfile,
 loadtests/Dockerfile): `python -m venv --without-pip`, then pip from outside installs into
-it, so that the environment holds the packages and nothing of pip's own. Its size is the
-size of the image's Python environment.
+it (the operator's: its lock with --require-hashes, then the wheel with --no-deps), so that
+the environment holds the packages and nothing of pip's own. Its size is the size of the
+image's Python environment.
 """
 
 from __future__ import annotations
@@ -75,11 +76,13 @@ class Environment:
         """
         venv.EnvBuilder(with_pip=False, symlinks=True).create(path)
         environment = cls(path)
-        options = ["--quiet"] if compile_bytecode else ["--quiet", "--no-compile"]
-        pip(
-            "--python", str(environment.python), "install", *options, *requirements, cwd=path.parent
-        )
+        environment.install(*requirements, compile_bytecode=compile_bytecode)
         return environment
+
+    def install(self, *requirements: str, compile_bytecode: bool = True) -> None:
+        """pip install `requirements` (and any pip options among them) into this environment."""
+        options = ["--quiet"] if compile_bytecode else ["--quiet", "--no-compile"]
+        pip("--python", str(self.python), "install", *options, *requirements, cwd=self.path.parent)
 
     @property
     def python(self) -> Path:

@@ -749,6 +749,15 @@ class TestImages:
             "ghcr.io/tritonscale/tritonscale-locust:0.1.0",
         }
 
+    def test_the_model_image_without_a_tag_is_the_chart_s_release(self, render) -> None:
+        # Not `latest`: with IfNotPresent a node keeps the models it pulled first.
+        app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+        objects = render(
+            "image-repository-values.yaml", sets=("triton.modelRepository.image.tag=",)
+        ).objects
+        init = triton_pod(objects)["initContainers"][0]
+        assert init["image"] == f"registry.example.com/team/models:{app_version}"
+
     def test_a_registry_with_a_space_is_refused(self, helm4: str) -> None:
         result = run_helm(helm4, *template_args(sets=("global.imageRegistry=a b",)))
         assert result.returncode != 0 and "imageRegistry" in result.stderr
@@ -857,3 +866,22 @@ def test_operator_environment_names_options_the_cli_really_has(
         assert parsed["namespaces"] == (NAMESPACE, "inference-canary")
         assert parsed["peering"] == "demo-tritonscale"
         assert parsed["prometheus_url"].startswith("http://")
+
+
+@pytest.mark.unit
+def test_no_image_of_the_chart_defaults_to_latest() -> None:
+    """Every image's default tag changes with the release (empty: the chart's appVersion) or
+    is a fixed version: a moving tag with IfNotPresent leaves each node on what it pulled first."""
+
+    def image_tags(value: object, path: str = "") -> dict[str, str]:
+        found: dict[str, str] = {}
+        if isinstance(value, dict):
+            if "repository" in value and "tag" in value:
+                found[path] = str(value["tag"])
+            for key, item in value.items():
+                found |= image_tags(item, f"{path}.{key}" if path else str(key))
+        return found
+
+    tags = image_tags(yaml.safe_load((CHART / "values.yaml").read_text()))
+    assert tags["triton.modelRepository.image"] == ""
+    assert {path: tag for path, tag in tags.items() if tag == "latest"} == {}
