@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -125,7 +125,61 @@ class OpenLoopStats:
         return self.served / self.seconds if self.seconds > 0 else 0.0
 
 
-class OpenLoopLoad:
+Load = TypeVar("Load", bound="_LoadThread")
+
+
+class _LoadThread:
+    """A load generator that runs its own event loop in a thread (`_main`): `start()` returns
+    once it runs, `stop()` ends it; or use it as a context manager."""
+
+    kind = "load"  # what the generator is called in its errors
+
+    def __init__(self) -> None:
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None  # why the generator itself stopped
+        self.last_error: str | None = None  # the last failed request's reason
+
+    def start(self: Load, timeout_s: float = 30.0) -> Load:
+        self._thread = threading.Thread(target=self._run, name=self.kind, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            self.stop()
+            raise RuntimeError(f"the {self.kind} generator did not start in {timeout_s:.0f} s")
+        if self.error:
+            raise RuntimeError(f"the {self.kind} generator failed: {self.error}")
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop sending and give up on the requests still out (they are not counted)."""
+        self._stopping.set()
+        self._stop_asked()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+            self._thread = None
+
+    def _stop_asked(self) -> None:
+        """Wake whatever in `_main` waits for something other than the stop."""
+
+    def __enter__(self: Load) -> Load:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except Exception as error:  # reported by start() or the caller's checks
+            self.error = _one_line(error)
+            self._ready.set()
+
+    async def _main(self) -> None:
+        raise NotImplementedError
+
+
+class OpenLoopLoad(_LoadThread):
     """Requests to `model` on Triton's gRPC `url` (its HTTP one with `protocol="http"`) at
     `set_rate(r)` per second.
 
@@ -134,6 +188,8 @@ class OpenLoopLoad:
     once; a request due beyond that is not sent and counts as dropped (the client's memory
     is bounded, and the summary says so). Each request gives up after `timeout_s`.
     """
+
+    kind = "open-loop load"
 
     def __init__(
         self,
@@ -151,6 +207,7 @@ class OpenLoopLoad:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         if arrivals not in ARRIVALS:
             raise ValueError(f"arrivals must be one of {', '.join(ARRIVALS)}, got {arrivals!r}")
+        super().__init__()
         self.url = url
         self.protocol = protocol
         self.arrivals = arrivals
@@ -167,11 +224,6 @@ class OpenLoopLoad:
         self._answered_at: list[float] = []
         self._answered: list[tuple[float, bool]] = []
         self._in_flight = 0
-        self._stopping = threading.Event()
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: str | None = None  # why the generator itself stopped
-        self.last_error: str | None = None  # the last failed request's reason
 
     @property
     def rate(self) -> float:
@@ -192,23 +244,6 @@ class OpenLoopLoad:
             raise ValueError(f"rate must be >= 0, got {rate}")
         self._rate = float(rate)
 
-    def start(self, timeout_s: float = 30.0) -> OpenLoopLoad:
-        self._thread = threading.Thread(target=self._run, name="open-loop load", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout_s):
-            self.stop()
-            raise RuntimeError(f"the open-loop load generator did not start in {timeout_s:.0f} s")
-        if self.error:
-            raise RuntimeError(f"the open-loop load generator failed: {self.error}")
-        return self
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop sending and give up on the requests still out (they are not counted)."""
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
-            self._thread = None
-
     def drain(self, timeout_s: float) -> bool:
         """Send nothing more and wait until every request sent has ended; False at the timeout."""
         self.set_rate(0)
@@ -216,19 +251,6 @@ class OpenLoopLoad:
         while self._in_flight > 0 and time.monotonic() < deadline:
             time.sleep(0.1)
         return self._in_flight == 0
-
-    def __enter__(self) -> OpenLoopLoad:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except Exception as error:  # reported by start() or the caller's checks
-            self.error = _one_line(error)
-            self._ready.set()
 
     def _client(self) -> Any:
         if self.protocol == "http":
@@ -622,7 +644,7 @@ def measure_stream(
 # ---- a closed loop that never pauses: windows are spans of its completions ----------------
 
 
-class SteadyClosedLoop:
+class SteadyClosedLoop(_LoadThread):
     """`concurrency` requests always in flight to `model` on Triton's gRPC `url`, from
     `start()` to `stop()`, whatever is measured meanwhile.
 
@@ -636,6 +658,8 @@ class SteadyClosedLoop:
     like OpenLoopLoad; one gRPC channel for every user.
     """
 
+    kind = "closed-loop load"
+
     def __init__(
         self,
         url: str,
@@ -648,6 +672,7 @@ class SteadyClosedLoop:
     ) -> None:
         if concurrency < 0:
             raise ValueError(f"concurrency must be >= 0, got {concurrency}")
+        super().__init__()
         self.url = url
         self.timeout_s = timeout_s
         self._make = make or (lambda rng: input_arrays(self._model, rows, rng))
@@ -657,13 +682,8 @@ class SteadyClosedLoop:
         # Each ended request, in the order they ended: when (monotonic s), latency s, ok.
         self._ended_at: list[float] = []
         self._ended: list[tuple[float, bool, str]] = []
-        self._stopping = threading.Event()
-        self._ready = threading.Event()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self.error: str | None = None  # why the generator itself stopped
-        self.last_error: str | None = None  # the last failed request's reason
 
     @property
     def concurrency(self) -> int:
@@ -683,29 +703,8 @@ class SteadyClosedLoop:
         """Send the requests that start from now on to `model` (same inputs)."""
         self._model = model
 
-    def start(self, timeout_s: float = 30.0) -> SteadyClosedLoop:
-        self._thread = threading.Thread(target=self._run, name="steady closed loop", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout_s):
-            self.stop()
-            raise RuntimeError(f"the closed-loop load generator did not start in {timeout_s:.0f} s")
-        if self.error:
-            raise RuntimeError(f"the closed-loop load generator failed: {self.error}")
-        return self
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop sending and give up on the requests still out (they are not counted)."""
-        self._stopping.set()
+    def _stop_asked(self) -> None:
         self._wake_users()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
-            self._thread = None
-
-    def __enter__(self) -> SteadyClosedLoop:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _wake_users(self) -> None:
         loop, wake = self._loop, self._wake
@@ -714,13 +713,6 @@ class SteadyClosedLoop:
                 loop.call_soon_threadsafe(wake.set)
             except RuntimeError:  # the loop closed meanwhile: nobody left to wake
                 pass
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except Exception as error:  # reported by start() or the caller's checks
-            self.error = _one_line(error)
-            self._ready.set()
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -796,7 +788,7 @@ class SteadyClosedLoop:
             if stop_early is not None:
                 stop_early()
             if self.error:
-                raise RuntimeError(f"the closed-loop load generator failed: {self.error}")
+                raise RuntimeError(f"the {self.kind} generator failed: {self.error}")
             time.sleep(min(0.1, end - now))
         return self.stats(start, end)
 
