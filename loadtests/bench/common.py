@@ -165,17 +165,15 @@ def read_decisions(log: Path) -> tuple[str, list[dict[str, Any]]]:
     return text, [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def steady_load(
-    triton: LocalTriton, model: str, settings: Mapping[str, Any], concurrency: int | None = None
-) -> SteadyClosedLoop:
+def steady_load(triton: LocalTriton, model: str, settings: Mapping[str, Any]) -> SteadyClosedLoop:
     """The benchmark's closed loop on `model` (`settings["concurrency"]` requests of
-    `settings["rows"]` rows in flight unless `concurrency` says otherwise), not yet started:
-    one load for the whole run, so that no window drains the queues the next one starts with."""
+    `settings["rows"]` rows in flight), not yet started: one load for the whole run, so that
+    no window drains the queues the next one starts with."""
     return SteadyClosedLoop(
         triton.grpc_url,
         model,
         pipeline_inputs(settings["rows"]),
-        concurrency=settings["concurrency"] if concurrency is None else concurrency,
+        concurrency=settings["concurrency"],
     )
 
 

@@ -93,7 +93,6 @@ class Changes:
     def __init__(self, triton: LocalTriton, stall_s: float) -> None:
         self.actuator = Actuator(triton.repository_key, load_deadline_s=stall_s)
         self.endpoint = Endpoint("local", triton.http_url)
-        self.stall_s = stall_s
         self.release: Callable[[], None] | None = None
         self.restore: Callable[[], None] = lambda: None
 
@@ -119,7 +118,7 @@ class Changes:
             raise SystemExit(f"bench: {model} {before} -> {count} failed: {result.reason}")
         if self.release is None:
             raise StalledChange(
-                f"{model} {before} -> {count} was not confirmed within {self.stall_s:g} s under "
+                f"{model} {before} -> {count} was not confirmed within {self.actuator.load_deadline_s:g} s under "
                 f"a load that never drains: {result.reason}"
             )
         self.release()
