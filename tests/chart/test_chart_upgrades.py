@@ -5,7 +5,8 @@ are as many nodes as replicas, with one operator active throughout; a rollout is
 on the rendered strategy, anti-affinity and budget by a small model of the Deployment
 controller and the scheduler. A headless Locust run must survive `helm upgrade` with a new
 chart version, a changed locustfile and another worker count (a Job's pod template cannot be
-patched), and every one of its waits must be bounded.
+patched), and every one of its waits must be bounded. tests/cluster/test_upgrades.py shows
+both on a real API server.
 """
 
 from __future__ import annotations

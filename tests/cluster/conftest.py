@@ -96,6 +96,8 @@ BUILD: BackgroundBuild | None = None
 # Kubernetes' apiextensions packages) or its binaries (the KWOK fleet): after the cluster
 # tests, not beside the cold build.
 AFTER_THE_BUILD = ("test_crd_apiserver.py", "test_fleet.py")
+# Takes the shared cluster down and checks nothing is left: it must run after every other test.
+TEARDOWN_MODULE = "test_teardown.py"
 
 
 # trylast: after `-m`/`-k` have deselected, so that `make check` never starts a build.
@@ -109,10 +111,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = Path(str(item.fspath))
         return here in path.parents or path.name in AFTER_THE_BUILD
 
+    def rank(item: pytest.Item) -> int:
+        # The cluster's tests, then its teardown whatever the modules' names sort to (a module
+        # after it would find the cluster gone), then the tests that need only the build.
+        path = Path(str(item.fspath))
+        if here in path.parents:
+            return 2 if path.name == TEARDOWN_MODULE else 1
+        return 3 if needs_the_build(item) else 0
+
     ours = [item for item in items if here in Path(str(item.fspath)).parents]
-    items[:] = [item for item in items if not needs_the_build(item)] + [
-        item for item in items if needs_the_build(item)
-    ]
+    items.sort(key=rank)  # stable: each group keeps its collection order
     if ours and not _built():
         ours[0].add_marker(pytest.mark.timeout(BUILD_TIMEOUT_S + 600))
         if shutil.which("go") is not None and BUILD is None:
