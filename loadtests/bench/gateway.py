@@ -1,6 +1,6 @@
 """The decoupled gateway against pipeline_async and pipeline_sync, side by side in one run.
 
-    python -m loadtests.bench.gateway                # full, about twenty minutes
+    python -m loadtests.bench.gateway                # full, about twenty-five minutes
     python -m loadtests.bench.gateway --quick        # one point per part, seconds (CI)
     python -m loadtests.bench.gateway --parts users  # only the users' client paths
     python -m loadtests.bench.gateway --parts paths  # the gateway's paths beside async's
