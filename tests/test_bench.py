@@ -113,6 +113,21 @@ def test_gateway_quick(triton: LocalTriton, tmp_path: Path) -> None:
             assert run["rows_per_branch_call"] >= 1, (variant, path, run)
     assert set(users["gateway_over_async"]) == {"grpc", "http"}
     assert all(ratio > 0 for ratio in users["gateway_over_async"].values())
+    # The gateway's paths beside async's: the shared stream against unary calls and back.
+    [paths] = doc["gateway_paths"]
+    for variant, variant_paths in gateway.GATEWAY_PATHS.items():
+        assert set(paths["variants"][variant]) == set(variant_paths), variant
+        for path, run in paths["variants"][variant].items():
+            assert run["requests"] > 0 and run["failures"] == 0, (variant, path, run)
+            assert run["rows_per_branch_call"] >= 1, (variant, path, run)
+    assert set(paths["gateway_over_async"]) == {"shared_stream", "stream"}
+    for mine, ratios in paths["gateway_over_async"].items():
+        assert set(ratios) == {"grpc", "http", "shared_stream"}, mine
+        assert all(ratio > 0 for ratio in ratios.values()), (mine, ratios)
+        # One round in the quick form: its ratio is the means'.
+        for theirs, ratio in ratios.items():
+            assert paths["gateway_over_async_by_round"][mine][theirs] == [ratio]
+    assert "gateway shared_stream / async grpc" in summary.summary(tmp_path)
     after = {
         **_counts(triton),
         "pipeline_gateway": common.Instances(triton).get("pipeline_gateway"),

@@ -1,8 +1,9 @@
 """The decoupled gateway against pipeline_async and pipeline_sync, side by side in one run.
 
-    python -m loadtests.bench.gateway                # full, about twenty minutes
+    python -m loadtests.bench.gateway                # full, about twenty-five minutes
     python -m loadtests.bench.gateway --quick        # one point per part, seconds (CI)
     python -m loadtests.bench.gateway --parts users  # only the users' client paths
+    python -m loadtests.bench.gateway --parts paths  # the gateway's paths beside async's
 
 Five variants of the same pipeline, at equal instances, under the same closed-loop load over
 one gRPC stream (the only way to a decoupled model; the others get the same client path), and
@@ -34,11 +35,18 @@ Parts (`--parts` picks some; all by default):
    alternating order (A B C, C B A, A B C, ...; `--rounds`, 2 by default), and the
    gateway's ratio to pipeline_async on each of its paths is given per round as well as
    for the means: on a shared machine the spread of the rounds says how far to trust it.
-3. Branches alone (branches): each branch at its count under more load than any pipeline
+3. The gateway's client paths beside pipeline_async's (paths), 1 to 16 in flight, one
+   instance of each model: the gateway over one shared gRPC stream (every request on it,
+   as in the sweep) and over a stream per user; pipeline_async over unary gRPC, unary HTTP
+   and one shared stream. The pairs run in rounds of alternating order as in part 2, and
+   the gateway's ratio to pipeline_async is given for every pair of paths, per round and
+   for the means: what a user sees who picks one path for the gateway and another for
+   pipeline_async.
+4. Branches alone (branches): each branch at its count under more load than any pipeline
    sends it, so the report can show that the branches were not the bottleneck.
-4. The grid of async_vs_sync (grid): pipeline instances x instances of each branch at 32 in
+5. The grid of async_vs_sync (grid): pipeline instances x instances of each branch at 32 in
    flight.
-5. The pre-processing pool (pool): pipeline_async and the gateway with `preprocess_threads`
+6. The pre-processing pool (pool): pipeline_async and the gateway with `preprocess_threads`
    0 (on the event loop) and 2 (a thread pool), at 8 and 32 in flight.
 
 Result: reports/bench/gateway.json (+ .png).
@@ -86,7 +94,15 @@ USERS_PATHS: dict[str, tuple[str, ...]] = {
     "sync": ("grpc", "http"),
     "ensemble": ("grpc", "http"),
 }
-PARTS = ("sweep", "users", "branches", "grid", "pool")
+# The gateway on each of its client paths beside pipeline_async on each of its own (part
+# `paths`): a user of either may send everything over one shared stream or call the model
+# one request at a time, a stream or a unary call each; async over one shared stream says
+# what that path costs a model that is not decoupled.
+GATEWAY_PATHS: dict[str, tuple[str, ...]] = {
+    "gateway": (SHARED_STREAM, "stream"),
+    "async": ("grpc", "http", SHARED_STREAM),
+}
+PARTS = ("sweep", "users", "paths", "branches", "grid", "pool")
 
 
 def ceiling_rps(in_flight: int, branch_instances: int) -> float:
@@ -239,25 +255,47 @@ def sweep(bench: Bench, in_flight: int, branch_instances: int) -> dict[str, Any]
     return point
 
 
-def users_paths(bench: Bench, in_flight: int, branch_instances: int) -> dict[str, Any]:
-    """Every variant on each path its users take (USERS_PATHS), at `in_flight` users, and the
-    gateway's ratio to pipeline_async on each of async's paths."""
-    order = [(variant, path) for variant, paths in USERS_PATHS.items() for path in paths]
+def interleaved(
+    bench: Bench, in_flight: int, table: dict[str, tuple[str, ...]]
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Every (variant, path) pair of `table` at `in_flight`, in rounds of alternating order
+    (A B C, C B A, ...; `path_rounds` of them): each pair's runs, one per round."""
+    order = [(variant, path) for variant, paths in table.items() for path in paths]
     runs: dict[tuple[str, str], list[dict]] = {pair: [] for pair in order}
-    for number in range(bench.settings["users_rounds"]):
+    for number in range(bench.settings["path_rounds"]):
         for variant, path in order if number % 2 == 0 else order[::-1]:
             runs[variant, path].append(bench.run(variant, in_flight, path))
-    ceiling = ceiling_rps(in_flight, branch_instances)
-    variants: dict[str, dict[str, Any]] = {variant: {} for variant in USERS_PATHS}
+    return runs
+
+
+def means_by_path(
+    runs: dict[tuple[str, str], list[dict[str, Any]]], ceiling: float
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """variant -> path -> the mean of its runs, with the fraction of the branch-time ceiling."""
+    variants: dict[str, dict[str, Any]] = {}
     for (variant, path), measured in runs.items():
         run = mean_of(measured)
         run["fraction_of_ceiling"] = round(run["throughput_rps"] / ceiling, 3)
-        variants[variant][path] = run
+        variants.setdefault(variant, {})[path] = run
+    return variants
+
+
+def per_round(gateway_runs: list[dict], other_runs: list[dict]) -> list[float | None]:
+    """The gateway over another (variant, path) in each round: runs of one round side by side."""
+    return [
+        common.ratio(gateway["throughput_rps"], other["throughput_rps"])
+        for gateway, other in zip(gateway_runs, other_runs, strict=True)
+    ]
+
+
+def users_paths(bench: Bench, in_flight: int, branch_instances: int) -> dict[str, Any]:
+    """Every variant on each path its users take (USERS_PATHS), at `in_flight` users, and the
+    gateway's ratio to pipeline_async on each of async's paths."""
+    runs = interleaved(bench, in_flight, USERS_PATHS)
+    ceiling = ceiling_rps(in_flight, branch_instances)
+    variants = means_by_path(runs, ceiling)
     by_round = {
-        path: [
-            common.ratio(gateway["throughput_rps"], other["throughput_rps"])
-            for gateway, other in zip(runs["gateway", "stream"], runs["async", path], strict=True)
-        ]
+        path: per_round(runs["gateway", "stream"], runs["async", path])
         for path in USERS_PATHS["async"]
     }
     gateway_rps = variants["gateway"]["stream"]["throughput_rps"]
@@ -282,6 +320,52 @@ def users_paths(bench: Bench, in_flight: int, branch_instances: int) -> dict[str
         + ", ".join(
             f"{path} x{ratio} (rounds {', '.join(str(r) for r in by_round[path])})"
             for path, ratio in point["gateway_over_async"].items()
+        )
+    )
+    return point
+
+
+def gateway_paths(bench: Bench, in_flight: int, branch_instances: int) -> dict[str, Any]:
+    """The gateway on each of its client paths beside pipeline_async on each of its own
+    (GATEWAY_PATHS), at `in_flight`, and the gateway over async for every pair of paths."""
+    runs = interleaved(bench, in_flight, GATEWAY_PATHS)
+    ceiling = ceiling_rps(in_flight, branch_instances)
+    variants = means_by_path(runs, ceiling)
+    point = {
+        "in_flight": in_flight,
+        "ceiling_rps": round(ceiling, 1),
+        "variants": variants,
+        # gateway path -> async path -> the gateway's rate over async's.
+        "gateway_over_async": {
+            mine: {
+                theirs: common.ratio(run["throughput_rps"], other["throughput_rps"])
+                for theirs, other in variants["async"].items()
+            }
+            for mine, run in variants["gateway"].items()
+        },
+        "gateway_over_async_by_round": {
+            mine: {
+                theirs: per_round(runs["gateway", mine], runs["async", theirs])
+                for theirs in GATEWAY_PATHS["async"]
+            }
+            for mine in GATEWAY_PATHS["gateway"]
+        },
+    }
+    common.progress(
+        f"  {in_flight:>3} in flight: "
+        + ", ".join(
+            f"{variant} {path} {run['throughput_rps']:.0f} rps (p95 {run['p95_ms'] or 0:.0f} ms, "
+            f"{run['rows_per_branch_call']} rows per branch call)"
+            for variant, paths in variants.items()
+            for path, run in paths.items()
+        )
+        + "; gateway / async: "
+        + ", ".join(
+            f"{mine} / {theirs} x{ratio} (rounds "
+            + ", ".join(str(r) for r in point["gateway_over_async_by_round"][mine][theirs])
+            + ")"
+            for mine, ratios in point["gateway_over_async"].items()
+            for theirs, ratio in ratios.items()
         )
     )
     return point
@@ -378,8 +462,9 @@ def preprocess_pool(bench: Bench) -> list[dict[str, Any]]:
 
 
 def plot(result: dict[str, Any], path: Any) -> None:
-    """Throughput and p95 per variant: a row for the sweep (one shared stream) and one for
-    the users' paths, each where the run had that part."""
+    """Throughput and p95 per variant: a row for the sweep (one shared stream), one for the
+    users' paths and one for the gateway's paths beside async's, each where the run had
+    that part."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -403,6 +488,18 @@ def plot(result: dict[str, Any], path: Any) -> None:
                 {
                     f"{v} ({path})": (lambda p, v=v, path=path: p["variants"][v][path])
                     for v, paths in USERS_PATHS.items()
+                    for path in paths
+                },
+            )
+        )
+    if result["gateway_paths"]:
+        rows.append(
+            (
+                "the gateway's and pipeline_async's client paths",
+                result["gateway_paths"],
+                {
+                    f"{v} ({path})": (lambda p, v=v, path=path: p["variants"][v][path])
+                    for v, paths in GATEWAY_PATHS.items()
                     for path in paths
                 },
             )
@@ -435,7 +532,8 @@ QUICK = {
     "parts": list(PARTS),
     "in_flight": [2],
     "users_in_flight": [2],
-    "users_rounds": 1,
+    "paths_in_flight": [2],
+    "path_rounds": 1,
     "balanced_rounds": False,
     "rows": 1,
     "seconds": 1.0,
@@ -451,7 +549,8 @@ FULL = {
     "parts": list(PARTS),
     "in_flight": [1, 2, 4, 8, 16, 32, 64],
     "users_in_flight": [1, 2, 4, 8, 16, 32],
-    "users_rounds": 2,
+    "paths_in_flight": [1, 2, 4, 8, 16],
+    "path_rounds": 2,
     "balanced_rounds": True,
     "rows": 1,
     "seconds": 4.0,
@@ -473,6 +572,7 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
     parts = settings["parts"]
     points: list[dict[str, Any]] = []
     users: list[dict[str, Any]] = []
+    paths: list[dict[str, Any]] = []
     alone: list[dict[str, Any]] = []
     grid_points: list[dict[str, Any]] = []
     pool: list[dict[str, Any]] = []
@@ -484,6 +584,11 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
         if "users" in parts:
             common.progress("each variant on its users' paths, one instance of each model")
             users = [users_paths(bench, n, 1) for n in settings["users_in_flight"]]
+        if "paths" in parts:
+            common.progress(
+                "the gateway and pipeline_async on each client path, one instance of each model"
+            )
+            paths = [gateway_paths(bench, n, 1) for n in settings["paths_in_flight"]]
         if "branches" in parts:
             common.progress("each branch alone, one instance")
             alone = branches_alone(bench, 1)
@@ -505,6 +610,7 @@ def run(triton: Any, settings: dict) -> dict[str, Any]:
         "by_in_flight": points,
         "gateway_over_best_other_min": min(ratios) if ratios else None,
         "users_paths": users,
+        "gateway_paths": paths,
         "branches_alone": alone,
         "grid": grid_points,
         "preprocess_pool": pool,
@@ -521,7 +627,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--rounds",
         type=int,
-        help="Rounds of the users' paths, in alternating order (default: 2, --quick 1)",
+        help="Rounds of the users' paths and of the gateway's paths, in alternating order "
+        "(default: 2, --quick 1)",
     )
     args = p.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
@@ -531,7 +638,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
     settings = {**(QUICK if args.quick else FULL), "parts": parts}
     if args.rounds is not None:
-        settings["users_rounds"] = args.rounds
+        settings["path_rounds"] = args.rounds
     models = [*PARENTS, *BRANCHES, ENSEMBLE]
     with common.local_triton(models) as triton:
         result = run(triton, settings)
@@ -547,6 +654,15 @@ def main(argv: list[str] | None = None) -> None:
         common.progress(
             f"users' paths, {point['in_flight']} in flight, gateway (a stream each) / "
             + ", ".join(f"async {k} x{v}" for k, v in point["gateway_over_async"].items())
+        )
+    for point in result["gateway_paths"]:
+        common.progress(
+            f"gateway's paths, {point['in_flight']} in flight, gateway / async: "
+            + ", ".join(
+                f"{mine} / {theirs} x{ratio}"
+                for mine, ratios in point["gateway_over_async"].items()
+                for theirs, ratio in ratios.items()
+            )
         )
 
 

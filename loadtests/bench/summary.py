@@ -252,20 +252,21 @@ def gateway(doc: dict) -> list[str]:
     s = doc["settings"]
     variants = list(doc["variants"])
     lines = [
-        f"One instance of each model, {s['rows']} row per request, {s['seconds']:g} s per run"
-        + (
-            ", each variant run twice (A B C D D C B A) and averaged"
-            if s["balanced_rounds"]
-            else ""
-        )
-        + ". Requests/s (p95 ms); ratio to sync; fraction of the branch-time ceiling; server CPU"
-        " ms per request:",
-        "",
-        "| in flight | ceiling rps | "
-        + " | ".join(variants)
-        + " | gateway / better of async and plain |",
-        "|---|---|" + "---|" * len(variants) + "---|",
+        f"One instance of each model, {s['rows']} row per request, {s['seconds']:g} s per run."
     ]
+    if doc["by_in_flight"]:
+        lines += [
+            "",
+            "Every variant over one shared gRPC stream"
+            + (", each run twice (A B C D D C B A) and averaged" if s["balanced_rounds"] else "")
+            + ". Requests/s (p95 ms); ratio to sync; fraction of the branch-time ceiling; "
+            "server CPU ms per request:",
+            "",
+            "| in flight | ceiling rps | "
+            + " | ".join(variants)
+            + " | gateway / better of async and plain |",
+            "|---|---|" + "---|" * len(variants) + "---|",
+        ]
     for p in doc["by_in_flight"]:
         cells = []
         for v in variants:
@@ -307,6 +308,42 @@ def gateway(doc: dict) -> list[str]:
                 + ", ".join(_f(r, 2) for r in p["gateway_over_async_by_round"][path])
                 + ")"
                 for path in ("grpc", "http")
+            ]
+            lines.append(f"| {p['in_flight']} | " + " | ".join(cells + ratios) + " |")
+    if doc.get("gateway_paths"):
+        variants_paths = doc["gateway_paths"][0]["variants"]
+        pairs = [(v, path) for v, paths in variants_paths.items() for path in paths]
+        ratio_pairs = [
+            (mine, theirs)
+            for mine in variants_paths["gateway"]
+            for theirs in variants_paths["async"]
+        ]
+        lines += [
+            "",
+            "The gateway on each client path beside pipeline_async on each (shared_stream: "
+            "every request on one gRPC stream; stream: a stream per user). Requests/s (p95 ms); "
+            "rows per branch call; then the gateway over pipeline_async for each pair of paths, "
+            "for the means and (per round):",
+            "",
+            "| in flight | "
+            + " | ".join(f"{v} ({path})" for v, path in pairs)
+            + " | "
+            + " | ".join(f"gateway {mine} / async {theirs}" for mine, theirs in ratio_pairs)
+            + " |",
+            "|---|" + "---|" * (len(pairs) + len(ratio_pairs)),
+        ]
+        for p in doc["gateway_paths"]:
+            cells = [
+                f"{_f(p['variants'][v][path]['throughput_rps'], 0)} "
+                f"({_f(p['variants'][v][path]['p95_ms'], 0)}); "
+                f"{_f(p['variants'][v][path]['rows_per_branch_call'], 2)}"
+                for v, path in pairs
+            ]
+            ratios = [
+                f"{_f(p['gateway_over_async'][mine][theirs], 2)} ("
+                + ", ".join(_f(r, 2) for r in p["gateway_over_async_by_round"][mine][theirs])
+                + ")"
+                for mine, theirs in ratio_pairs
             ]
             lines.append(f"| {p['in_flight']} | " + " | ".join(cells + ratios) + " |")
     if doc["branches_alone"]:
