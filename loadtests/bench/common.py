@@ -260,6 +260,7 @@ def tuner_against_its_split(
     the machine's moments, not the tuner. Where the tuner changes its counts in a running span,
     the span shows it (`changed`), and the loss it costs is in its rate."""
     span = seconds / (2 * TUNER_ROUNDS)
+    cpu_before, started = _process_cpu_s(tune.pid), time.monotonic()
     running: list[float] = []
     stopped: list[float] = []
     splits: list[dict[str, int]] = []
@@ -279,7 +280,11 @@ def tuner_against_its_split(
     finally:
         tune.send_signal(signal.SIGCONT)
     running_rps, stopped_rps = statistics.mean(running), statistics.mean(stopped)
+    cpu_s = _process_cpu_s(tune.pid) - cpu_before
     return {
+        # The tuner's CPU over its running spans (half of the time), in cores: on a machine of
+        # two cores shared with the server and the load, what it takes from them.
+        "tuner_cores": round(cpu_s / ((time.monotonic() - started) / 2), 3),
         "running_rps": round(running_rps, 2),
         "stopped_rps": round(stopped_rps, 2),
         "running_over_stopped": ratio(running_rps, stopped_rps),
@@ -288,6 +293,12 @@ def tuner_against_its_split(
         "running_window_rps": running,
         "stopped_window_rps": stopped,
     }
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) a running process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def tuner_vs_best(held: Mapping[str, Any], rechecked: Mapping[str, Any]) -> float | None:
