@@ -279,6 +279,12 @@ def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert again["throughput_rps"] > 0 and doc["operator_vs_best_static_rechecked"] > 0
     assert doc["operator_ends_at_best_static"] is True
     assert doc["seconds_to_best_static_configuration"] == operator["timeline"][0]["t_s"]
+    # The operator running and stopped in turns on the counts it holds (all at 1: it cannot
+    # change them), and the ratio of both sides measured in turns.
+    turns = operator["against_its_split"]
+    assert turns["running_window_rps"] and turns["stopped_window_rps"], turns
+    assert turns["instances"] == again["instances"] and turns["changed"] is False
+    assert doc["operator_vs_best_static_interleaved"] > 0
     assert _counts(triton) == before
 
 
@@ -303,6 +309,9 @@ def test_shifted_mix_quick(triton: LocalTriton, tmp_path: Path) -> None:
         assert again["window_rps"] and again["throughput_rps"] > 0, again
         assert doc["operator_vs_best_static_rechecked"][half] > 0
         assert doc["operator_ends_at_best_static"][half] is True
+        turns = operator["against_its_split"][half]
+        assert turns["running_window_rps"] and turns["stopped_window_rps"], turns
+        assert doc["operator_vs_best_static_interleaved"][half] > 0
         assert (
             0
             < doc["seconds_to_best_static_configuration"][half]

@@ -237,6 +237,83 @@ def first_held(
     return round(held["t_s"] - since, 2) if held else None
 
 
+# Rounds of the tuner measured against its own counts held without it (tuner_against_its_split).
+TUNER_ROUNDS = 4
+
+
+def tuner_against_its_split(
+    load: SteadyClosedLoop,
+    instances: Instances,
+    settings: dict,
+    tune: subprocess.Popen,
+    models: Sequence[str],
+    seconds: float,
+) -> dict[str, Any]:
+    """What running the tuner costs or gains on the split it holds, measured in turns so that
+    the machine's drift falls on both sides: TUNER_ROUNDS rounds of a span with `tune` running
+    and a span with it stopped (SIGSTOP: no tick, no scrape, no load; the counts it left stay),
+    the order reversed every other round, `seconds` in all on the running load.
+
+    On a shared 2-core machine the throughput of one split swung by 15 % within 90 s with other
+    work beside it (314 to 436 req/s over windows of 2 s), more than the 2 % the tuner is judged
+    by: a mean over the tuner's last windows set against a bar measured minutes later compares
+    the machine's moments, not the tuner. Where the tuner changes its counts in a running span,
+    the span shows it (`changed`), and the loss it costs is in its rate."""
+    span = seconds / (2 * TUNER_ROUNDS)
+    cpu_before, started = _process_cpu_s(tune.pid), time.monotonic()
+    running: list[float] = []
+    stopped: list[float] = []
+    splits: list[dict[str, int]] = []
+    try:
+        for round_index in range(TUNER_ROUNDS):
+            turns = ("running", "stopped") if round_index % 2 == 0 else ("stopped", "running")
+            for turn in turns:
+                tune.send_signal(signal.SIGCONT if turn == "running" else signal.SIGSTOP)
+                windows = closed_loop_windows(
+                    load, instances, settings, span, time.monotonic(), None, f"tuner {turn}",
+                    models,
+                )  # fmt: skip
+                (running if turn == "running" else stopped).extend(
+                    w["throughput_rps"] for w in windows
+                )
+                splits += [w["instances"] for w in windows]
+    finally:
+        tune.send_signal(signal.SIGCONT)
+    running_rps, stopped_rps = statistics.mean(running), statistics.mean(stopped)
+    cpu_s = _process_cpu_s(tune.pid) - cpu_before
+    return {
+        # The tuner's CPU over its running spans (half of the time), in cores: on a machine of
+        # two cores shared with the server and the load, what it takes from them.
+        "tuner_cores": round(cpu_s / ((time.monotonic() - started) / 2), 3),
+        "running_rps": round(running_rps, 2),
+        "stopped_rps": round(stopped_rps, 2),
+        "running_over_stopped": ratio(running_rps, stopped_rps),
+        "instances": splits[-1],
+        "changed": any(split != splits[0] for split in splits),
+        "running_window_rps": running,
+        "stopped_window_rps": stopped,
+    }
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) a running process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tuner_vs_best(held: Mapping[str, Any], rechecked: Mapping[str, Any]) -> float | None:
+    """The tuner's rate over the rechecked best's (best_static_rechecked), from ratios whose
+    two sides were each measured in turns, so that the machine's drift cancels: running over
+    stopped on the counts it holds (`held`: tuner_against_its_split), times those counts over
+    the best among the recheck's contenders. None where the tuner changed its counts while
+    measured, or holds counts the recheck did not measure (not within its contenders: far from
+    the best)."""
+    mine = next((c for c in rechecked["contenders"] if c["instances"] == held["instances"]), None)
+    if held["changed"] or mine is None or held["running_over_stopped"] is None:
+        return None
+    return ratio(held["running_over_stopped"] * mine["throughput_rps"], rechecked["throughput_rps"])
+
+
 # The sweep's configurations measured again: those within this share of its best, at most
 # RECHECKED of them, in turns over RECHECK_ROUNDS rounds.
 CONTENDER_SHARE = 0.9

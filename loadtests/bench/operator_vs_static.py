@@ -22,6 +22,10 @@ measurements.
    highest of many short samples, and near ties swap places between runs, so the operator's
    steady state is held to the best of these (`operator_vs_best_static_rechecked`), with
    whether it ended on that configuration and when it first held it.
+4. Before the low load, the operator running and stopped in turns on the counts it holds
+   (common.tuner_against_its_split): with the recheck's rounds, both sides of every ratio
+   are measured in turns (`operator_vs_best_static_interleaved`), so a machine's drift
+   between the operator's windows and the recheck's does not decide the comparison.
 
 Requests carry 8 rows: with one, the dynamic batcher packs 32 of them into one execute and
 the two CPU cores, not the instance counts, set the pace (async_vs_sync shows it).
@@ -81,6 +85,7 @@ QUICK = {
     "metrics_window_s": 2,
     "scale_down_window_s": 2,
     "recheck_s": 2.0,
+    "tuner_s": 8.0,
 }
 FULL = {
     "budget": 7,
@@ -96,6 +101,7 @@ FULL = {
     "metrics_window_s": 6,
     "scale_down_window_s": 15,
     "recheck_s": 16.0,
+    "tuner_s": 32.0,
 }
 
 
@@ -203,6 +209,10 @@ def with_operator(
                 load, instances, settings, settings["operator_seconds"], started, tune,
                 "high load", MODELS,
             )  # fmt: skip
+            common.progress("operator: running and stopped in turns, on the counts it holds")
+            against_its_split = common.tuner_against_its_split(
+                load, instances, settings, tune, MODELS, settings["tuner_s"]
+            )
             common.progress(f"operator: low load ({settings['low_concurrency']} in flight)")
             load.set_concurrency(settings["low_concurrency"])
             low = common.closed_loop_windows(
@@ -234,6 +244,7 @@ def with_operator(
         "scale_changes": sum(
             1 for d in decisions for pod in d.get("applied") or () if pod.get("ok")
         ),
+        "against_its_split": against_its_split,
         "tune_output_tail": tune_tail,
         "decision_log": decision_log,
     }
@@ -296,6 +307,11 @@ def _run(triton: Any, settings: dict) -> dict[str, Any]:
         ),
         "operator_ends_at_best_static": operator["instances_at_end_of_high_load"]
         == rechecked["instances"],
+        # Both sides of each ratio measured in turns: the operator against the counts it
+        # holds without it, and those counts against the best in the recheck's rounds.
+        "operator_vs_best_static_interleaved": common.tuner_vs_best(
+            operator["against_its_split"], rechecked
+        ),
         # From the load step until the operator first held that configuration.
         "seconds_to_best_static_configuration": common.first_held(
             operator["timeline"], "high load", rechecked["instances"], 0.0
@@ -355,7 +371,8 @@ def main(argv: list[str] | None = None) -> None:
         f"operator {result['operator_rps']} rps against the best static "
         f"{result['best_static_rps']} ({op['throughput_fraction_of_best_static']}; "
         f"{result['operator_vs_best_static_rechecked']} of it measured again in the operator's "
-        f"windows; ends on it: {result['operator_ends_at_best_static']}), 95 % after "
+        f"windows, {result['operator_vs_best_static_interleaved']} in turns; ends on it: "
+        f"{result['operator_ends_at_best_static']}), 95 % after "
         f"{result['seconds_to_95pct']} s, at most {result['max_total_instances']} instances "
         f"(budget {result['budget']}); {op['total_instances_at_end_of_low_load']} after low load"
     )

@@ -22,7 +22,10 @@ requests go to. Every count changes under it.
    after the shift until it reached 95 % of the second half's best.
 4. Each half's leading static configurations measured again in the operator's windows
    (common.best_static_rechecked), the fairer bar: the operator against the best of them,
-   whether it ended the half on that configuration, and when it first held it.
+   whether it ended the half on that configuration, and when it first held it. At each
+   half's end the operator runs and stops in turns on the counts it holds, so that both sides
+   of the comparison are measured in turns (`operator_vs_best_static_interleaved`,
+   common.tuner_vs_best).
 
 Every policy carries the budget (`spec.budget`, operator_vs_static.budget_block): the local
 driver grants the five models' decisions jointly, and the total it held is measured against it.
@@ -63,6 +66,7 @@ QUICK = {
     "metrics_window_s": 2,
     "scale_down_window_s": 2,
     "recheck_s": 2.0,
+    "tuner_s": 4.0,
 }
 FULL = {
     "budget": 7,
@@ -76,6 +80,7 @@ FULL = {
     "metrics_window_s": 6,
     "scale_down_window_s": 15,
     "recheck_s": 16.0,
+    "tuner_s": 32.0,
 }
 
 
@@ -125,6 +130,9 @@ def with_operator(
                 load, instances, settings, settings["half_seconds"], started, tune,
                 "first half", MODELS,
             )  # fmt: skip
+            first_against_its_split = common.tuner_against_its_split(
+                load, instances, settings, tune, MODELS, settings["tuner_s"]
+            )
             shifted_at = time.monotonic() - started
             common.progress(f"operator: the load moves to {SECOND}")
             load.set_model(SECOND)
@@ -132,6 +140,9 @@ def with_operator(
                 load, instances, settings, settings["half_seconds"], started, tune,
                 "second half", MODELS,
             )  # fmt: skip
+            second_against_its_split = common.tuner_against_its_split(
+                load, instances, settings, tune, MODELS, settings["tuner_s"]
+            )
         finally:
             common.stop_tune(tune)
         decision_log, decisions = common.read_decisions(log)
@@ -150,6 +161,11 @@ def with_operator(
             1 for d in decisions for pod in d.get("applied") or () if pod.get("ok")
         ),
         "tune_output_tail": tune_tail,
+        # Each half's end: the operator running and stopped in turns on the counts it holds.
+        "against_its_split": {
+            "first_half": first_against_its_split,
+            "second_half": second_against_its_split,
+        },
     }
 
 
@@ -246,6 +262,11 @@ def _run(triton: Any, settings: dict) -> dict[str, Any]:
                 operator["second_rps"], rechecked["second_half"]["throughput_rps"]
             ),
         },
+        # Both sides of each ratio measured in turns (common.tuner_vs_best).
+        "operator_vs_best_static_interleaved": {
+            half: common.tuner_vs_best(operator["against_its_split"][half], rechecked[half])
+            for half in ("first_half", "second_half")
+        },
         "operator_ends_at_best_static": {
             "first_half": operator["instances_at_end_of_first_half"]
             == rechecked["first_half"]["instances"],
@@ -336,10 +357,12 @@ def main(argv: list[str] | None = None) -> None:
         result["operator_vs_best_static_rechecked"],
         result["operator_ends_at_best_static"],
     )
+    turns = result["operator_vs_best_static_interleaved"]
     common.progress(
         f"operator / best static of each half: {vs_best['first_half']}, {vs_best['second_half']} "
         f"(measured again in the operator's windows: {again['first_half']}, "
-        f"{again['second_half']}; ends on that configuration: {held['first_half']}, "
+        f"{again['second_half']}; in turns: {turns['first_half']}, {turns['second_half']}; "
+        f"ends on that configuration: {held['first_half']}, "
         f"{held['second_half']}); "
         f"/ the first half's best kept: {vs_kept['second_half']} in the second half; 95 % of the "
         f"second half's best {result['seconds_after_shift_to_95pct_of_second_best']} s after the shift"
