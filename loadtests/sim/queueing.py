@@ -69,6 +69,25 @@ def _service(shape: ModelShape, rng: random.Random) -> Callable[[int], float]:
 class _Model:
     """A model's instances, queue and counters inside one simulation."""
 
+    # Slots: the events read these attributes millions of times a run.
+    __slots__ = (
+        "shape",
+        "count",
+        "busy",
+        "queue",
+        "counters",
+        "rows_per_request",
+        "service_s",
+        "arrivals",
+        "next_arrival",
+        "wake_at",
+        "closed_loop",
+        "called",
+        "unconditional",
+        "entry",
+        "call_limit",
+    )
+
     def __init__(self, shape: ModelShape, count: int, rng: random.Random) -> None:
         self.shape = shape
         self.count = count  # instances that take new work
@@ -86,6 +105,8 @@ class _Model:
         self.called: list[tuple[_Model, float]] = []
         self.unconditional = True  # every request makes every call
         self.entry = False  # takes the clients' requests (else: the calls of BLS parents)
+        # The rows of calls a dynamic batcher joins (0: one call an execution).
+        self.call_limit = shape.max_batch_rows if shape.batcher else 0
 
 
 class Simulation:
@@ -151,6 +172,7 @@ class Simulation:
         state = self._models[shape.name]
         state.shape = replace(shape, calls=state.shape.calls, call_share=state.shape.call_share)
         state.service_s = _service(state.shape, self._rng)
+        state.call_limit = state.shape.max_batch_rows if state.shape.batcher else 0
 
     def run_until(self, t: float) -> None:
         """Process every event up to virtual time `t`."""
@@ -298,38 +320,23 @@ class Simulation:
     def _start_calls(self, state: _Model) -> None:
         """A called model: batches of calls (arrival, rows, the caller's execution)."""
         queue = state.queue
-        limit = state.shape.max_batch_rows if state.shape.batcher else 0
+        limit = state.call_limit
         now = self.now
         then = self._calls_out if state.called else self._calls_done
+        events, sequence, service_s = self._events, self._sequence, state.service_s
         while state.busy < state.count and queue:
-            batch = [queue.popleft()]
-            rows = batch[0][1]
+            first = queue.popleft()
+            batch = [first]
+            rows = first[1]
             while queue and rows + queue[0][1] <= limit:
                 call = queue.popleft()
                 batch.append(call)
                 rows += call[1]
             state.busy += 1
             heapq.heappush(
-                self._events,
-                (
-                    now + state.service_s(rows),
-                    next(self._sequence),
-                    then,
-                    [state, now, batch, 0, rows, None],
-                ),
+                events,
+                (now + service_s(rows), next(sequence), then, [state, now, batch, 0, rows, None]),
             )
-
-    def _answered(self, execution: list) -> None:
-        """One of an execution's calls answered: the next in turn goes out, or it is done."""
-        execution[3] -= 1
-        if execution[3] == 0:
-            order = execution[5]
-            if order:
-                execution[3] = 1
-                child, rows = order.pop()
-                self._call(child, rows, execution)
-            else:
-                self._done(execution)
 
     def _done(self, execution: list) -> None:
         if execution[0].entry:
@@ -350,9 +357,21 @@ class Simulation:
             counters.queue_s += started - arrived
             counters.inferences += rows
         state.busy -= 1
-        self._start_calls(state)
+        if state.queue:
+            self._start_calls(state)
         for _, _, caller in batch:
-            self._answered(caller)
+            # One of the caller's calls answered: the next in turn goes out, or it is done.
+            caller[3] -= 1
+            if caller[3] == 0:
+                order = caller[5]
+                if order:
+                    caller[3] = 1
+                    child, rows = order.pop()
+                    self._call(child, rows, caller)
+                elif caller[0].entry:
+                    self._finish_execution(caller)
+                else:
+                    self._calls_done(caller)
 
     def _finish_execution(self, execution: list) -> None:
         state, started, arrivals = execution[0], execution[1], execution[2]
