@@ -85,12 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['budget_overruns']} budget overruns, {result['steady_reversals']} steady "
         f"reversals, {result['seconds']:.0f} s; generated pipelines: "
         f"{result['generated_scenarios']} scenarios, "
-        f"{result['generated_share_of_phases_at_098_of_best'] or 0:.1%} at 0.98, ours: "
-        f"{result['ours_share_of_phases_at_098_of_best'] or 0:.1%}; "
+        f"{_percent(result['generated_share_of_phases_at_098_of_best'])} at 0.98, ours: "
+        f"{_percent(result['ours_share_of_phases_at_098_of_best'])}; "
         f"{args.out} and {args.out.with_suffix('.png')}",
         flush=True,
     )
     return 0
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
 
 
 # What a forked job runs: the scenarios and the controller's name, set before the fork (the
