@@ -14,8 +14,8 @@
   their own work), a fixed part plus a part per row.
 
 Its load is scaled to the pipeline: `GeneratedPipeline.capacity_rps` is what the budget would
-serve spread as a fluid over the models (every instance busy, each model's share of the
-budget its share of the work, full batches); the scenarios offer fractions of it. Costs are
+serve as a fluid (every instance busy, full batches, the budget's whole instances where they
+raise the rate most); the scenarios offer fractions of it. Costs are
 drawn again (from the same generator) until that capacity lies between `MIN_RPS` and
 `MAX_RPS`, so that a scenario's events (and its simulation's time) stay bounded.
 """
@@ -163,15 +163,23 @@ def tags(pipeline: Pipeline, children: Mapping[str, list[str]]) -> dict[str, obj
 def fluid_capacity(pipeline: Pipeline, root: str, budget: int) -> float:
     """Requests a second of `root` that `budget` instances serve as a fluid: each model's
     instance-seconds per request (its execution, a BLS model's wait for its calls included,
-    at full batches) summed over the models, the budget divided by the sum."""
+    at full batches), and the budget split in whole instances, one each first, then each to
+    the model that bounds the rate (the split that serves the most, where each model serves
+    its instances over its instance-seconds per request)."""
     work: dict[str, float] = {}
     shape = pipeline.models[root]
     per_batch = max(1, shape.max_batch_rows // ROWS_PER_REQUEST) if shape.batcher else 1
     rows = per_batch * ROWS_PER_REQUEST
     held = _held_s(pipeline, root, rows, work, 1.0 / per_batch)
     work[root] = work.get(root, 0.0) + held / per_batch
-    total = sum(work.values())
-    return budget / total if total > 0 else math.inf
+    working = {model: seconds for model, seconds in work.items() if seconds > 0}
+    if not working:
+        return math.inf
+    counts = dict.fromkeys(working, 1)
+    for _ in range(budget - len(pipeline.models)):
+        tightest = min(working, key=lambda m: counts[m] / working[m])
+        counts[tightest] += 1
+    return min(counts[m] / working[m] for m in working)
 
 
 def _held_s(
