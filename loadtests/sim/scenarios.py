@@ -27,6 +27,18 @@ Families (`FAMILIES`, with how many scenarios each makes):
   minimum and the controller fresh, as operator_vs_static does; the others after a low
   open-loop load.
 
+On generated pipelines (loadtests.sim.generated: depths 1, 2 and 3 in turn; two roots that
+share a child one seed in four, one in eight where both are loaded at once), loads in
+fractions of the pipeline's fluid capacity:
+
+- generated_steady: one constant load, 0.3 to 1.3 of it (two roots: split between them);
+- generated_step: low (0.1 to 0.3), high (0.6 to 1.3), low again;
+- generated_shift: two roots: the load moves from one to the other; one root: a child's
+  execution time rises two- to three-fold, the load held;
+- generated_ramp, generated_diurnal, generated_spike: as ramp, diurnal (160 s a day) and
+  spike above;
+- generated_closed: 4 to 32 clients, from the start or after a low open-loop load.
+
 The autoscalers' specs are the benchmarks' (loadtests/bench/operator_vs_static.py): a tick
 every 2 s over 6 s of rates, up by 2 instances a tick, down by one after 15 s of lower
 recommendations; every model at least 1, at most what the budget leaves the others.
@@ -37,7 +49,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from types import MappingProxyType
 
@@ -572,6 +584,23 @@ def _generated_ramp(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
     )
 
 
+def _generated_diurnal(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
+    """A day compressed into 160 s, one phase a quarter."""
+    family = f"{GENERATED}diurnal"
+    rng, drawn = _drawn(family, seed)
+    root, capacity = next(iter(drawn.capacity_rps.items()))
+    wave = Wave(rng.uniform(0.1, 0.2) * capacity, rng.uniform(0.7, 1.1) * capacity, 160.0, 0.0)
+    return _generated(
+        family,
+        seed,
+        drawn,
+        tuple(
+            Phase(name, 40, {root: replace(wave, offset_s=40.0 * quarter)}, steady=False)
+            for quarter, name in enumerate(("night", "morning", "day", "evening"))
+        ),
+    )
+
+
 def _generated_spike(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
     family = f"{GENERATED}spike"
     rng, drawn = _drawn(family, seed)
@@ -616,12 +645,13 @@ FAMILIES: Mapping[str, tuple[Family, int]] = MappingProxyType(
         "tight_budget": (_tight_budget, 20),
         "shapes": (_shapes, 30),
         "closed_loop": (_closed_loop, 20),
-        f"{GENERATED}steady": (_generated_steady, 70),
-        f"{GENERATED}step": (_generated_step, 70),
-        f"{GENERATED}shift": (_generated_shift, 70),
-        f"{GENERATED}ramp": (_generated_ramp, 70),
-        f"{GENERATED}spike": (_generated_spike, 70),
-        f"{GENERATED}closed": (_generated_closed, 70),
+        f"{GENERATED}steady": (_generated_steady, 60),
+        f"{GENERATED}step": (_generated_step, 60),
+        f"{GENERATED}shift": (_generated_shift, 60),
+        f"{GENERATED}ramp": (_generated_ramp, 60),
+        f"{GENERATED}diurnal": (_generated_diurnal, 60),
+        f"{GENERATED}spike": (_generated_spike, 60),
+        f"{GENERATED}closed": (_generated_closed, 60),
     }
 )
 
