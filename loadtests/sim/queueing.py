@@ -4,7 +4,9 @@ Each model is `count` instances (servers) behind one FIFO queue. A free instance
 queue's head and, with a dynamic batcher, the requests behind it up to `max_batch_rows`; the
 execution takes the shape's time for those rows. A BLS parent keeps its instance until the
 calls it made have answered (pipeline.py), so its busy time includes the wait, as Triton
-measures it. Requests come open-loop (arrival times given in advance, `offer`) or closed-loop
+measures it; a called model may itself be such a parent, so a call tree holds an instance at
+every level down to the model that answers. A conditional call goes out with the rows of the
+requests that make it, drawn per request from the simulation's seeded generator. Requests come open-loop (arrival times given in advance, `offer`) or closed-loop
 (`closed_loop`: each client sends again as soon as it is answered).
 
 Counters follow Triton's (tritonscale.metrics.queries): on completion, a request adds one
