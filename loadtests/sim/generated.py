@@ -36,7 +36,7 @@ MAX_FAN_OUT = 4
 TYPICAL_ROWS = 16  # the rows of an execution its service time is drawn for
 LEAF_MS = (1.0, 50.0)
 BLS_OWN_MS = (1.0, 10.0)
-MIN_RPS, MAX_RPS = 30.0, 400.0
+MIN_RPS, MAX_RPS = 30.0, 300.0
 ROWS_PER_REQUEST = 8  # the scenarios' (and the static search's) rows of a client request
 MAX_DRAWS = 50
 

@@ -28,14 +28,14 @@ Families (`FAMILIES`, with how many scenarios each makes):
   open-loop load.
 
 On generated pipelines (loadtests.sim.generated: depths 1, 2 and 3 in turn; two roots that
-share a child one seed in four, one in eight where both are loaded at once), loads in
+share a child one seed in four, one in twelve where both are loaded at once), loads in
 fractions of the pipeline's fluid capacity:
 
 - generated_steady: one constant load, 0.3 to 1.3 of it (two roots: split between them);
 - generated_step: low (0.1 to 0.3), high (0.6 to 1.3), low again;
 - generated_shift: two roots: the load moves from one to the other; one root: a child's
   execution time rises two- to three-fold, the load held;
-- generated_ramp, generated_diurnal, generated_spike: as ramp, diurnal (160 s a day) and
+- generated_ramp, generated_diurnal, generated_spike: as ramp, diurnal (a day of 120 s) and
   spike above;
 - generated_closed: 4 to 32 clients, from the start or after a low open-loop load.
 
@@ -471,8 +471,8 @@ def _closed_loop(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
 
 GENERATED = "generated_"  # the prefix of the families on generated pipelines
 # Two roots loaded at once are judged by a simulation of each configuration under both loads
-# (static.py): the families that do so draw two roots for one seed in eight, not four.
-BOTH_ROOTS_EVERY = 8
+# (static.py): the families that do so draw two roots for one seed in twelve, not four.
+BOTH_ROOTS_EVERY = 12
 
 
 def _drawn(
@@ -524,7 +524,7 @@ def _generated_step(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
         family,
         seed,
         drawn,
-        (Phase("low", 30, low), Phase("high", 50, high), Phase("low again", 40, low)),
+        (Phase("low", 30, low), Phase("high", 40, high), Phase("low again", 30, low)),
     )
 
 
@@ -563,7 +563,7 @@ def _generated_shift(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
         drawn,
         (
             Phase("before", 40, load),
-            Phase(f"{child} slower", 50, load, costs={child: round(slower, 4)}),
+            Phase(f"{child} slower", 40, load, costs={child: round(slower, 4)}),
         ),
     )
 
@@ -578,24 +578,24 @@ def _generated_ramp(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
         seed,
         drawn,
         (
-            Phase("ramp", 50, {root: Ramp(0.1 * capacity, top)}, steady=False),
+            Phase("ramp", 40, {root: Ramp(0.1 * capacity, top)}, steady=False),
             Phase("held", 40, {root: Constant(top)}),
         ),
     )
 
 
 def _generated_diurnal(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
-    """A day compressed into 160 s, one phase a quarter."""
+    """A day compressed into 120 s, one phase a quarter."""
     family = f"{GENERATED}diurnal"
     rng, drawn = _drawn(family, seed)
     root, capacity = next(iter(drawn.capacity_rps.items()))
-    wave = Wave(rng.uniform(0.1, 0.2) * capacity, rng.uniform(0.7, 1.1) * capacity, 160.0, 0.0)
+    wave = Wave(rng.uniform(0.1, 0.2) * capacity, rng.uniform(0.7, 1.1) * capacity, 120.0, 0.0)
     return _generated(
         family,
         seed,
         drawn,
         tuple(
-            Phase(name, 40, {root: replace(wave, offset_s=40.0 * quarter)}, steady=False)
+            Phase(name, 30, {root: replace(wave, offset_s=30.0 * quarter)}, steady=False)
             for quarter, name in enumerate(("night", "morning", "day", "evening"))
         ),
     )
@@ -615,7 +615,7 @@ def _generated_spike(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
         (
             Phase("before", 30, {root: Constant(steady)}),
             Phase("spike", 30, {root: spike}, steady=False),
-            Phase("after", 40, {root: Constant(steady)}),
+            Phase("after", 30, {root: Constant(steady)}),
         ),
     )
 
@@ -645,13 +645,13 @@ FAMILIES: Mapping[str, tuple[Family, int]] = MappingProxyType(
         "tight_budget": (_tight_budget, 20),
         "shapes": (_shapes, 30),
         "closed_loop": (_closed_loop, 20),
-        f"{GENERATED}steady": (_generated_steady, 60),
-        f"{GENERATED}step": (_generated_step, 60),
-        f"{GENERATED}shift": (_generated_shift, 60),
-        f"{GENERATED}ramp": (_generated_ramp, 60),
-        f"{GENERATED}diurnal": (_generated_diurnal, 60),
-        f"{GENERATED}spike": (_generated_spike, 60),
-        f"{GENERATED}closed": (_generated_closed, 60),
+        f"{GENERATED}steady": (_generated_steady, 58),
+        f"{GENERATED}step": (_generated_step, 58),
+        f"{GENERATED}shift": (_generated_shift, 58),
+        f"{GENERATED}ramp": (_generated_ramp, 58),
+        f"{GENERATED}diurnal": (_generated_diurnal, 58),
+        f"{GENERATED}spike": (_generated_spike, 58),
+        f"{GENERATED}closed": (_generated_closed, 58),
     }
 )
 
