@@ -74,9 +74,11 @@ bench: deps vegeta
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary
 
-# The operator's set planner across every scenario of the pipeline simulator, in virtual time (no server;
-# a minute or two on one core): reports/sim/summary.json and .png. Narrow or change it:
-# make sim SIM='--family step --controller static'
+# The operator's set tick (its set planner and budget ledger) across the pipeline simulator's 641
+# scenarios, 406 of them on generated pipelines, in virtual time (no server; two processes, 205 s
+# of CPU, 316 s beside a benchmark on 2 shared cores): reports/sim/summary.json and .png.
+# Narrow or change it:
+# make sim SIM='--family step --controller static --jobs 1'
 sim: venv
 	$(PY) -m loadtests.sim $(SIM)
 

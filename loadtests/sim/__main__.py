@@ -3,15 +3,23 @@
 python -m loadtests.sim                          # all scenarios, the operator's set planner
 python -m loadtests.sim --controller static      # another controller, by name
 python -m loadtests.sim --family step --scenarios 10
+python -m loadtests.sim --jobs 1                 # in this process alone
+
+The scenarios are shared among `--jobs` processes (forked: each its own static search), the
+rows gathered in the scenarios' order: the result is the same for any number of jobs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from loadtests.sim import controllers, scenarios, summary
 from loadtests.sim.runner import run_scenario
@@ -38,19 +46,28 @@ def main(argv: list[str] | None = None) -> int:
         help="run only this family (repeatable)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "summary.json")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="processes that run the scenarios (default: 2, or 1 on one CPU)",
+    )
     args = parser.parse_args(argv)
     if args.scenarios is not None and args.scenarios < 1:
         parser.error(f"--scenarios must be at least 1, got {args.scenarios}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
 
-    chosen = scenarios.generate(tuple(args.family), args.scenarios)
-    make_controller = controllers.CONTROLLERS[args.controller]
-    search = StaticSearch()
     started = time.monotonic()
+    chosen = scenarios.generate(tuple(args.family), args.scenarios)
     rows = []
-    print(f"sim: {len(chosen)} scenarios under controller {args.controller}", flush=True)
-    for number, scenario in enumerate(chosen, start=1):
-        rows.append(run_scenario(scenario, make_controller, search))
-        if number % 10 == 0 or number == len(chosen):
+    print(
+        f"sim: {len(chosen)} scenarios under controller {args.controller}, {args.jobs} job(s)",
+        flush=True,
+    )
+    for number, row in enumerate(_rows(chosen, args.controller, args.jobs), start=1):
+        rows.append(row)
+        if number % 50 == 0 or number == len(chosen):
             phases = [p for row in rows for p in row["phases"]]
             at_best = sum(p["at_098_of_best"] for p in phases) / len(phases)
             print(
@@ -66,10 +83,40 @@ def main(argv: list[str] | None = None) -> int:
         f"sim: {result['phases']} phases of {result['scenarios']} scenarios: "
         f"{result['share_of_phases_at_098_of_best']:.1%} at 0.98 of the best static, "
         f"{result['budget_overruns']} budget overruns, {result['steady_reversals']} steady "
-        f"reversals, {result['seconds']:.0f} s; {args.out} and {args.out.with_suffix('.png')}",
+        f"reversals, {result['seconds']:.0f} s; generated pipelines: "
+        f"{result['generated_scenarios']} scenarios, "
+        f"{_percent(result['generated_share_of_phases_at_098_of_best'])} at 0.98, ours: "
+        f"{_percent(result['ours_share_of_phases_at_098_of_best'])}; "
+        f"{args.out} and {args.out.with_suffix('.png')}",
         flush=True,
     )
     return 0
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
+
+
+# What a forked job runs: the scenarios and the controller's name, set before the fork (the
+# scenarios hold mapping proxies, which do not pickle; the rows do).
+_JOB: dict[str, Any] = {}
+
+
+def _run(index: int) -> dict:
+    search = _JOB.setdefault("search", StaticSearch())
+    return run_scenario(_JOB["chosen"][index], controllers.CONTROLLERS[_JOB["controller"]], search)
+
+
+def _rows(chosen: list[scenarios.Scenario], controller: str, jobs: int) -> Iterator[dict]:
+    """Each scenario's row, in the scenarios' order."""
+    _JOB.clear()
+    _JOB.update(chosen=chosen, controller=controller)
+    if jobs == 1:
+        yield from map(_run, range(len(chosen)))
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        # Small chunks: the scenarios' costs differ, and the jobs should end together.
+        yield from pool.imap(_run, range(len(chosen)), chunksize=2)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,19 @@ A model's execution takes `overhead_ms + execute_ms * rows ** batch_exponent`: a
 that holds each batch for its `emulated_compute_ms` whatever its size has an exponent near 0;
 a parent's pre-processing grows with the rows it batches (0.2 ms for one row and 3 ms for 32
 on the development machine: an exponent of 0.78), and its BLS calls, tensor moves and
-responses cost a few milliseconds per execution besides. A BLS parent (`calls`) holds
-its instance from the start of its execution until the last of its calls has answered: with
-`sequential=False` (`async def execute` and `asyncio.gather`) the calls go out together after
-its own work, so it waits for the slowest; with `sequential=True` (the sync twin, blocking
-`exec()`) one after another. Each call carries the execution's rows.
+responses cost a few milliseconds per execution besides. A BLS parent (`calls`: child -> calls
+per execution) holds its instance from the start of its execution until the last of its calls
+has answered: with `sequential=False` (`async def execute` and `asyncio.gather`) the calls go
+out together after its own work, so it waits for the slowest; with `sequential=True` (the sync
+twin, blocking `exec()`) one after another. Each call carries the rows of the execution's
+requests that make it: all of them, or for a conditional call (`call_share` below 1) each
+request with that probability (no call when none does). A called model may call others in
+turn (a pipeline up to three deep); a cycle is refused.
+
+How a model batches is its config's: with a dynamic batcher (`batcher`, the default) queued
+requests join one execution up to `max_batch_rows` rows; without one each request is one
+execution (`max_batch_size` still bounds its rows); `max_batch_rows` 1 stands for
+`max_batch_size: 0`.
 
 `real_pipeline()` reads the branch times from models/*/config.pbtxt, so the simulator follows
 the repository when they change.
@@ -54,6 +62,9 @@ class ModelShape:
     calls: Mapping[str, int] = field(default_factory=dict)  # child -> calls per execution
     sequential: bool = False  # calls one after another (sync BLS) instead of together
     service: Literal["deterministic", "exponential"] = "deterministic"
+    # child -> the share of requests that call it (a child left out: every request)
+    call_share: Mapping[str, float] = field(default_factory=dict)
+    batcher: bool = True  # a dynamic batcher joins queued requests (else one per execution)
 
     def execute_s(self, rows: int) -> float:
         """Seconds one execution of `rows` rows takes (its calls excluded)."""
@@ -73,12 +84,21 @@ class Pipeline:
             unknown = [child for child in shape.calls if child not in self.models]
             if unknown:
                 raise ValueError(f"{shape.name} calls {unknown[0]}, which {self.name} lacks")
-            nested = [child for child in shape.calls if self.models[child].calls]
-            if nested:
-                raise ValueError(f"{shape.name} calls {nested[0]}, itself a BLS parent")
+        for name in self.models:
+            if name in self._below(name, frozenset()):
+                raise ValueError(f"{name} calls itself through its children in {self.name}")
         missing = [entry for entry in self.entries if entry not in self.models]
         if missing:
             raise ValueError(f"entry {missing[0]} is not a model of {self.name}")
+
+    def _below(self, model: str, seen: frozenset[str]) -> frozenset[str]:
+        """The models `model` reaches through its calls (stopping where a path repeats)."""
+        found = set()
+        for child in self.models[model].calls:
+            found.add(child)
+            if child not in seen:
+                found |= self._below(child, seen | {model})
+        return frozenset(found)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -95,15 +115,17 @@ class Pipeline:
 
     def configs(self) -> dict[str, dict[str, object]]:
         """Each model's config as Triton serves it (its JSON), the fields of batching only:
-        a shape that batches more than one row has a dynamic batcher up to its rows."""
-        return {
-            name: (
-                {"name": name, "max_batch_size": s.max_batch_rows, "dynamic_batching": {}}
-                if s.max_batch_rows > 1
-                else {"name": name, "max_batch_size": 0}
-            )
-            for name, s in self.models.items()
-        }
+        a shape that batches more than one row has `max_batch_size` its rows, and a dynamic
+        batcher where it has one; a shape of one row has `max_batch_size: 0`."""
+        configs: dict[str, dict[str, object]] = {}
+        for name, s in self.models.items():
+            config: dict[str, object] = {"name": name, "max_batch_size": 0}
+            if s.max_batch_rows > 1:
+                config["max_batch_size"] = s.max_batch_rows
+                if s.batcher:
+                    config["dynamic_batching"] = {}
+            configs[name] = config
+        return configs
 
     def key(self) -> tuple[object, ...]:
         """What identifies the pipeline's behaviour (the static search caches by it)."""
@@ -117,6 +139,8 @@ class Pipeline:
                 tuple(sorted(s.calls.items())),
                 s.sequential,
                 s.service,
+                tuple(sorted(s.call_share.items())),
+                s.batcher,
             )
             for s in self.models.values()
         ) + (self.entries,)

@@ -4,7 +4,9 @@ Each model is `count` instances (servers) behind one FIFO queue. A free instance
 queue's head and, with a dynamic batcher, the requests behind it up to `max_batch_rows`; the
 execution takes the shape's time for those rows. A BLS parent keeps its instance until the
 calls it made have answered (pipeline.py), so its busy time includes the wait, as Triton
-measures it. Requests come open-loop (arrival times given in advance, `offer`) or closed-loop
+measures it; a called model may itself be such a parent, so a call tree holds an instance at
+every level down to the model that answers. A conditional call goes out with the rows of the
+requests that make it, drawn per request from the simulation's seeded generator. Requests come open-loop (arrival times given in advance, `offer`) or closed-loop
 (`closed_loop`: each client sends again as soon as it is answered).
 
 Counters follow Triton's (tritonscale.metrics.queries): on completion, a request adds one
@@ -69,6 +71,25 @@ def _service(shape: ModelShape, rng: random.Random) -> Callable[[int], float]:
 class _Model:
     """A model's instances, queue and counters inside one simulation."""
 
+    # Slots: the events read these attributes millions of times a run.
+    __slots__ = (
+        "shape",
+        "count",
+        "busy",
+        "queue",
+        "counters",
+        "rows_per_request",
+        "service_s",
+        "arrivals",
+        "next_arrival",
+        "wake_at",
+        "closed_loop",
+        "called",
+        "unconditional",
+        "entry",
+        "call_limit",
+    )
+
     def __init__(self, shape: ModelShape, count: int, rng: random.Random) -> None:
         self.shape = shape
         self.count = count  # instances that take new work
@@ -82,8 +103,12 @@ class _Model:
         self.next_arrival = 0
         self.wake_at: float | None = None
         self.closed_loop = False
-        self.called: list[_Model] = []  # one per BLS call of an execution, in order
+        # (child, share of requests that call it): one per BLS call of an execution, in order
+        self.called: list[tuple[_Model, float]] = []
+        self.unconditional = True  # every request makes every call
         self.entry = False  # takes the clients' requests (else: the calls of BLS parents)
+        # The rows of calls a dynamic batcher joins (0: one call an execution).
+        self.call_limit = shape.max_batch_rows if shape.batcher else 0
 
 
 class Simulation:
@@ -106,11 +131,13 @@ class Simulation:
             name: _Model(shape, counts[name], self._rng) for name, shape in pipeline.models.items()
         }
         for state in self._models.values():
+            shape = state.shape
             state.called = [
-                self._models[child]
-                for child, times in state.shape.calls.items()
+                (self._models[child], shape.call_share.get(child, 1.0))
+                for child, times in shape.calls.items()
                 for _ in range(times)
             ]
+            state.unconditional = all(share >= 1.0 for _, share in state.called)
         for entry in pipeline.entries:
             self._models[entry].rows_per_request = rows_per_request
             self._models[entry].entry = True
@@ -145,8 +172,9 @@ class Simulation:
     def set_shape(self, shape: ModelShape) -> None:
         """The model's cost changes now (executions already under way keep theirs)."""
         state = self._models[shape.name]
-        state.shape = replace(shape, calls=state.shape.calls)
+        state.shape = replace(shape, calls=state.shape.calls, call_share=state.shape.call_share)
         state.service_s = _service(state.shape, self._rng)
+        state.call_limit = state.shape.max_batch_rows if state.shape.batcher else 0
 
     def run_until(self, t: float) -> None:
         """Process every event up to virtual time `t`."""
@@ -225,7 +253,7 @@ class Simulation:
         """An entry model: batches of client requests (arrival times)."""
         queue = state.queue
         shape = state.shape
-        per_batch = max(1, shape.max_batch_rows // state.rows_per_request)
+        per_batch = max(1, shape.max_batch_rows // state.rows_per_request) if shape.batcher else 1
         now = self.now
         oldest = now - self.client_timeout_s
         while state.busy < state.count:
@@ -241,55 +269,86 @@ class Simulation:
             arrivals = [queue.popleft() for _ in range(taken)]
             rows = taken * state.rows_per_request
             state.busy += 1
-            execution = [state, now, arrivals, 0, rows]
-            then = self._call_children if state.called else self._finish_execution
+            # [model, started, its requests, calls awaited, rows, calls still to make in turn]
+            execution = [state, now, arrivals, 0, rows, None]
+            then = self._calls_out if state.called else self._finish_execution
             heapq.heappush(
                 self._events, (now + state.service_s(rows), next(self._sequence), then, execution)
             )
 
-    def _call_children(self, execution: list) -> None:
-        """A parent's own work is done: its BLS calls go out (together, or the first one)."""
+    def _calls_out(self, execution: list) -> None:
+        """An execution's own work is done: its BLS calls go out (together, or the first one),
+        each with the rows of the requests that make it."""
         state = execution[0]
+        rows = execution[4]
+        if state.unconditional:
+            calls = [(child, rows) for child, _ in state.called]
+        else:
+            # The rows of each of the execution's requests: a request makes a conditional
+            # call with its share's probability, each of its calls to that child drawn alone.
+            each = (
+                [state.rows_per_request] * len(execution[2])
+                if state.entry
+                else [call[1] for call in execution[2]]
+            )
+            random = self._rng.random
+            calls = []
+            for child, share in state.called:
+                if share >= 1.0:
+                    calls.append((child, rows))
+                    continue
+                chosen = sum(r for r in each if random() < share)
+                if chosen:
+                    calls.append((child, chosen))
+            if not calls:
+                self._done(execution)
+                return
         if state.shape.sequential:
-            order = list(state.called)
-            execution.append(order)
+            calls.reverse()  # made from the end: the first call last
+            execution[5] = calls
             execution[3] = 1
-            self._call(order[0], execution)
+            child, call_rows = calls.pop()
+            self._call(child, call_rows, execution)
             return
-        execution[3] = len(state.called)
-        for child in state.called:
-            self._call(child, execution)
+        execution[3] = len(calls)
+        for child, call_rows in calls:
+            self._call(child, call_rows, execution)
 
-    def _call(self, child: _Model, execution: list) -> None:
-        child.queue.append((self.now, execution[4], execution))
+    def _call(self, child: _Model, rows: int, execution: list) -> None:
+        child.queue.append((self.now, rows, execution))
         if child.busy < child.count:
             self._start_calls(child)
 
     def _start_calls(self, state: _Model) -> None:
         """A called model: batches of calls (arrival, rows, the caller's execution)."""
         queue = state.queue
-        limit = state.shape.max_batch_rows
+        limit = state.call_limit
         now = self.now
+        then = self._calls_out if state.called else self._calls_done
+        events, sequence, service_s = self._events, self._sequence, state.service_s
         while state.busy < state.count and queue:
-            batch = [queue.popleft()]
-            rows = batch[0][1]
+            first = queue.popleft()
+            batch = [first]
+            rows = first[1]
             while queue and rows + queue[0][1] <= limit:
                 call = queue.popleft()
                 batch.append(call)
                 rows += call[1]
             state.busy += 1
             heapq.heappush(
-                self._events,
-                (
-                    now + state.service_s(rows),
-                    next(self._sequence),
-                    self._calls_done,
-                    (state, now, batch),
-                ),
+                events,
+                (now + service_s(rows), next(sequence), then, [state, now, batch, 0, rows, None]),
             )
 
-    def _calls_done(self, argument: tuple) -> None:
-        state, started, batch = argument
+    def _done(self, execution: list) -> None:
+        if execution[0].entry:
+            self._finish_execution(execution)
+        else:
+            self._calls_done(execution)
+
+    def _calls_done(self, execution: list) -> None:
+        """A called model's execution is done: its callers hear back."""
+        state, started, batch = execution[0], execution[1], execution[2]
         now = self.now
         counters = state.counters
         duration = now - started
@@ -300,20 +359,24 @@ class Simulation:
             counters.queue_s += started - arrived
             counters.inferences += rows
         state.busy -= 1
-        self._start_calls(state)
-        for _, _, execution in batch:
-            execution[3] -= 1
-            if execution[3] == 0:
-                order = execution[5] if len(execution) > 5 else None
-                if order is not None and len(order) > 1:
-                    order.pop(0)
-                    execution[3] = 1
-                    self._call(order[0], execution)
+        if state.queue:
+            self._start_calls(state)
+        for _, _, caller in batch:
+            # One of the caller's calls answered: the next in turn goes out, or it is done.
+            caller[3] -= 1
+            if caller[3] == 0:
+                order = caller[5]
+                if order:
+                    caller[3] = 1
+                    child, rows = order.pop()
+                    self._call(child, rows, caller)
+                elif caller[0].entry:
+                    self._finish_execution(caller)
                 else:
-                    self._finish_execution(execution)
+                    self._calls_done(caller)
 
     def _finish_execution(self, execution: list) -> None:
-        state, started, arrivals, _, _ = execution[:5]
+        state, started, arrivals = execution[0], execution[1], execution[2]
         now = self.now
         counters = state.counters
         taken = len(arrivals)

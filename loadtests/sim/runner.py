@@ -209,6 +209,7 @@ def run_scenario(
         "seed": scenario.seed,
         "pipeline": scenario.pipeline.name,
         "budget": budget,
+        **({"shape": dict(scenario.shape)} if scenario.shape else {}),
         "phases": rows,
     }
 

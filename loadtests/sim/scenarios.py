@@ -27,6 +27,18 @@ Families (`FAMILIES`, with how many scenarios each makes):
   minimum and the controller fresh, as operator_vs_static does; the others after a low
   open-loop load.
 
+On generated pipelines (loadtests.sim.generated: depths 1, 2 and 3 in turn; two roots that
+share a child one seed in four, one in twelve where both are loaded at once), loads in
+fractions of the pipeline's fluid capacity:
+
+- generated_steady: one constant load, 0.3 to 1.3 of it (two roots: split between them);
+- generated_step: low (0.1 to 0.3), high (0.6 to 1.3), low again;
+- generated_shift: two roots: the load moves from one to the other; one root: a child's
+  execution time rises two- to three-fold, the load held;
+- generated_ramp, generated_diurnal, generated_spike: as ramp, diurnal (a day of 120 s) and
+  spike above;
+- generated_closed: 4 to 32 clients, from the start or after a low open-loop load.
+
 The autoscalers' specs are the benchmarks' (loadtests/bench/operator_vs_static.py): a tick
 every 2 s over 6 s of rates, up by 2 instances a tick, down by one after 15 s of lower
 recommendations; every model at least 1, at most what the budget leaves the others.
@@ -37,12 +49,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from types import MappingProxyType
 
 import numpy as np
 
+from loadtests.sim.generated import TYPICAL_ROWS, GeneratedPipeline, generate_pipeline
 from loadtests.sim.pipeline import (
     BRANCHES,
     PIPELINE,
@@ -168,6 +181,8 @@ class Scenario:
     budget: int
     phases: tuple[Phase, ...]
     rows_per_request: int = ROWS_PER_REQUEST
+    # What a generated pipeline is made of (loadtests.sim.generated.tags); empty for ours.
+    shape: Mapping[str, object] = field(default_factory=dict, compare=False)
 
     @property
     def duration_s(self) -> float:
@@ -452,6 +467,172 @@ def _closed_loop(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
     )
 
 
+# ---- generated pipelines (loadtests.sim.generated) ---------------------------------------
+
+GENERATED = "generated_"  # the prefix of the families on generated pipelines
+# Two roots loaded at once are judged by a simulation of each configuration under both loads
+# (static.py): the families that do so draw two roots for one seed in twelve, not four.
+BOTH_ROOTS_EVERY = 12
+
+
+def _drawn(
+    family: str, seed: int, shared_every: int = 4
+) -> tuple[random.Random, GeneratedPipeline]:
+    """The family's own generator for `seed` and its pipeline: depths 1, 2 and 3 in turn; a
+    child shared by two roots in one in `shared_every`."""
+    rng = random.Random(f"{family}-{seed}")
+    shared = seed % shared_every == 0
+    drawn = generate_pipeline(rng, f"{family}-{seed}", shared=shared, depth=seed % 3 + 1)
+    return rng, drawn
+
+
+def _generated(
+    family: str, seed: int, drawn: GeneratedPipeline, phases: tuple[Phase, ...]
+) -> Scenario:
+    return Scenario(
+        f"{family}-{seed}",
+        family,
+        seed,
+        drawn.pipeline,
+        drawn.budget,
+        phases,
+        shape=MappingProxyType(dict(drawn.tags)),
+    )
+
+
+def _loads(drawn: GeneratedPipeline, share: float, rng: random.Random) -> dict[str, Load]:
+    """Every root at about `share` of its capacity; two roots split it between them."""
+    capacity = drawn.capacity_rps
+    split = rng.uniform(0.3, 0.7) if len(capacity) > 1 else 1.0
+    shares = dict(zip(capacity, (split, 1 - split), strict=False))
+    return {root: Constant(round(share * shares[root] * rps, 1)) for root, rps in capacity.items()}
+
+
+def _generated_steady(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
+    family = f"{GENERATED}steady"
+    rng, drawn = _drawn(family, seed, BOTH_ROOTS_EVERY)
+    load = _loads(drawn, rng.uniform(0.3, 1.3), rng)
+    return _generated(family, seed, drawn, (Phase("steady", 50, load),))
+
+
+def _generated_step(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
+    family = f"{GENERATED}step"
+    rng, drawn = _drawn(family, seed, BOTH_ROOTS_EVERY)
+    low = _loads(drawn, rng.uniform(0.1, 0.3), rng)
+    high = _loads(drawn, rng.uniform(0.6, 1.3), rng)
+    return _generated(
+        family,
+        seed,
+        drawn,
+        (Phase("low", 30, low), Phase("high", 40, high), Phase("low again", 30, low)),
+    )
+
+
+def _generated_shift(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
+    """Two roots: the load moves from one to the other. One root: a child's cost rises two- to
+    three-fold (its part per row), the load held."""
+    family = f"{GENERATED}shift"
+    rng, drawn = _drawn(family, seed)
+    capacity = drawn.capacity_rps
+    if len(capacity) > 1:
+        first, second = capacity
+        return _generated(
+            family,
+            seed,
+            drawn,
+            (
+                Phase(
+                    f"{first} only", 50, {first: Constant(rng.uniform(0.4, 1.2) * capacity[first])}
+                ),
+                Phase(
+                    f"{second} only",
+                    50,
+                    {second: Constant(rng.uniform(0.4, 1.2) * capacity[second])},
+                ),
+            ),
+        )
+    pipeline = drawn.pipeline
+    child = rng.choice([m for m in pipeline.names if m not in pipeline.entries])
+    shape = pipeline.models[child]
+    total_ms = shape.overhead_ms + shape.execute_ms * TYPICAL_ROWS
+    slower = (rng.uniform(2.0, 3.0) * total_ms - shape.overhead_ms) / TYPICAL_ROWS
+    load = _loads(drawn, rng.uniform(0.3, 0.8), rng)
+    return _generated(
+        family,
+        seed,
+        drawn,
+        (
+            Phase("before", 40, load),
+            Phase(f"{child} slower", 40, load, costs={child: round(slower, 4)}),
+        ),
+    )
+
+
+def _generated_ramp(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
+    family = f"{GENERATED}ramp"
+    rng, drawn = _drawn(family, seed)
+    root, capacity = next(iter(drawn.capacity_rps.items()))
+    top = rng.uniform(0.7, 1.3) * capacity
+    return _generated(
+        family,
+        seed,
+        drawn,
+        (
+            Phase("ramp", 40, {root: Ramp(0.1 * capacity, top)}, steady=False),
+            Phase("held", 40, {root: Constant(top)}),
+        ),
+    )
+
+
+def _generated_diurnal(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
+    """A day compressed into 120 s, one phase a quarter."""
+    family = f"{GENERATED}diurnal"
+    rng, drawn = _drawn(family, seed)
+    root, capacity = next(iter(drawn.capacity_rps.items()))
+    wave = Wave(rng.uniform(0.1, 0.2) * capacity, rng.uniform(0.7, 1.1) * capacity, 120.0, 0.0)
+    return _generated(
+        family,
+        seed,
+        drawn,
+        tuple(
+            Phase(name, 30, {root: replace(wave, offset_s=30.0 * quarter)}, steady=False)
+            for quarter, name in enumerate(("night", "morning", "day", "evening"))
+        ),
+    )
+
+
+def _generated_spike(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
+    family = f"{GENERATED}spike"
+    rng, drawn = _drawn(family, seed)
+    root, capacity = next(iter(drawn.capacity_rps.items()))
+    steady = rng.uniform(0.25, 0.5) * capacity
+    peak = min(steady * rng.uniform(2.0, 3.0), 1.3 * capacity)
+    spike = Spike(steady, peak, 5.0, rng.uniform(8, 16))
+    return _generated(
+        family,
+        seed,
+        drawn,
+        (
+            Phase("before", 30, {root: Constant(steady)}),
+            Phase("spike", 30, {root: spike}, steady=False),
+            Phase("after", 30, {root: Constant(steady)}),
+        ),
+    )
+
+
+def _generated_closed(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
+    """A closed loop at the first root: from the start, or after a low open-loop load."""
+    family = f"{GENERATED}closed"
+    rng, drawn = _drawn(family, seed)
+    root, capacity = next(iter(drawn.capacity_rps.items()))
+    clients = rng.choice((4, 8, 16, 32))
+    loop = Phase(f"{clients} clients", 50, {root: Clients(clients)})
+    if rng.random() < 0.5:
+        return _generated(family, seed, drawn, (loop,))
+    low = Phase("low", 30, {root: Constant(rng.uniform(0.1, 0.3) * capacity)})
+    return _generated(family, seed, drawn, (low, loop))
+
+
 Family = Callable[[random.Random, int, Pipeline], Scenario]
 FAMILIES: Mapping[str, tuple[Family, int]] = MappingProxyType(
     {
@@ -464,6 +645,13 @@ FAMILIES: Mapping[str, tuple[Family, int]] = MappingProxyType(
         "tight_budget": (_tight_budget, 20),
         "shapes": (_shapes, 30),
         "closed_loop": (_closed_loop, 20),
+        f"{GENERATED}steady": (_generated_steady, 58),
+        f"{GENERATED}step": (_generated_step, 58),
+        f"{GENERATED}shift": (_generated_shift, 58),
+        f"{GENERATED}ramp": (_generated_ramp, 58),
+        f"{GENERATED}diurnal": (_generated_diurnal, 58),
+        f"{GENERATED}spike": (_generated_spike, 58),
+        f"{GENERATED}closed": (_generated_closed, 58),
     }
 )
 

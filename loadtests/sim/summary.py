@@ -7,6 +7,13 @@
     steady_reversals                 reversals in phases of constant load (and the reasons
                                      of the changes that reversed, where the controller says)
     seconds                          wall-clock seconds the run took
+    generated_scenarios              scenarios on generated pipelines (families `generated_*`)
+    generated_share_of_phases_at_098_of_best
+                                     the share above, of their phases only; and
+                                     `ours_share_of_phases_at_098_of_best` of the others'
+    generated_by_shape               of the generated phases, per trait of the pipeline (depth,
+                                     conditional calls, a child shared by two roots...): how
+                                     many and their share at 0.98 of the best
 
 and per family the same, the mean served ratio (measured served rate over the best static's),
 of the phases whose first configuration served less than 0.98 of the best how many got there
@@ -23,18 +30,44 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+GENERATED = "generated_"  # the families on generated pipelines (loadtests.sim.scenarios)
+
 
 def summarize(rows: Sequence[dict], controller: str, seconds: float) -> dict[str, Any]:
     """The JSON document: totals, per family, and every scenario's row."""
     families: dict[str, list[dict]] = {}
     for row in rows:
         families.setdefault(row["family"], []).append(row)
+    generated = [row for row in rows if row["family"].startswith(GENERATED)]
+    ours = [row for row in rows if not row["family"].startswith(GENERATED)]
     return {
         "controller": controller,
         **_totals(rows),
         "seconds": round(seconds, 1),
+        "generated_scenarios": len(generated),
+        "generated_share_of_phases_at_098_of_best": _share(
+            p["at_098_of_best"] for row in generated for p in row["phases"]
+        ),
+        "ours_share_of_phases_at_098_of_best": _share(
+            p["at_098_of_best"] for row in ours for p in row["phases"]
+        ),
+        "generated_by_shape": _by_shape(generated),
         "families": {name: _totals(members) for name, members in families.items()},
         "rows": list(rows),
+    }
+
+
+def _by_shape(rows: Sequence[dict]) -> dict[str, dict[str, Any]]:
+    """Per trait and value of the generated pipelines (`depth=2`, `conditional=True`...): the
+    phases and their share at 0.98 of the best."""
+    groups: dict[str, list[bool]] = {}
+    for row in rows:
+        for trait, value in row.get("shape", {}).items():
+            flags = groups.setdefault(f"{trait}={value}", [])
+            flags.extend(p["at_098_of_best"] for p in row["phases"])
+    return {
+        name: {"phases": len(flags), "share_of_phases_at_098_of_best": _share(flags)}
+        for name, flags in sorted(groups.items())
     }
 
 
@@ -92,12 +125,12 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     families = summary["families"]
     names = list(families)
     phases = [phase for row in summary["rows"] for phase in row["phases"]]
-    figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+    figure, axes = plt.subplots(2, 2, figsize=(13, 9))
     share = axes[0][0]
     share.bar(names, [families[n]["share_of_phases_at_098_of_best"] or 0 for n in names])
     share.set_ylim(0, 1.05)
     share.set_title("phases ending at >= 0.98 of the best static configuration")
-    share.tick_params(axis="x", rotation=30)
+    _family_labels(share, names)
 
     ratios = axes[0][1]
     ratios.hist([p["served_ratio"] for p in phases if p["served_ratio"] is not None], bins=40)
@@ -126,7 +159,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         f"steady reversals ({summary['steady_reversals']}) "
         f"and budget overruns ({summary['budget_overruns']})"
     )
-    flips.tick_params(axis="x", rotation=30)
+    _family_labels(flips, names)
 
     figure.suptitle(
         f"controller {summary['controller']}: {summary['scenarios']} scenarios, "
@@ -135,3 +168,10 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def _family_labels(axis: Any, names: list[str]) -> None:
+    """Slanted labels anchored at their bars' right ends: with 16 families, centred ones sit
+    under the next bar."""
+    axis.set_xticks(range(len(names)))
+    axis.set_xticklabels(names, rotation=40, ha="right", rotation_mode="anchor", fontsize=8)
