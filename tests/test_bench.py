@@ -479,9 +479,11 @@ def test_control_loop_scale_quick(tmp_path: Path) -> None:
 def test_the_budget_goes_into_a_policy_file_the_driver_reads() -> None:
     pod = SimpleNamespace(http_url="127.0.0.1:8000", metrics_url="http://127.0.0.1:8002/metrics")
     settings = {**operator_vs_static.FULL, "budget": 9}
-    document = operator_vs_static.policies(pod, settings)
+    models = common.pipeline_models("pipeline_async")
+    document = operator_vs_static.policies(pod, settings, models, {models[0]: models[1:]})
     config = parse_config(document)
     assert [p.spec.max_instances for p in config.policies] == [6, 6, 6, 6]
+    assert config.policies[0].spec.calls == ("branch_embed", "branch_classify", "branch_rank")
     assert {(p.spec.budget.name, p.spec.budget.instances_per_pod) for p in config.policies} == {
         (operator_vs_static.BUDGET_NAME, 9)
     }
@@ -489,9 +491,81 @@ def test_the_budget_goes_into_a_policy_file_the_driver_reads() -> None:
 
 @pytest.mark.unit
 def test_static_configurations_use_the_whole_budget() -> None:
-    configurations = operator_vs_static.static_configurations(6)
+    configurations = operator_vs_static.static_configurations(6, ("a", "b", "c", "d"))
     assert len(configurations) == 10  # 2 extra instances over 4 models: C(5, 3)
     assert all(sum(c.values()) == 6 and min(c.values()) >= 1 for c in configurations)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("root", "callees"),
+    [
+        ("pipeline_async", ("branch_embed", "branch_classify", "branch_rank")),
+        ("pipeline_sync", ("branch_embed", "branch_classify", "branch_rank")),
+        ("chain_async", ("chain_tokenize", "chain_encode", "chain_head")),
+        ("fanout_async", ("fanout_detect", "fanout_classify", "fanout_verify")),
+    ],
+)
+def test_a_pipeline_is_its_root_and_what_its_spec_calls(root: str, callees: tuple) -> None:
+    assert common.pipeline_models(root) == (root, *callees)
+    # Each of them is a model of the repository.
+    for model in (root, *callees):
+        assert (REPO_ROOT / "models" / model / "config.pbtxt").is_file(), model
+
+
+@pytest.mark.unit
+def test_a_root_without_a_spec_or_without_calls_is_refused_in_one_sentence() -> None:
+    with pytest.raises(ValueError, match="no InstanceGroupAutoscaler .* names model 'add_sub'"):
+        common.pipeline_models("add_sub")
+    with pytest.raises(ValueError, match=r"branch-rank.yaml: branch_rank calls no model"):
+        common.pipeline_models("branch_rank")
+
+
+@pytest.mark.unit
+def test_the_root_on_the_command_line_picks_the_pipeline_and_its_budget_floor(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    def arguments(*argv: str) -> dict:
+        _, settings = common.budget_arguments(
+            "d", "b", None, operator_vs_static.QUICK, operator_vs_static.FULL, list(argv),
+            default_root=operator_vs_static.DEFAULT_ROOT,
+        )  # fmt: skip
+        return settings
+
+    assert arguments()["root"] == "pipeline_async"
+    assert arguments("--root", "chain_async", "--quick")["root"] == "chain_async"
+    for argv, message in (
+        (["--root", "add_sub"], "--root add_sub: no InstanceGroupAutoscaler"),
+        (["--root", "fanout_async", "--budget", "3"], "--budget must be at least 4"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            arguments(*argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize("root", ["chain_async", "fanout_async"])
+def test_operator_vs_static_quick_on_another_pipeline(
+    triton: LocalTriton, tmp_path: Path, root: str
+) -> None:
+    models = common.pipeline_models(root)
+    instances = common.Instances(triton)
+    before = {model: instances.get(model) for model in models}
+    result = operator_vs_static.run(triton, {**operator_vs_static.QUICK, "root": root})
+    result["operator"].pop("decision_log")
+    doc = _written(
+        "operator_vs_static", result, tmp_path, lambda p: operator_vs_static.plot(result, p)
+    )
+    assert doc["root"] == root and doc["models"] == list(models)
+    assert doc["best_static_rps"] > 0 and doc["operator_rps"] > 0
+    assert [set(row["instances"]) for row in doc["static_sweep"]] == [set(models)]
+    # The policy file the driver ran with is this pipeline's: the root calls its callees.
+    policies = {p["spec"]["model"]: p["spec"] for p in doc["operator"]["policy_file"]["policies"]}
+    assert list(policies) == list(models)
+    assert policies[root]["calls"] == list(models[1:])
+    assert all("calls" not in policies[model] for model in models[1:])
+    assert doc["operator"]["decisions"] > 0, doc["operator"]["tune_output_tail"]
+    assert set(doc["best_static_rechecked"]["instances"]) == set(models)
+    assert {model: instances.get(model) for model in models} == before
 
 
 @pytest.mark.parametrize("name", ["bls_hop"])

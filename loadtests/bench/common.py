@@ -37,7 +37,9 @@ import tritonclient.grpc
 import tritonclient.grpc.aio
 import tritonclient.http
 import tritonclient.http.aio
+import yaml
 
+from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
 from tritonscale.local.interrupts import stop_on_signals
 from tritonscale.local.loadgen import (
     CLIENT_PATHS,
@@ -54,6 +56,9 @@ from tritonscale.triton.endpoints import Endpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "reports" / "bench"
+# The InstanceGroupAutoscaler examples, one object per model: where a pipeline's calls are
+# written down (`spec.calls`), and so where the benchmarks read them.
+SPEC_EXAMPLES = REPO_ROOT / "operator" / "examples"
 
 # The load generators live in tritonscale.local.loadgen (the demo uses them too).
 __all__ = [
@@ -77,6 +82,32 @@ def pair_inputs(rng: np.random.Generator) -> Inputs:
 
 def stream_count_inputs(count: int = 4) -> Callable[[np.random.Generator], Inputs]:
     return lambda rng: {"IN": np.array([count], dtype=np.int32)}
+
+
+# ---- a pipeline, from its specs ------------------------------------------------------
+
+
+def pipeline_models(root: str, examples: Path = SPEC_EXAMPLES) -> tuple[str, ...]:
+    """`root` and the models it calls through BLS, in the order its spec lists them: the
+    `spec.calls` of the InstanceGroupAutoscaler example for `root` (`examples`/*.yaml), read
+    as the operator reads a spec. ValueError, in one sentence, when no example names `root`,
+    its spec is invalid, or it calls nothing (a root with no calls is no pipeline)."""
+    for path in sorted(examples.glob("*.yaml")):
+        document = yaml.safe_load(path.read_text())
+        spec = document.get("spec") if isinstance(document, dict) else None
+        if not isinstance(spec, dict) or spec.get("model") != root:
+            continue
+        try:
+            calls = AutoscalerSpec.from_dict(spec).calls
+        except InvalidSpec as error:
+            raise ValueError(f"{path.name}: {error}") from error
+        if not calls:
+            raise ValueError(f"{path.name}: {root} calls no model (spec.calls is empty)")
+        return (root, *calls)
+    raise ValueError(
+        f"no InstanceGroupAutoscaler under {examples} names model {root!r}: add one whose "
+        "spec.calls lists the models it calls"
+    )
 
 
 # ---- the server and its instance counts ---------------------------------------------
@@ -465,16 +496,31 @@ def parser(description: str) -> argparse.ArgumentParser:
 def budget_arguments(
     description: str,
     budget_help: str,
-    models: Sequence[str],
+    models: Sequence[str] | None,
     quick: Mapping[str, Any],
     full: Mapping[str, Any],
     argv: list[str] | None = None,
+    *,
+    default_root: str | None = None,
 ) -> tuple[argparse.Namespace, dict[str, Any]]:
     """The command line of a benchmark whose `models` share an instance budget: `parser`'s
     options and `--budget`. Returns the arguments and the run's settings: `quick`'s with
-    --quick, else `full`'s, with the budget given (at least one instance per model)."""
+    --quick, else `full`'s, with the budget given (at least one instance per model).
+
+    With `default_root` (and `models` None) the pipeline is chosen on the command line:
+    `--root MODEL` (default `default_root`), the models being it and those its spec calls
+    (pipeline_models); the settings carry it as `root`."""
     p = parser(description)
     p.add_argument("--budget", type=int, help=budget_help)
+    if default_root is not None:
+        p.add_argument(
+            "--root",
+            default=default_root,
+            metavar="MODEL",
+            help=f"the pipeline's root (default {default_root}): it takes FEATURES rows as "
+            "pipeline_async does, and the models it calls come from its spec's calls "
+            f"({SPEC_EXAMPLES.relative_to(REPO_ROOT)}/*.yaml)",
+        )
     p.add_argument(
         "--costs",
         type=parse_costs,
@@ -486,10 +532,20 @@ def budget_arguments(
     args = p.parse_args(argv)
     settings = dict(quick if args.quick else full)
     settings["costs"] = args.costs
+    if default_root is not None:
+        try:
+            models = pipeline_models(args.root)
+        except ValueError as error:
+            p.error(f"--root {args.root}: {error}")
+        settings["root"] = args.root
+    assert models is not None, "budget_arguments needs models or a default root"
     if args.budget is not None:
-        if args.budget < len(models):
-            p.error(f"--budget must be at least {len(models)} (one instance per model)")
         settings["budget"] = args.budget
+    if settings["budget"] < len(models):
+        p.error(
+            f"--budget must be at least {len(models)} (one instance per model of "
+            f"{', '.join(models)}), got {settings['budget']}"
+        )
     return args, settings
 
 

@@ -1,16 +1,22 @@
 """The operator's local driver against the best static configuration, under the same load.
 
-    python -m loadtests.bench.operator_vs_static              # full, about six minutes
-    python -m loadtests.bench.operator_vs_static --budget 8   # another total
-    python -m loadtests.bench.operator_vs_static --quick      # tiny (CI)
+    python -m loadtests.bench.operator_vs_static                      # full, about six minutes
+    python -m loadtests.bench.operator_vs_static --budget 8           # another total
+    python -m loadtests.bench.operator_vs_static --root chain_async   # another pipeline
+    python -m loadtests.bench.operator_vs_static --quick              # tiny (CI)
+
+The pipeline is a root model and the models it calls: `--root` (default pipeline_async),
+its callees read from its spec's `calls` (operator/examples/, common.pipeline_models), so
+that the benchmark, the policy file it writes and the operator see one pipeline. A root takes
+FEATURES rows, as pipeline_async, chain_async and fanout_async do.
 
 One closed-loop load (32 requests of 8 rows in flight) runs from the sweep's first window
 to the recheck's last and never pauses: every count changes under it, and a window is a span
 of its completions (common.SteadyClosedLoop), as users' traffic keeps coming between two
 measurements.
 
-1. Sweep, like Model Analyzer: every instance count of pipeline_async and its three
-   branches (each at least 1) that uses the whole budget, each set under the running load
+1. Sweep, like Model Analyzer: every instance count of the root and its callees (each at
+   least 1) that uses the whole budget, each set under the running load
    and measured on it after a settling span; the best throughput is the bar.
 2. Every model back at 1 (under the load: the backlog is the load step), then `tritonscale
    tune` (the local driver, a subprocess, policies written here with short windows):
@@ -27,13 +33,14 @@ measurements.
    are measured in turns (`operator_vs_best_static_interleaved`), so a machine's drift
    between the operator's windows and the recheck's does not decide the comparison.
 
-Requests carry 8 rows: with one, the dynamic batcher packs 32 of them into one execute and
-the two CPU cores, not the instance counts, set the pace (async_vs_sync shows it).
+Requests carry 8 rows: with one, the dynamic batcher packs 32 of pipeline_async's into one
+execute and the two CPU cores, not the instance counts, set the pace (async_vs_sync shows it).
 The JSON's contract: `budget`, `best_static_rps`, `operator_rps` (the mean of the last three
 windows under the high load), `seconds_to_95pct` (from the load step; None when never) and
 `max_total_instances` (the most the driver held at any time). `--budget` sets the sweep's
 total and goes into the policy file as every policy's `spec.budget` (one budget shared by the
-four models, allocated jointly by the local driver); `budget_enforced` and `budget_note` say so.
+pipeline's models, allocated jointly by the local driver); `budget_enforced` and `budget_note`
+say so. `root` and `models` say which pipeline ran.
 Result: reports/bench/operator_vs_static.json (+ .png).
 """
 
@@ -50,11 +57,9 @@ import yaml
 
 from loadtests.bench import common
 
-PIPELINE = "pipeline_async"
-BRANCHES = ("branch_embed", "branch_classify", "branch_rank")
-MODELS = (PIPELINE, *BRANCHES)
-# The budget the four models share (`--budget` instances per pod): every policy of the file
-# names it in `spec.budget`, and the local driver grants their decisions jointly.
+DEFAULT_ROOT = "pipeline_async"
+# The budget the pipeline's models share (`--budget` instances per pod): every policy of the
+# file names it in `spec.budget`, and the local driver grants their decisions jointly.
 BUDGET_NAME = "pipeline"
 BUDGET_ENFORCED = True
 BUDGET_NOTE = (
@@ -105,7 +110,7 @@ FULL = {
 }
 
 
-def static_configurations(budget: int, models: Sequence[str] = MODELS) -> list[dict[str, int]]:
+def static_configurations(budget: int, models: Sequence[str]) -> list[dict[str, int]]:
     """Every count of the models, each >= 1, summing to the budget."""
     most = budget - (len(models) - 1)
     return [
@@ -116,10 +121,13 @@ def static_configurations(budget: int, models: Sequence[str] = MODELS) -> list[d
 
 
 def sweep(
-    load: common.SteadyClosedLoop, instances: common.Instances, settings: dict
+    load: common.SteadyClosedLoop,
+    instances: common.Instances,
+    settings: dict,
+    models: Sequence[str],
 ) -> list[dict[str, Any]]:
     """Every configuration of the budget, set under the running load and measured on it."""
-    configurations = static_configurations(settings["budget"])
+    configurations = static_configurations(settings["budget"], models)
     common.progress(
         f"static sweep: {len(configurations)} configurations of {settings['budget']} instances"
     )
@@ -138,17 +146,16 @@ def sweep(
 def policies(
     triton: Any,
     settings: dict,
-    models: Sequence[str] = MODELS,
-    calls: Mapping[str, Sequence[str]] | None = None,
+    models: Sequence[str],
+    calls: Mapping[str, Sequence[str]],
 ) -> dict[str, Any]:
     """The local driver's policy file: short windows, each model bounded to what the budget
     leaves when every other model holds one instance; `calls`: the models each BLS model
-    calls (default: the pipeline's branches).
+    calls (for one pipeline, {root: its callees}).
 
     Every policy carries the budget (`spec.budget`); whether the total stayed within it is
     measured (`within_budget`) too.
     """
-    calls = {PIPELINE: BRANCHES} if calls is None else calls
     short = {
         "minInstances": 1,
         "maxInstances": settings["budget"] - (len(models) - 1),
@@ -193,11 +200,12 @@ def with_operator(
     instances: common.Instances,
     settings: dict,
     best_rps: float,
+    models: Sequence[str],
 ) -> dict:
-    instances.set(dict.fromkeys(MODELS, 1))
+    instances.set(dict.fromkeys(models, 1))
     with tempfile.TemporaryDirectory(prefix="bench-tune-") as folder:
         config = Path(folder) / "policies.yaml"
-        policy_file = policies(triton, settings)
+        policy_file = policies(triton, settings, models, {models[0]: models[1:]})
         config.write_text(yaml.safe_dump(policy_file, sort_keys=False))
         log = Path(folder) / "decisions.jsonl"
         output = Path(folder) / "tune.out"
@@ -207,17 +215,17 @@ def with_operator(
         try:
             high = common.closed_loop_windows(
                 load, instances, settings, settings["operator_seconds"], started, tune,
-                "high load", MODELS,
+                "high load", models,
             )  # fmt: skip
             common.progress("operator: running and stopped in turns, on the counts it holds")
             against_its_split = common.tuner_against_its_split(
-                load, instances, settings, tune, MODELS, settings["tuner_s"]
+                load, instances, settings, tune, models, settings["tuner_s"]
             )
             common.progress(f"operator: low load ({settings['low_concurrency']} in flight)")
             load.set_concurrency(settings["low_concurrency"])
             low = common.closed_loop_windows(
                 load, instances, settings, settings["low_seconds"], started, tune, "low load",
-                MODELS,
+                models,
             )  # fmt: skip
             load.set_concurrency(settings["concurrency"])
         finally:
@@ -251,26 +259,34 @@ def with_operator(
 
 
 def run(triton: Any, settings: dict) -> dict[str, Any]:
+    """The benchmark on `triton`, for the pipeline of `settings["root"]` (default
+    DEFAULT_ROOT): the root and the models its spec calls (common.pipeline_models)."""
+    models = common.pipeline_models(settings.get("root", DEFAULT_ROOT))
+    if settings["budget"] < len(models):
+        raise SystemExit(
+            f"bench: a budget of {settings['budget']} cannot give each of {len(models)} models "
+            "one instance"
+        )
     with common.emulated_costs(triton, settings.get("costs", {})):
-        return _run(triton, settings)
+        return _run(triton, settings, models)
 
 
-def _run(triton: Any, settings: dict) -> dict[str, Any]:
+def _run(triton: Any, settings: dict, models: Sequence[str]) -> dict[str, Any]:
     instances = common.Instances(triton)
     # One load from the sweep's first window to the recheck's last: the counts change under it.
-    load = common.steady_load(triton, PIPELINE, settings).start()
+    load = common.steady_load(triton, models[0], settings).start()
     try:
-        static = sweep(load, instances, settings)
+        static = sweep(load, instances, settings, models)
         best = max(static, key=lambda row: row["throughput_rps"])
         common.progress(f"best static: {best['instances']} at {best['throughput_rps']:.1f} rps")
-        operator = with_operator(triton, load, instances, settings, best["throughput_rps"])
+        operator = with_operator(triton, load, instances, settings, best["throughput_rps"], models)
         common.progress("the leading static configurations again, in the operator's windows")
         rechecked = common.best_static_rechecked(
             load,
             instances,
             settings,
             [(row["instances"], row["throughput_rps"]) for row in static],
-            MODELS,
+            models,
         )
     finally:
         load.stop()
@@ -293,7 +309,8 @@ def _run(triton: Any, settings: dict) -> dict[str, Any]:
         # The benchmark's own count changes, each under the running load (seconds each).
         "instance_change_seconds_max": round(max(instances.change_seconds, default=0.0), 2),
         "settings": settings,
-        "models": list(MODELS),
+        "root": models[0],
+        "models": list(models),
         "static_sweep": static,
         "best_static": {
             "instances": best["instances"],
@@ -334,7 +351,7 @@ def plot(result: dict, path: Any) -> None:
         result["best_static"]["throughput_rps"], color="green", linestyle="--", label="best static"
     )
     axes.set_xlabel("seconds since the driver started")
-    axes.set_ylabel("pipeline_async requests/s")
+    axes.set_ylabel(f"{result['root']} requests/s")
     twin = axes.twinx()
     twin.step(
         times,
@@ -356,13 +373,14 @@ def plot(result: dict, path: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     args, settings = common.budget_arguments(
         __doc__.splitlines()[0],
-        "Total instances over the four models (at least 4; default 7, 4 with --quick)",
-        MODELS,
+        "Total instances over the pipeline's models (at least one each; default 7, 4 with --quick)",
+        None,
         QUICK,
         FULL,
         argv,
+        default_root=DEFAULT_ROOT,
     )
-    with common.local_triton(list(MODELS)) as triton:
+    with common.local_triton(list(common.pipeline_models(settings["root"]))) as triton:
         result = run(triton, settings)
     decision_log = result["operator"].pop("decision_log")
     common.write_outputs("operator_vs_static", result, args, plot, decision_log)
