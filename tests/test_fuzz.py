@@ -197,6 +197,28 @@ def _pipeline(model: str) -> Callable[[Any, str, np.random.Generator], None]:
     return check
 
 
+def _chain(model: str) -> Callable[[Any, str, np.random.Generator], None]:
+    def check(client: Any, protocol: str, rng: np.random.Generator) -> None:
+        rows = int(rng.integers(1, 4))
+        features = rng.standard_normal((rows, 64)).astype(np.float32)
+        out = infer(client, protocol, model, {"FEATURES": features}, ["LABEL_PROBS"])
+        np.testing.assert_allclose(out["LABEL_PROBS"].sum(axis=1), 1.0, rtol=1e-4)
+
+    return check
+
+
+def _fanout(model: str) -> Callable[[Any, str, np.random.Generator], None]:
+    def check(client: Any, protocol: str, rng: np.random.Generator) -> None:
+        rows = int(rng.integers(1, 4))
+        features = rng.standard_normal((rows, 64)).astype(np.float32)
+        out = infer(client, protocol, model, {"FEATURES": features}, ["ITEM_COUNT", "ITEM_PROBS"])
+        count = int(out["ITEM_COUNT"][0, 0])
+        assert 1 <= count <= 4
+        np.testing.assert_allclose(out["ITEM_PROBS"][:, :count].sum(axis=2), 1.0, rtol=1e-4)
+
+    return check
+
+
 GOOD = [
     _add_sub("add_sub"),
     _add_sub("pytorch"),
@@ -207,6 +229,8 @@ GOOD = [
     _pipeline("pipeline_async"),
     _pipeline("pipeline_sync"),
     _pipeline("pipeline_ensemble"),
+    _chain("chain_async"),
+    _fanout("fanout_async"),
 ]
 
 
