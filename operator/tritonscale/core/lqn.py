@@ -355,16 +355,18 @@ def _closed(server: _Server, station: Station, population: float, think_s: float
         return _Layer(0.0, 0.0, 0.0, server.hold[1], 0.0, 0.0, server.hold[1])
     residual = (1.0 + server.hold_scv) / 2.0 if think_s > 0 else 1.0
     top = math.ceil(population)
+    residence = [0.0, *(_residence(server, j, residual) for j in range(1, top + 1))]
+    most = 0.0
     probabilities = [1.0]  # p(j | n), j = 0..n
     results = []
     for n in range(1, top + 1):
         previous = probabilities
-        response = sum(_residence(server, j, residual) * previous[j - 1] for j in range(1, n + 1))
+        response = sum(residence[j] * previous[j - 1] for j in range(1, n + 1))
         throughput = n / (think_s + response)
         # The residual's correction shortens the response, never beyond what the instances
         # serve with `n` present: a few clients in step with deterministic executions find
         # one under way as often as not (two callers of one instance take turns).
-        most = max(server.rate[server.at(j)] for j in range(1, n + 1))
+        most = max(most, server.rate[server.at(n)])
         if throughput > most:
             throughput = most
             response = n / most - think_s
@@ -374,7 +376,10 @@ def _closed(server: _Server, station: Station, population: float, think_s: float
             tail = [p / total for p in tail]
             total = 1.0
         probabilities = [1.0 - total, *tail]
-        results.append(_layer_at(server, station, throughput, response, previous, probabilities))
+        if n >= top - 1:  # the populations around the mean asked for
+            results.append(
+                _layer_at(server, station, throughput, response, previous, probabilities)
+            )
     upper = results[-1]
     if top == population or top == 1:
         if top != population:  # a population under one: a share of one client
@@ -417,8 +422,11 @@ def _layer_at(
     finished = sum(e for e, _ in per_execution)
     batch = requests / finished if finished > 0 else 1.0
     hold = sum(e * h for e, h in per_execution) / finished if finished > 0 else server.hold[1]
+    # The marginals are the product form's; where the residual's correction makes the
+    # throughput more than their batches carry, the batch is what it takes to carry it.
+    batch = max(batch, throughput * hold / server.instances)
     executions = throughput / batch
-    busy = min(float(server.instances), executions * hold)
+    busy = executions * hold
     wait_mean, wait_second = _found_moments(server, found)
     delay = _batcher_delay(station, server, found)
     # The hold a request's batch takes, execution-weighted: what the request itself spends
