@@ -56,6 +56,7 @@ def cases() -> list[Case]:
     )
     return [
         Case("pipeline_async as configured", real, 7),
+        Case("pipeline_async, 12 in flight", real, 7, clients=12),
         Case("pipeline_async, branch_rank 25 ms", real.with_cost("branch_rank", 25.0), 7),
         Case("pipeline_async, branch_embed 40 ms", real.with_cost("branch_embed", 40.0), 7),
         # Executions that vary (exponential) where the model takes them as fixed: its

@@ -27,16 +27,20 @@ What a station is made of (each measured, `from_history`):
   waits the expected maximum of its calls' response times; sync calls one after another, and
   it waits their sum.
 
-How the batch forms. A free instance takes what waits, up to the largest batch. In a steady
-state with `j` requests at a station of `c` busy instances, the batches in service match the
-queue they were taken from: each holds `b` and `b` wait for the next, `j = c*b + b`, so
-`b = j / (c + 1)`, at least 1, at most the largest batch (`max_batch_size` over the rows of a
-request), rounded down to a preferred size where the config names one that fits. With `j`
-at most `c` every request runs alone at once. A station with `j` requests therefore serves
-`min(j, c*b) / S(b)` requests per second, `S(b)` the hold of a batch of `b`: a load-dependent
-server. The dynamic batcher's queue delay adds to the wait of a request that finds an
-instance free (it waits up to the delay for company; under a queue it waits anyway): its
-arrivals within that delay are few, so it changes neither the batch nor the capacity.
+How the batch forms. A free instance takes what waits, up to the largest batch (the
+config's `max_batch_size` over the rows of a request). With `j` requests at a station of `c`
+instances: at most `c` run alone at once. Beyond, the batches in service match the queue they
+were taken from: each holds `b`, and when one leaves the next is what waits,
+`b = j - c*b + s*b`, with `s` the share of the leaving batch back in time to join it (its
+clients return after their think time, here taken as exponential, and the dynamic batcher
+waits up to its queue delay for company: `s = 1 - exp(-delay / think)`; 1 for clients that
+do not think, 0 for open arrivals); so `b = j / (c + 1 - s)`. A batch that comes back whole
+is taken whole by the first free instance: `b` is at least `s * min(j, largest)`. Then it is
+rounded down to a preferred size where the config names one that fits. A station with `j`
+requests therefore serves `min(j, c*b) / S(b)` requests per second, `S(b)` the hold of a
+batch of `b`: a load-dependent server. The queue delay also adds to the wait of a request
+that finds an instance free (it waits up to the delay for company; under a queue it waits
+anyway).
 
 How it is solved. Layer by layer, iterated to a fixed point (the Method of Layers of Rolia
 and Sevcik, in the SRVN form of Franks' LQNS: a parent's hold = its own work + its calls'
@@ -278,11 +282,19 @@ class _Server:
         calls_s: float,
         calls_var: float,
         most: int,
+        back: float,
     ) -> _Server:
+        """The server's table up to `most` present; `back`: the share of a leaving batch that
+        is back in time to join the next one (`_back_in_time`)."""
         c = station.instances
+        most_batch = station.batching.most_requests(rows_per_request)
         rate, batch, hold = [0.0], [1.0], [0.0]
         for j in range(1, most + 1):
-            b = 1.0 if j <= c else station.batching.formed(j / (c + 1), rows_per_request)
+            # Batches in service match the queue they were taken from (b = j / (c + 1)), the
+            # leaving batch's share back in time counted in it; a batch that comes back whole
+            # is taken whole by the first free instance (it stays one batch).
+            waiting = max(j / (c + 1.0 - back), back * min(j, most_batch))
+            b = 1.0 if j <= c else station.batching.formed(waiting, rows_per_request)
             own = station.service.at(b * rows_per_request)
             h = own + calls_s
             rate.append(min(j, c * b) / h)
@@ -635,7 +647,8 @@ def _solve(
             if name == network.root:
                 rows[name] = station.rows_per_request
                 most = _states(station, rows[name], clients)
-                server = _Server.of(station, rows[name], calls_s[name], calls_var[name], most)
+                back = _back_in_time(station, think_s) if clients is not None else 0.0
+                server = _Server.of(station, rows[name], calls_s[name], calls_var[name], most, back)
                 if clients is None:
                     layer = _open(server, station, arrival_rps or 0.0)
                     if layer is None:
@@ -711,17 +724,31 @@ def _child(
         calls_per_s += per_s
         rows_weighted += per_s * batch * rows[caller.name] * call.rows_share
     rows_per_call = rows_weighted / calls_per_s if calls_per_s > 0 else 1.0
-    server = _Server.of(station, rows_per_call, calls_s, calls_var,
-                        max(1, math.ceil(population)))  # fmt: skip
     if calls_per_s <= 0:
-        return (
-            _Layer(0.0, 0.0, 0.0, server.hold[1], 0.0, 0.0, server.hold[1]),
-            server,
-            (rows_per_call),
-        )
-    response = responses[station.name].mean
-    think = max(0.0, population / calls_per_s - response)
+        server = _Server.of(station, rows_per_call, calls_s, calls_var, 1, 0.0)
+        idle = _Layer(0.0, 0.0, 0.0, server.hold[1], 0.0, 0.0, server.hold[1])
+        return idle, server, rows_per_call
+    think = max(0.0, population / calls_per_s - responses[station.name].mean)
+    server = _Server.of(
+        station,
+        rows_per_call,
+        calls_s,
+        calls_var,
+        max(1, math.ceil(population)),
+        _back_in_time(station, think),
+    )
     return _closed(server, station, population, think), server, rows_per_call
+
+
+def _back_in_time(station: Station, think_s: float) -> float:
+    """The share of a batch that leaves and is back before the instance it left takes its
+    next batch: the dynamic batcher waits up to its queue delay for company, and a client
+    thinks `think_s` (taken as exponential) before it sends again."""
+    if think_s <= 0:
+        return 1.0
+    if not station.batching.dynamic:
+        return 0.0
+    return 1.0 - math.exp(-station.batching.queue_delay_s / think_s)
 
 
 def _wait_for_calls(station: Station, responses: Mapping[str, _Response]) -> tuple[float, float]:
