@@ -47,19 +47,29 @@ and Sevcik, in the SRVN form of Franks' LQNS: a parent's hold = its own work + i
 response times):
 
 - the root's layer: closed (`closed_loop`: a fixed number of clients, each sending again
-  when answered, after a think time) by exact mean-value analysis with a load-dependent
-  server (Reiser and Lavenberg's marginal-probability MVA); open (`open_loop`: Poisson
-  arrivals) by the birth-death chain of the same load-dependent server, which is Erlang-C's
-  M/M/c where nothing batches, with the Allen-Cunneen correction of the wait for the hold's
+  `think_s` after its answer) by mean-value analysis with a load-dependent server (Reiser and
+  Lavenberg's MVA on marginal probabilities, exact for exponential holds); open (`open_loop`:
+  Poisson arrivals) by the birth-death chain of the same server, which is Erlang-C's M/M/c
+  where nothing batches, with the Allen-Cunneen correction of the wait for the hold's
   variability, `(1 + cs^2) / 2`;
 - a child's layer: its clients are the callers' busy instances (each busy async caller has
   all its calls out at once, a sync one one call), a closed population that thinks for the
   rest of the caller's hold between two calls; solved by the same MVA (a mean population
   between two integers is interpolated between them);
+- clients that think arrive at a random moment of the executions under way and wait for what
+  is left of the first: `(1 + cs^2) / 2` of an interval between departures instead of the
+  exponential's whole one (the residual-time correction of approximate MVA for FCFS stations
+  with general service), never beyond what the instances serve with that many present (two
+  callers in step with one deterministic instance take turns); clients that do not think
+  come back the moment their batch leaves, in step with it: the product form's whole
+  intervals;
 - the expected maximum of a parent's async calls: each call's response time is taken as
   independent of the others and as a shifted exponential with the call's mean and variance
   (a constant part and an exponential part; one whose variance exceeds its squared mean is
   taken as exponential); `E[max] = integral of 1 - prod F_i(t) dt`, computed numerically.
+  The calls of one execution to one child arrive together and are not independent: they
+  take `k = ceil(calls / (instances * batch))` of its executions one after another, the last
+  ending `(k - 1) / 2` holds after their mean.
 
 Spreads and tails. Triton's counters give means only: an execution's time at a given batch is
 taken as its mean (`EXECUTION_SCV`, no spread; the spread of a parent's hold is that of its
@@ -70,9 +80,10 @@ arrival theorem in a closed loop, PASTA in an open one) and its mean is the solv
 a root's response: a gamma distribution with the response's mean and variance (its quantile
 by Wilson and Hilferty's cube-root normal approximation).
 
-What it leaves out: the client's own time and the network between it and the pod; other
-roots' traffic at a shared child (one root per network); CPU shared between models (each
-instance is a server of its own); the time a count change takes.
+What it leaves out: the client's own time and the network between it and the pod (a closed
+loop's `think_s` stands for them where they are measured); other roots' traffic at a shared
+child (one root per network); CPU shared between models (each instance is a server of its
+own); the time a count change takes.
 
 Pure: no clock, no I/O.
 """
@@ -441,12 +452,12 @@ def _layer_at(
     busy = executions * hold
     wait_mean, wait_second = _found_moments(server, found)
     delay = _batcher_delay(station, server, found)
-    # The hold a request's batch takes, execution-weighted: what the request itself spends
-    # being served; the rest of its response is its wait.
+    # The hold of the batch a request runs in is what it spends served; the rest of its
+    # response is its wait.
     wait = max(0.0, response - _request_hold(server, found)) + delay
     wait_var = _wait_var(wait - delay, wait_mean, wait_second)
-    return _Layer(throughput, executions, busy, wait + _request_hold(server, found), wait,
-                  wait_var, hold)  # fmt: skip
+    served = _request_hold(server, found)
+    return _Layer(throughput, executions, busy, wait + served, wait, wait_var, hold)
 
 
 def _batcher_delay(station: Station, server: _Server, found: Sequence[float]) -> float:
@@ -581,13 +592,6 @@ def expected_max(calls: Sequence[tuple[float, float, float]]) -> tuple[float, fl
     return first, max(0.0, second - first * first)
 
 
-def _calls_of(count: float) -> list[float]:
-    """A mean of `count` calls as probabilities: whole calls, then one made for a share."""
-    whole = math.floor(count + 1e-9)
-    share = count - whole
-    return [1.0] * whole + ([share] if share > 1e-9 else [])
-
-
 # ---- the layered fixed point ----------------------------------------------------------
 
 
@@ -657,9 +661,8 @@ def _solve(
                     layer = _closed(server, station, clients, think_s)
             else:
                 layer, server, rows[name] = _child(
-                    network, station, layers, servers, rows, responses, calls_s[name],
-                    calls_var[name],
-                )  # fmt: skip
+                    network, station, layers, rows, responses, calls_s[name], calls_var[name]
+                )
             layers[name], servers[name] = layer, server
             hold = _request_hold_of(layer)
             batch = layer.requests_per_s / layer.executions_per_s if layer.executions_per_s else 1
@@ -701,7 +704,6 @@ def _child(
     network: Network,
     station: Station,
     layers: Mapping[str, _Layer],
-    servers: Mapping[str, _Server],
     rows: Mapping[str, float],
     responses: Mapping[str, _Response],
     calls_s: float,
@@ -882,9 +884,10 @@ def from_history(
     stations: dict[str, Station] = {}
     for name in names:
         served = [
-            w for w in history.windows
+            w
+            for w in history.windows
             if _serves(w.readings.get(name)) and w.counts.get(name) is not None
-        ]  # fmt: skip
+        ]
         if not served:
             raise ValueError(f"no window measured {name} serving")
         children = [c for c in calls.get(name, ()) if c in names]
