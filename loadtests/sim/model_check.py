@@ -9,8 +9,9 @@ are its own model of Triton (loadtests/sim/queueing.py): batches taken from a FI
 BLS parent that holds its instance until its calls answer; the model's assumptions are not
 in it.
 
-Prints one markdown table per pipeline and the share of splits within 10 %; `--json PATH`
-writes every row.
+Prints one markdown table per pipeline and the share of splits within 10 %; for one, the
+mean latency under open (Poisson) arrivals at half and four fifths of each split's predicted
+capacity too. `--json PATH` writes every row.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import sys
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +30,7 @@ from typing import Any
 from loadtests.sim.metrics import SimulatedSource
 from loadtests.sim.pipeline import Pipeline, fan_out, real_pipeline
 from loadtests.sim.queueing import Simulation
+from loadtests.sim.static import poisson_times
 from tritonscale.core import lqn
 from tritonscale.core.pipeline_model import PipelineHistory
 
@@ -45,6 +49,7 @@ class Case:
     clients: int = 32
     rows_per_request: int = 8
     execution_scv: float = lqn.EXECUTION_SCV  # what the model is told of the executions
+    open_arrivals: bool = False  # also under Poisson arrivals (mean latency)
 
 
 def cases() -> list[Case]:
@@ -55,7 +60,7 @@ def cases() -> list[Case]:
         models={name: replace(s, service="exponential") for name, s in real.models.items()},
     )
     return [
-        Case("pipeline_async as configured", real, 7),
+        Case("pipeline_async as configured", real, 7, open_arrivals=True),
         Case("pipeline_async, 12 in flight", real, 7, clients=12),
         Case("pipeline_async, branch_rank 25 ms", real.with_cost("branch_rank", 25.0), 7),
         Case("pipeline_async, branch_embed 40 ms", real.with_cost("branch_embed", 40.0), 7),
@@ -148,6 +153,71 @@ def check(case: Case, limit: int | None = None) -> dict[str, Any]:
     }
 
 
+# Open arrivals: Poisson at these shares of the split's predicted capacity, simulated this
+# long (the first second left out).
+OPEN_LOADS = (0.5, 0.8)
+OPEN_S = 20.0
+
+
+def check_open(case: Case, limit: int | None = None) -> dict[str, Any]:
+    """Mean latency under open (Poisson) arrivals, predicted against simulated, on the model
+    from the same closed-loop windows of the starting split."""
+    network = measured_network(case)
+    (root,) = case.pipeline.entries
+    rows = []
+    for counts in splits(case.pipeline.names, case.budget)[:limit]:
+        split = network.with_counts(counts)
+        most = lqn.capacity(split).throughput_rps
+        for share in OPEN_LOADS:
+            rate = share * most
+            predicted = lqn.open_loop(split, rate)
+            sim = Simulation(case.pipeline, counts, rows_per_request=case.rows_per_request)
+            rng = random.Random(zlib.crc32(repr((counts, share)).encode()))
+            sim.offer(root, poisson_times(rng, rate, OPEN_S))
+            sim.run_until(1.0)
+            before = sim.counters()[root]
+            sim.run_until(OPEN_S)
+            after = sim.counters()[root]
+            served = after.success - before.success
+            seconds = after.compute_s - before.compute_s + after.queue_s - before.queue_s
+            simulated_ms = 1000 * seconds / served
+            rows.append(
+                {
+                    "counts": counts,
+                    "offered_rps": round(rate, 1),
+                    "predicted_mean_ms": round(1000 * predicted.mean_latency_s, 2),
+                    "simulated_mean_ms": round(simulated_ms, 2),
+                    "error": round(1000 * predicted.mean_latency_s / simulated_ms - 1, 4),
+                }
+            )
+    return {
+        "case": f"{case.name}, open arrivals at {OPEN_LOADS} of capacity",
+        "splits": rows,
+        "mean_abs_error": round(sum(abs(r["error"]) for r in rows) / len(rows), 4),
+        "max_abs_error": round(max(abs(r["error"]) for r in rows), 4),
+    }
+
+
+def open_table(result: Mapping[str, Any]) -> str:
+    lines = [
+        f"### {result['case']}",
+        "",
+        "| split | offered req/s | predicted mean ms | simulated mean ms | error |",
+        "|---|---|---|---|---|",
+    ]
+    for row in result["splits"]:
+        split = "/".join(str(c) for c in row["counts"].values())
+        lines.append(
+            f"| {split} | {row['offered_rps']} | {row['predicted_mean_ms']} | "
+            f"{row['simulated_mean_ms']} | {100 * row['error']:+.1f} % |"
+        )
+    lines.append(
+        f"\nmean latency: mean |error| {100 * result['mean_abs_error']:.1f} %, max "
+        f"{100 * result['max_abs_error']:.1f} %\n"
+    )
+    return "\n".join(lines)
+
+
 def table(result: Mapping[str, Any]) -> str:
     lines = [
         f"### {result['case']} ({result['clients']} in flight)",
@@ -180,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         results.append(check(case))
         print(table(results[-1]), flush=True)
+        if case.open_arrivals:
+            results.append(check_open(case))
+            print(open_table(results[-1]), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
