@@ -237,6 +237,17 @@ class TestProperties:
         prediction = closed_loop(pipeline((2, 2, 1, 1)), 32)
         assert prediction.mean_latency_s < prediction.p95_latency_s < 2 * prediction.mean_latency_s
 
+    def test_pods_share_the_load_evenly(self) -> None:
+        one = closed_loop(pipeline((2, 2, 1, 1)), 32)
+        two = closed_loop(replace(pipeline((2, 2, 1, 1)), pods=2), 64)
+        assert two.throughput_rps == pytest.approx(2 * one.throughput_rps, rel=1e-9)
+        assert two.mean_latency_s == pytest.approx(one.mean_latency_s, rel=1e-9)
+
+    def test_a_lone_request_waits_the_batchers_delay_for_company(self) -> None:
+        # One client: every request finds the instance free and waits the 1 ms delay.
+        network = one_station(1, 0.01, scv=0.0, max_rows=8, dynamic=True, queue_delay_s=0.001)
+        assert closed_loop(network, 1).mean_latency_s == pytest.approx(0.011, rel=1e-9)
+
     def test_a_cycle_of_calls_is_refused(self) -> None:
         a = Station("a", 1, ServiceTime(0.01), calls=(Call("b"),))
         b = Station("b", 1, ServiceTime(0.01), calls=(Call("a"),))
