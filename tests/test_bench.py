@@ -286,6 +286,8 @@ def test_model_accuracy_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert 0 <= pipeline["p95_within_25pct_share"] <= 1
     # The model was built from windows of the starting split: every model at one instance.
     assert {s["instances"] for s in pipeline["network"].values()} == {1}
+    assert pipeline["starting_split_again"]["requests"] > 0
+    assert pipeline["starting_split_drift"] > 0
     assert _counts(triton) == before
 
 

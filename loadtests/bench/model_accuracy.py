@@ -17,7 +17,11 @@ runs from the first window to the last and never pauses:
    see them (the server's response, plus the clients' own time per request measured at the
    starting split: the loop's requests in flight over its throughput, less the root's time
    in the server);
-3. every split is then set under the same running load and measured after a settling span.
+3. every split is then set under the same running load and measured after a settling span,
+   and the starting split once more at the end (`starting_split_drift`: what it serves then
+   over what it served at first; far from 1 on a machine others load meanwhile, whose
+   measurements then say more about them than about the model; the load averages before and
+   after are kept too).
 
 A root's callees are those `--calls ROOT=A,B` names, else the ones the project's pipelines
 call (`CALLS`); `--sequential ROOT` marks a root that calls one after another (a sync BLS
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -173,6 +178,7 @@ def one_pipeline(
     models = [root, *settings["calls"][root]]
     calls = {root: tuple(settings["calls"][root])}
     common.progress(f"{root}: every model at 1, {settings['concurrency']} requests in flight")
+    load_before = [round(x, 2) for x in os.getloadavg()]
     instances.set(dict.fromkeys(models, 1))
     load = common.steady_load(triton, root, settings).start()
     try:
@@ -212,13 +218,23 @@ def one_pipeline(
                 f"rps, p95 {row['predicted_p95_ms']:.0f} ms; measured {m.throughput_rps:.1f} "
                 f"rps, p95 {m.p95_ms or 0:.0f} ms"
             )
+        # The starting split once more: how far the machine itself drifted over the run (on a
+        # shared machine the same split serves less when others load it).
+        instances.set(dict.fromkeys(models, 1))
+        again = common.steady_window(load, settings)
+        common.progress(f"{root}: the starting split again: {again.throughput_rps:.1f} rps")
     finally:
         load.stop()
+    starting_rps = sum(w["throughput_rps"] for w in starting) / len(starting)
     return {
         "root": root,
         "callees": list(settings["calls"][root]),
         "sequential": root in settings["sequential"],
         "starting_windows": starting,
+        "starting_split_again": again.to_dict(),
+        "starting_split_drift": common.ratio(again.throughput_rps, starting_rps),
+        "load_average_before": load_before,
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "clients_time_ms": round(1000 * outside_s, 3),
         "network": _network_dict(network),
         "splits": rows,
