@@ -69,7 +69,7 @@ serve: deps
 
 # Every benchmark in full (about 85 minutes on 2 cores), JSON and PNG in reports/bench/,
 # then the results as markdown tables. One benchmark: python -m loadtests.bench.NAME
-BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway count_changes operator_vs_static shifted_mix scale_down steady control_loop_scale vegeta
+BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway count_changes operator_vs_static model_accuracy shifted_mix scale_down steady control_loop_scale vegeta
 bench: deps vegeta
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary

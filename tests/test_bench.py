@@ -26,6 +26,7 @@ from loadtests.bench import (
     count_changes,
     gateway,
     loadgen_headroom,
+    model_accuracy,
     operator_vs_static,
     scale_down,
     shifted_mix,
@@ -286,6 +287,44 @@ def test_operator_vs_static_quick(triton: LocalTriton, tmp_path: Path) -> None:
     assert turns["instances"] == again["instances"] and turns["changed"] is False
     assert doc["operator_vs_best_static_interleaved"] > 0
     assert _counts(triton) == before
+
+
+def test_model_accuracy_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    before = _counts(triton)
+    _, settings = model_accuracy.arguments(["--quick"])
+    result = model_accuracy.run(triton, settings)
+    doc = _written("model_accuracy", result, tmp_path, lambda p: model_accuracy.plot(result, p))
+    [pipeline] = doc["pipelines"]
+    assert pipeline["root"] == "pipeline_async"
+    assert pipeline["callees"] == list(model_accuracy.BRANCHES)
+    # A budget of 5 over four models: each model in turn gets the fifth instance.
+    assert len(pipeline["splits"]) == 4
+    for row in pipeline["splits"]:
+        assert sum(row["counts"].values()) == 5 and row["failures"] == 0, row
+        assert row["predicted_rps"] > 0 and row["measured_rps"] > 0, row
+        assert row["predicted_p95_ms"] > 0 and row["measured_p95_ms"] > 0, row
+    assert 0 <= pipeline["throughput_within_10pct_share"] <= 1
+    assert 0 <= pipeline["p95_within_25pct_share"] <= 1
+    # The model was built from windows of the starting split: every model at one instance.
+    assert {s["instances"] for s in pipeline["network"].values()} == {1}
+    assert pipeline["starting_split_again"]["requests"] > 0
+    assert pipeline["starting_split_drift"] > 0
+    assert _counts(triton) == before
+
+
+@pytest.mark.unit
+def test_a_root_the_project_does_not_know_needs_its_callees_named(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        model_accuracy.arguments(["--root", "my_bls"])
+    assert exit_info.value.code == 2
+    assert "--calls my_bls=A,B" in capsys.readouterr().err
+    _, settings = model_accuracy.arguments(
+        ["--root", "my_bls", "--calls", "my_bls=a,b", "--sequential", "my_bls", "--quick"]
+    )
+    assert settings["calls"] == {"my_bls": ["a", "b"]} and "my_bls" in settings["sequential"]
+    assert model_accuracy.models_of(settings) == ["my_bls", "a", "b"]
 
 
 def test_shifted_mix_quick(triton: LocalTriton, tmp_path: Path) -> None:

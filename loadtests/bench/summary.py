@@ -457,6 +457,27 @@ def count_changes(doc: dict) -> list[str]:
     return lines
 
 
+def model_accuracy(doc: dict) -> list[str]:
+    lines = [
+        "The performance model (tritonscale.core.lqn) built from the starting split's windows "
+        f"({doc['settings']['concurrency']} requests of {doc['settings']['rows']} rows in "
+        "flight), against every split measured under the same running load:",
+        "",
+        "| root | splits | throughput within 10 % | mean abs error | p95 within 25 % | "
+        "mean abs error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for pipeline in doc["pipelines"]:
+        lines.append(
+            f"| {pipeline['root']} | {len(pipeline['splits'])} | "
+            f"{_f(pipeline['throughput_within_10pct_share'], 2)} | "
+            f"{_f(pipeline['throughput_mean_abs_error'], 3)} | "
+            f"{_f(pipeline['p95_within_25pct_share'], 2)} | "
+            f"{_f(pipeline['p95_mean_abs_error'], 3)} |"
+        )
+    return lines
+
+
 RENDERERS = {
     "count_changes": count_changes,
     "gateway": gateway,
@@ -470,6 +491,7 @@ RENDERERS = {
     "bls_hop": bls_hop,
     "loadgen_headroom": loadgen_headroom,
     "vegeta": vegeta,
+    "model_accuracy": model_accuracy,
 }
 
 
