@@ -34,8 +34,9 @@ replica of a peering active and pauses the others, whose daemons it stops meanwh
 budget (`spec.budget`) is granted once per tick of its set, through one `BudgetLedger` in
 the operator process (a budget's members are one set, so one replica).
 
-kopf holds every handler back until its indexes are full; its barrier for that is made linear
-in the objects watched (tritonscale.drivers.kopf_startup).
+kopf holds every handler back until its indexes are full; it wakes every waiting object at
+each object indexed (quadratic in the objects watched), which a replica restarted beside
+thousands of pods pays before its first tick.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.pod_sets import Shard
 
 # kopf registers the handlers of these modules as they are imported.
-from tritonscale.drivers import gates, indexes, kopf_startup, readiness, set_loop  # noqa: F401
+from tritonscale.drivers import gates, indexes, readiness, set_loop  # noqa: F401
 from tritonscale.drivers.kube_api import KubeApi
 from tritonscale.drivers.runtime import (
     DriverConfig,
@@ -268,9 +269,6 @@ def run(
     if peering and priority is None:
         priority = random.randint(1, 2**31 - 1)
     runtime = make_runtime(config, metrics, api)
-    # A restarted replica waits on kopf's indexing of every pod and autoscaler before its
-    # first tick; kopf's own barrier for it is quadratic in their number.
-    kopf_startup.install()
     # kopf names a replica in the peering object by this (the chart sets POD_ID to the pod's
     # name); the readinessProbe finds it there.
     identity = os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}/{uuid4().hex[:6]}"
