@@ -9,9 +9,9 @@
   brings each waiting pod to its members' counts and opens the gate once every autoscaler
   that selects the pod is matched. It sleeps until something a waiting pod waits for may
   have changed: a pod starts or goes on waiting (its events, through the `waiting_pods`
-  index), an autoscaler's count or spec changes (the `autoscalers` index), or the set ticks
-  (a load left in flight has had an interval to end). No clock: a pod that waits on nothing
-  new is not looked at again.
+  index), an autoscaler's count or spec changes (the `autoscalers` index), a load that
+  outlived its deadline ends, or the set ticks. No clock: a pod that waits on nothing new is
+  not looked at again.
 """
 
 from __future__ import annotations

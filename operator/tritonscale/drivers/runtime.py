@@ -5,7 +5,8 @@ kopf hands every handler the same `memo`; its `runtime` is built once at start-u
 (`make_runtime`). The handlers wait on `Signal`s rather than look on a clock: the index of the
 autoscalers fires its namespace's `sets` signal when a member joins, leaves or changes what
 binds it to a set (its selector, budget, interval, or whether its spec reads), and the
-admission signal when what a waiting pod waits for may have changed (tritonscale.drivers.gates).
+admission signal when what a waiting pod waits for may have changed (tritonscale.drivers.gates);
+a load that ended past its deadline fires the admission signals too.
 """
 
 from __future__ import annotations
@@ -217,6 +218,12 @@ class Runtime:
             self.sets[namespace] = kept
         return kept[1].get(name)
 
+    def load_ended(self) -> None:
+        """A load that outlived its deadline ended: the pods it held back may be admitted
+        (the load names its pod, not the pod's namespace: every namespace looks)."""
+        for signal in self.admission_due.values():
+            signal.notify()
+
     def owns(self, namespace: str, name: str, members: Collection[Member]) -> bool:
         """Whether this replica owns the set of autoscaler `name` (every replica owns all with
         one)."""
@@ -246,7 +253,7 @@ def make_runtime(
         load_deadline_s=config.load_deadline_s,
         connections=connections,
     )
-    return Runtime(
+    runtime = Runtime(
         config=config,
         source=source,
         actuator=actuator,
@@ -262,3 +269,6 @@ def make_runtime(
         connections=connections,
         api=api if api is not None else KubeApi(),
     )
+    # A load past its deadline may hold a waiting pod back: its end is news for admission.
+    actuator.loads.on_late_end(lambda _pod, _model: runtime.load_ended())
+    return runtime

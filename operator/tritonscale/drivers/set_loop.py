@@ -112,7 +112,8 @@ async def pod_set_loop(
         if pod_set is not None:
             await tick_set(runtime, pod_set, due, now, triton_pods, autoscalers, logger, finished)
             if waiting_pods.get(namespace):
-                ticked.notify()  # a load to a waiting pod may have ended meanwhile
+                # A pod whose counts could not be read is looked at again at the set's pace.
+                ticked.notify()
 
     ticked = Signal()
     try:
