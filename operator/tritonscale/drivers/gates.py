@@ -64,7 +64,7 @@ async def close_gate_of_restarted_pods(
     members = autoscalers.get(namespace, [])
     chosen = admission.selecting(pod, autoscalers_of(members))
     runtime: Runtime = memo.runtime
-    if chosen and not runtime.owns(namespace, chosen[0].name, members):
+    if chosen and not runtime.owns(namespace, chosen[0].name):
         return  # the replica that owns the set of its first autoscaler closes it
     if not chosen and runtime.config.shard.index != 0:
         return

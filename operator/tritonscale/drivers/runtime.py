@@ -158,10 +158,15 @@ class Runtime:
     readiness_url: str | None = None
     probe_server: readiness.ProbeServer | None = None
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
-    # Per (namespace, autoscaler): what its events last announced, and what the index last
-    # held of it (to tell the sets' and admission's waiters only of what concerns them).
+    # Per (namespace, autoscaler): what its events last announced.
     reported: dict[tuple[str, str], Reported] = field(default_factory=dict)
-    seen: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
+    # Per namespace and autoscaler: its spec as the index last took it in (None: it does not
+    # read), and what admission read of it. The sets are worked out from here, not from
+    # kopf's index, which stores an entry after its function returns: a loop woken by the
+    # function sees what it announced whatever kopf does between the two.
+    seen: dict[str, dict[str, tuple[AutoscalerSpec | None, tuple[Any, ...]]]] = field(
+        default_factory=dict
+    )
     # Per namespace: its sets changed, and a waiting pod may be admitted now.
     sets_changed: dict[str, Signal] = field(default_factory=dict)
     admission_due: dict[str, Signal] = field(default_factory=dict)
@@ -192,27 +197,27 @@ class Runtime:
 
     def saw(self, namespace: str, member: Member) -> None:
         """The index took `member` in: wake those whom its change concerns."""
-        key = (namespace, member.name)
-        before = self.seen.get(key)
-        if before is None or before[0] != member.binding:
+        seen = self.seen.setdefault(namespace, {})
+        before = seen.get(member.name)
+        seen[member.name] = (member.spec, member.admission_view)
+        if before is None or before[1][0] != member.binding:
             self.sets_signal(namespace).notify()
-        if before is None or before != member.admission_view:
+        if before is None or before[1] != member.admission_view:
             self.admission_signal(namespace).notify()
-        self.seen[key] = member.admission_view
 
     def left(self, namespace: str, name: str) -> None:
         """An autoscaler left the index (deleted, or being deleted)."""
-        if self.seen.pop((namespace, name), None) is not None:
+        if self.seen.get(namespace, {}).pop(name, None) is not None:
             self.sets_signal(namespace).notify()
             self.admission_signal(namespace).notify()
 
-    def set_of(self, namespace: str, name: str, members: Collection[Member]) -> PodSet | None:
-        """The set of autoscaler `name`, from the namespace's `members` (the index): worked out
-        again only after the namespace's sets changed, however many loops ask."""
+    def set_of(self, namespace: str, name: str) -> PodSet | None:
+        """The set of autoscaler `name`: worked out again only after the namespace's sets
+        changed, however many loops ask."""
         version = self.sets_signal(namespace).version
         kept = self.sets.get(namespace)
         if kept is None or kept[0] != version:
-            specs = {m.name: m.spec for m in members}
+            specs = {name: spec for name, (spec, _) in self.seen.get(namespace, {}).items()}
             found = pod_sets(namespace, specs, self.config.invalid_spec_recheck_s)
             kept = (version, {member: s for s in found for member in s.members})
             self.sets[namespace] = kept
@@ -224,12 +229,12 @@ class Runtime:
         for signal in self.admission_due.values():
             signal.notify()
 
-    def owns(self, namespace: str, name: str, members: Collection[Member]) -> bool:
+    def owns(self, namespace: str, name: str) -> bool:
         """Whether this replica owns the set of autoscaler `name` (every replica owns all with
         one)."""
         if self.config.shard.total == 1:
             return True
-        pod_set = self.set_of(namespace, name, members)
+        pod_set = self.set_of(namespace, name)
         return pod_set is not None and self.config.shard.owns(pod_set)
 
     def forget(self, namespace: str, name: str) -> None:

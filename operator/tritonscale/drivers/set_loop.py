@@ -102,7 +102,7 @@ async def pod_set_loop(
     changed_sets = runtime.sets_signal(namespace)
 
     def leading() -> PodSet | None:
-        pod_set = runtime.set_of(namespace, name, autoscalers.get(namespace, []))
+        pod_set = runtime.set_of(namespace, name)
         if pod_set is None or pod_set.leader != name or not runtime.config.shard.owns(pod_set):
             return None
         return pod_set
