@@ -23,7 +23,8 @@ pausing through kopf's private state. The sleeping daemons cost a coroutine each
 After a tick each member's status is written (tritonscale.drivers.status: what changed, the
 signals that move with time at most once a minute) and its events posted. The next tick reads
 the state back from kopf's index, which shows a write once its watch event has arrived,
-within milliseconds of the write and an interval before the next tick.
+typically within milliseconds of the write, an interval before the next tick: no copy of
+what was written is kept beside it.
 """
 
 from __future__ import annotations
