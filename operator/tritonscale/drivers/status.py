@@ -52,9 +52,15 @@ class StatusWriter:
 def changed(status: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of `new` to write over `status`: nothing when only what moves with time
     changed and the last write is younger than `HEARTBEAT_S`; else every field that differs."""
-    differing = {key: value for key, value in new.items() if status.get(key) != value}
+    # `status` is what the API server kept of the last write, `new` what the tick made: compare
+    # them as stored, or a field whose value holds a null (a merge patch deletes the key) would
+    # differ at every tick and be written at every tick.
+    differing = {
+        key: value for key, value in new.items() if _stored(status.get(key)) != _stored(value)
+    }
     if any(
-        _content(key, status.get(key)) != _content(key, value) for key, value in differing.items()
+        _content(key, _stored(status.get(key))) != _content(key, _stored(value))
+        for key, value in differing.items()
     ):
         return differing
     before, now = status.get(HEARTBEAT), new.get(HEARTBEAT)
@@ -63,6 +69,16 @@ def changed(status: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]
     if written is None or at is None or at - written >= HEARTBEAT_S:
         return differing
     return {}
+
+
+def _stored(value: Any) -> Any:
+    """`value` as the API server keeps it from a merge patch: objects without their null
+    members (a null deletes the key), sequences as lists."""
+    if isinstance(value, Mapping):
+        return {key: _stored(item) for key, item in value.items() if item is not None}
+    if isinstance(value, (list, tuple)):
+        return [_stored(item) for item in value]
+    return value
 
 
 def _content(key: str, value: Any) -> Any:
