@@ -86,3 +86,14 @@ def test_news_is_written_at_once_with_everything_that_moved(news: dict[str, Any]
 def test_a_status_never_written_is_written_whole() -> None:
     after = status("2026-12-03T10:00:15Z")
     assert changed({}, after) == after
+
+
+def test_a_measured_latency_that_moves_is_no_news_of_its_own() -> None:
+    objective = {"quantile": 0.95, "objectiveMilliseconds": 100.0}
+    before = status(
+        "2026-12-03T10:00:00Z", latency={**objective, "measured": {"meanMilliseconds": 12.0}}
+    )
+    after = status(
+        "2026-12-03T10:00:15Z", latency={**objective, "measured": {"meanMilliseconds": 14.5}}
+    )
+    assert changed(before, after) == {}
