@@ -174,7 +174,8 @@ class Targets(SpecModel):
         None,
         description=(
             "A latency objective for the requests of a pipeline's root (a model no other model"
-            " of its set calls): the planner meets it at the fewest instances (unset: none)."
+            " of its set calls), shown against the measured latency in status.latency; the"
+            " planner does not size by it yet (unset: none)."
         ),
     )
 
