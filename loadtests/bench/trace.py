@@ -76,6 +76,7 @@ from loadtests import traces
 from loadtests.bench import common, operator_vs_static, scale_down
 from tritonscale.core import behavior, sizing
 from tritonscale.core.behavior import PolicyState
+from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.triton.actuator import Actuator
@@ -486,6 +487,7 @@ class HpaWay:
         self.states = {model: PolicyState() for model in specs}
         self.stopping = threading.Event()
         self.changes: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []  # ticks, or a model's, that changed nothing
         self.error: str | None = None
         self.thread = threading.Thread(target=self._run, name="hpa-way", daemon=True)
 
@@ -508,28 +510,45 @@ class HpaWay:
         next_at = time.time()
         while not self.stopping.is_set():
             now = time.time()
-            snapshot = await self.source.snapshot(list(self.specs), [self.endpoint], window)
+            try:
+                snapshot = await self.source.snapshot(list(self.specs), [self.endpoint], window)
+            except MetricsUnavailable as error:
+                # As the HPA does without metrics: nothing changes this tick.
+                self.skipped.append({"t": round(now, 2), "reason": str(error)})
+                snapshot = None
             for model, spec in self.specs.items():
-                current = await self.actuator.live_count(self.endpoint, model)
-                signals = snapshot.model(model)
-                state = self.states[model].seeded(current, now, spec).observe(current, now, spec)
-                if signals is None or not snapshot.complete:
-                    # HPA's caution: no metrics (or a window not yet full), no scale-down.
-                    desired = current
-                else:
-                    utilization = sizing.busy_per_instance(signals, current)
-                    desired = hpa_desired(spec, current, utilization)
-                count, _ = behavior.stabilize(spec, state.recommendations, current, desired, now)
-                count, _ = behavior.limit_rate(spec, state.scale_events, current, count, now)
-                self.states[model] = state.recommend(desired, now, spec).ticked(current, count, now)
-                if count != current:
-                    result = await self.actuator.apply_one(self.endpoint, model, count)
-                    self.changes.append(
-                        {"t": round(now, 2), "model": model, "from": current, "to": count,
-                         "ok": result is None or result.ok}
-                    )  # fmt: skip
+                if snapshot is None:
+                    break
+                try:
+                    await self._tick(model, spec, snapshot, now)
+                except Exception as error:  # noqa: BLE001 - this model waits for the next tick
+                    self.skipped.append({"t": round(now, 2), "reason": f"{model}: {error}"})
             next_at += interval
             self.stopping.wait(max(0.0, next_at - time.time()))
+
+    async def _tick(
+        self, model: str, spec: AutoscalerSpec, snapshot: MetricSnapshot, now: float
+    ) -> None:
+        """One model's HPA tick: its formula, then the stabilization windows and the rate
+        policies, then the load when the count changes."""
+        current = await self.actuator.live_count(self.endpoint, model)
+        signals = snapshot.model(model)
+        state = self.states[model].seeded(current, now, spec).observe(current, now, spec)
+        if signals is None or not snapshot.complete:
+            # HPA's caution: no metrics (or a window not yet full), no change.
+            desired = current
+        else:
+            utilization = sizing.busy_per_instance(signals, current)
+            desired = hpa_desired(spec, current, utilization)
+        count, _ = behavior.stabilize(spec, state.recommendations, current, desired, now)
+        count, _ = behavior.limit_rate(spec, state.scale_events, current, count, now)
+        self.states[model] = state.recommend(desired, now, spec).ticked(current, count, now)
+        if count != current:
+            result = await self.actuator.apply_one(self.endpoint, model, count)
+            self.changes.append(
+                {"t": round(now, 2), "model": model, "from": current, "to": count,
+                 "ok": result is None or result.ok}
+            )  # fmt: skip
 
 
 # ---- one arm on the trace -------------------------------------------------------------
@@ -543,16 +562,21 @@ class CountPoller:
         self.actuator = Actuator(triton.repository_key)
         self.endpoint = Endpoint("local", triton.http_url)
         self.samples: list[tuple[float, dict[str, int]]] = []
+        self.failed_reads = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="counts", daemon=True)
 
     def _run(self) -> None:
         async def loop() -> None:
             while not self.stopping.is_set():
-                counts = {}
+                counts = dict(self.samples[-1][1]) if self.samples else {}
                 for model in self.models:
-                    counts[model] = await self.actuator.live_count(self.endpoint, model)
-                self.samples.append((time.time(), counts))
+                    try:
+                        counts[model] = await self.actuator.live_count(self.endpoint, model)
+                    except Exception:  # noqa: BLE001 - a read that fails keeps the last count
+                        self.failed_reads += 1
+                if counts:
+                    self.samples.append((time.time(), counts))
                 await asyncio.sleep(1.0)
 
         asyncio.run(loop())
@@ -570,6 +594,7 @@ def replay(
     load: OpenLoad,
     trace: traces.Trace,
     arm: str,
+    poller: CountPoller,
     check: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
     """The trace's rate second by second (Poisson within each); returns its start and end."""
@@ -577,7 +602,11 @@ def replay(
     for second, rate in enumerate(trace.rates):
         load.load.set_rate(rate)
         if second % 30 == 0:
-            common.progress(f"  {arm} t={second}s: {rate:.0f} rps offered")
+            counts = label(poller.samples[-1][1]) if poller.samples else "?"
+            common.progress(
+                f"  {arm} t={second}s: {rate:.0f} rps offered, {load.load.in_flight} in flight, "
+                f"instances {counts}"
+            )
         if check is not None:
             check()
         time.sleep(max(0.0, start + second + 1 - time.time()))
@@ -620,7 +649,7 @@ def run_arm(
                     raise SystemExit(f"bench: tritonscale tune exited ({tune.returncode}): {tail}")
 
             try:
-                start, end = replay(load, trace, arm, driver_up)
+                start, end = replay(load, trace, arm, poller, driver_up)
             finally:
                 common.stop_tune(tune)
             _, decisions = common.read_decisions(log)
@@ -635,15 +664,22 @@ def run_arm(
             controller = HpaWay(triton, hpa_specs(root, settings))
             controller.start()
             try:
-                start, end = replay(load, trace, arm)
+                start, end = replay(load, trace, arm, poller)
             finally:
                 controller.stop()
             changes = [
                 {**change, "t": round(change["t"] - start, 1)} for change in controller.changes
             ]
-            extra = {"changes": changes, "controller_error": controller.error}
+            extra = {
+                "changes": changes,
+                # Ticks (or one model's) that changed nothing: no metrics, a failed read.
+                "skipped": [
+                    {**skip, "t": round(skip["t"] - start, 1)} for skip in controller.skipped
+                ],
+                "controller_error": controller.error,
+            }
         else:
-            start, end = replay(load, trace, arm)
+            start, end = replay(load, trace, arm, poller)
     load.drain(settings["drain_s"])
     due, answered = load.load.due_and_latencies(start, end)
     attained = attainment(due, answered, start, trace.seconds, objective_ms / 1000)
@@ -668,6 +704,7 @@ def run_arm(
         "requests_met": attained.met,
         "windows": attained.windows,
         "max_total_instances": max((total for _, total in totals), default=None),
+        "failed_count_reads": poller.failed_reads,
         "timeline": timeline,
         **extra,
     }
