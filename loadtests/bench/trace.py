@@ -29,7 +29,7 @@ constants):
    drained. A split that meets a level is taken to meet the lower ones.
 
 The arms, back to back on the same trace and server, each `--repeats` times (every model at
-one instance, the load drained, before each):
+one instance, the static arm at its split, and the load drained before each):
 
 - **static_at_peak**: the sweep's fewest-instance split that meets the objective at the peak,
   held all day;
