@@ -67,9 +67,9 @@ demo: deps
 serve: deps
 	$(VENV)/bin/tritonscale serve
 
-# Every benchmark in full (about 85 minutes on 2 cores), JSON and PNG in reports/bench/,
+# Every benchmark in full (about 155 minutes on 2 cores; the trace alone about 70), JSON and PNG in reports/bench/,
 # then the results as markdown tables. One benchmark: python -m loadtests.bench.NAME
-BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway count_changes operator_vs_static model_accuracy shifted_mix scale_down steady control_loop_scale vegeta
+BENCHMARKS := bls_hop loadgen_headroom async_vs_sync gateway count_changes operator_vs_static model_accuracy shifted_mix scale_down steady control_loop_scale vegeta trace
 bench: deps vegeta
 	@for name in $(BENCHMARKS); do $(PY) -m loadtests.bench.$$name || exit 1; done
 	$(PY) -m loadtests.bench.summary

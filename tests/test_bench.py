@@ -32,6 +32,7 @@ from loadtests.bench import (
     shifted_mix,
     steady,
     summary,
+    trace,
     vegeta,
 )
 from tests.tooling import missing
@@ -325,6 +326,27 @@ def test_a_root_the_project_does_not_know_needs_its_callees_named(
     )
     assert settings["calls"] == {"my_bls": ["a", "b"]} and "my_bls" in settings["sequential"]
     assert model_accuracy.models_of(settings) == ["my_bls", "a", "b"]
+
+
+def test_trace_quick(triton: LocalTriton, tmp_path: Path) -> None:
+    before = _counts(triton)
+    result = trace.run(triton, trace.QUICK)
+    doc = _written("trace", result, tmp_path, lambda p: trace.plot(result, p))
+    # The contract: every arm, each with its four numbers.
+    assert set(doc["arms"]) == {"static_at_peak", "hpa_way", "operator", "limit"}
+    for arm, row in doc["arms"].items():
+        assert set(trace.ARM_KEYS) <= row.keys(), arm
+        assert row["instance_seconds"] > 0, arm
+        assert 0 <= row["requests_met_share"] <= 1, arm
+    for arm in trace.ARMS:
+        (run,) = doc["arms"][arm]["runs"]
+        assert run["requests_due"] > 0 and len(run["timeline"]) == trace.QUICK["seconds"], arm
+    operator = doc["arms"]["operator"]["runs"][0]
+    assert operator["decisions"] > 0, operator["tune_output_tail"]
+    assert doc["arms"]["hpa_way"]["runs"][0]["controller_error"] is None
+    assert doc["peak_rps"] == pytest.approx(trace.PEAK_SHARE * doc["largest_split_rps"], abs=0.01)
+    assert doc["objective"]["milliseconds"] > 0 and doc["levels"][0]["rate"] == doc["peak_rps"]
+    assert _counts(triton) == before
 
 
 def test_shifted_mix_quick(triton: LocalTriton, tmp_path: Path) -> None:

@@ -92,6 +92,25 @@ def to_json_schema(schema: Any) -> Any:
     return out
 
 
+def as_declared_numbers(schema: dict[str, Any], value: Any) -> Any:
+    """The value as CEL sees it on the API server: a `type: number` field is a double even
+    where its JSON is an integer (`milliseconds: 100`), so `self.milliseconds > 0.0` holds."""
+    if schema.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, dict):
+        children = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        return {
+            key: as_declared_numbers(
+                children.get(key, extra if isinstance(extra, dict) else {}), item
+            )
+            for key, item in value.items()
+        }
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [as_declared_numbers(schema["items"], item) for item in value]
+    return value
+
+
 def rules_at(schema: dict[str, Any], value: Any, path: str = "") -> Iterator[tuple[str, dict, Any]]:
     """Every (path, rule, self) that the API server would evaluate on this value."""
     for rule in schema.get("x-kubernetes-validations", []):
@@ -138,7 +157,7 @@ def crd_errors(obj: dict[str, Any]) -> list[str]:
     errors = schema_errors(obj)
     if errors:
         return errors  # CEL rules assume the schema's types; the server stops here too
-    for path, rule, value in rules_at(SCHEMA, obj):
+    for path, rule, value in rules_at(SCHEMA, as_declared_numbers(SCHEMA, obj)):
         if not evaluate(rule["rule"], value):
             if "messageExpression" in rule:
                 errors.append(f"{path}: {evaluate(rule['messageExpression'], value)}")
@@ -341,6 +360,8 @@ def test_where_a_cel_rule_refuses_the_api_server_and_from_dict_say_the_same(case
         minimal(behavior={"scaleUp": {"selectPolicy": "Disabled", "policies": []}}),
         minimal(selector={"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}),
         minimal(tolerance=0, targets={"queueComputeRatio": 0, "utilization": 1}),
+        minimal(calls=["branch_rank"], targets={"latency": {"milliseconds": 100}}),
+        minimal(targets={"latency": {"quantile": 0.999, "milliseconds": 0.5}}),
         minimal(minInstances=2, budget={"name": "pods", "instancesPerPod": 2}),
         minimal(
             minInstances=3,
@@ -358,6 +379,8 @@ def test_where_a_cel_rule_refuses_the_api_server_and_from_dict_say_the_same(case
         "a disabled direction without policies",
         "a selector of expressions only",
         "the edges of the ranges",
+        "a latency objective with an integer bound",
+        "a latency objective near the edges",
         "a budget of exactly the minimum",
         "a GPU memory budget of exactly the minimum",
     ],

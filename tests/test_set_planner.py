@@ -259,3 +259,37 @@ def test_a_grant_cuts_a_planned_increase_but_never_below_the_current_count() -> 
     assert whole is plan.chosen
     below = plan.decide(Grant(plan.spec.model, asked, 0, "nothing left"))
     assert below.desired_instances == plan.current
+
+
+def test_a_latency_objective_on_the_root_changes_no_decision_of_todays_planner() -> None:
+    # The planner does not use the objective yet: a set with it decides as one without.
+    specs = pipeline_specs(7)
+    with_objective = {
+        **specs,
+        PARENT: AutoscalerSpec.from_dict(
+            {**specs[PARENT].to_dict(), "targets": {"latency": {"milliseconds": 100}}}
+        ),
+    }
+    at, now = counts(1, 1), START
+    snapshot = Load(400.0).snapshot(now, at)
+    plain = SetPlanner().planned(plans(specs, at, snapshot, now), now)
+    objective = SetPlanner().planned(plans(with_objective, at, snapshot, now), now)
+    for name, plan in plain.items():
+        assert objective[name].decision == plan.decision
+        assert objective[name].notes == plan.notes
+
+
+def test_a_latency_objective_on_a_child_is_ignored_and_says_why() -> None:
+    specs = pipeline_specs(7)
+    child = "branch_rank"
+    specs[child] = AutoscalerSpec.from_dict(
+        {**specs[child].to_dict(), "targets": {"latency": {"milliseconds": 100}}}
+    )
+    at, now = counts(1, 1), START
+    decided = SetPlanner().planned(plans(specs, at, Load(400.0).snapshot(now, at), now), now)
+    (note,) = [n for n in decided["branch-rank"].notes if "latency" in n]
+    assert note == (
+        "spec.targets.latency is ignored: branch_rank is called by pipeline_async, and a latency"
+        " objective belongs on the pipeline's root"
+    )
+    assert not any("latency" in n for n in decided["pipeline-async"].notes)

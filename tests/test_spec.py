@@ -18,7 +18,9 @@ from tritonscale.core.spec import (
     BudgetSpec,
     InvalidSpec,
     LabelSelector,
+    LatencyObjective,
     ScalingPolicy,
+    latency_objectives_off_root,
 )
 
 pytestmark = pytest.mark.unit
@@ -108,7 +110,10 @@ def known_keys(*path: str) -> str:
     """The keys of the full spec at `path`, sorted, as the message lists them."""
     # With its optional fields set, so that the full spec shows them.
     node = AutoscalerSpec.from_dict(
-        minimal(budget={"name": "pods", "instancesPerPod": 1})
+        minimal(
+            budget={"name": "pods", "instancesPerPod": 1},
+            targets={"latency": {"milliseconds": 100}},
+        )
     ).to_dict()
     for key in path:
         node = node[key]
@@ -123,6 +128,36 @@ class Invalid:
 
 
 INVALID = [
+    Invalid(
+        "a latency quantile of 1 is no quantile",
+        minimal(targets={"latency": {"quantile": 1.0, "milliseconds": 100}}),
+        "spec.targets.latency.quantile: must be above 0 and below 1 (quantile is 1.0)",
+    ),
+    Invalid(
+        "a latency quantile of 0 is no quantile",
+        minimal(targets={"latency": {"quantile": 0.0, "milliseconds": 100}}),
+        "spec.targets.latency.quantile: must be above 0 and below 1 (quantile is 0.0)",
+    ),
+    Invalid(
+        "a latency bound of 0 ms cannot be met",
+        minimal(targets={"latency": {"milliseconds": 0.0}}),
+        "spec.targets.latency.milliseconds: must be above 0 (milliseconds is 0.0)",
+    ),
+    Invalid(
+        "a negative latency bound",
+        minimal(targets={"latency": {"quantile": 0.99, "milliseconds": -5.0}}),
+        "spec.targets.latency.milliseconds: must be above 0 (milliseconds is -5.0)",
+    ),
+    Invalid(
+        "a latency objective needs its bound",
+        minimal(targets={"latency": {"quantile": 0.99}}),
+        "spec.targets.latency.milliseconds is required",
+    ),
+    Invalid(
+        "a latency bound is a number",
+        minimal(targets={"latency": {"milliseconds": "100ms"}}),
+        "spec.targets.latency.milliseconds must be a number, got '100ms'",
+    ),
     Invalid(
         "min above max names both values",
         minimal(minInstances=5, maxInstances=2),
@@ -317,6 +352,34 @@ INVALID = [
         "gpuMemoryPerPodMiB, instancesPerPod, name)",
     ),
 ]
+
+
+class TestLatencyObjective:
+    def test_none_by_default_and_absent_from_the_full_form(self) -> None:
+        # Existing specs read and write back exactly as before.
+        spec = AutoscalerSpec.from_dict(minimal())
+        assert spec.targets.latency is None
+        assert "latency" not in spec.to_dict()["targets"]
+
+    def test_the_quantile_defaults_to_p95_and_an_integer_bound_reads_as_a_number(self) -> None:
+        spec = AutoscalerSpec.from_dict(minimal(targets={"latency": {"milliseconds": 100}}))
+        assert spec.targets.latency == LatencyObjective(quantile=0.95, milliseconds=100.0)
+        assert spec.targets.utilization == 0.7  # the other targets keep their defaults
+        assert spec.to_dict()["targets"]["latency"] == {"quantile": 0.95, "milliseconds": 100.0}
+        assert AutoscalerSpec.from_dict(spec.to_dict()) == spec
+
+    def test_only_a_root_may_carry_one(self) -> None:
+        root = AutoscalerSpec.from_dict(
+            minimal(calls=["branch_rank"], targets={"latency": {"milliseconds": 100}})
+        )
+        child = AutoscalerSpec.from_dict(minimal(model="branch_rank"))
+        assert latency_objectives_off_root([root, child]) == {}
+        # A single model calls nothing and is called by nothing: its own root.
+        assert latency_objectives_off_root([root.model_copy(update={"calls": ()})]) == {}
+        on_child = AutoscalerSpec.from_dict(
+            minimal(model="branch_rank", targets={"latency": {"milliseconds": 10}})
+        )
+        assert latency_objectives_off_root([root, on_child]) == {"branch_rank": "pipeline_async"}
 
 
 class TestBudget:

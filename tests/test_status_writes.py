@@ -96,3 +96,14 @@ def test_a_null_the_api_server_dropped_is_not_news() -> None:
     # A null where the stored status has a value is news, and is written to delete it.
     retrying = status("2026-12-03T10:00:00Z", backoff={"failures": 1, "retryAt": 1.0e9})
     assert changed(retrying, after)["backoff"] == {"failures": 0, "retryAt": None}
+
+
+def test_a_measured_latency_that_moves_is_no_news_of_its_own() -> None:
+    objective = {"quantile": 0.95, "objectiveMilliseconds": 100.0}
+    before = status(
+        "2026-12-03T10:00:00Z", latency={**objective, "measured": {"meanMilliseconds": 12.0}}
+    )
+    after = status(
+        "2026-12-03T10:00:15Z", latency={**objective, "measured": {"meanMilliseconds": 14.5}}
+    )
+    assert changed(before, after) == {}

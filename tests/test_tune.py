@@ -111,6 +111,42 @@ def _run_cli(tmp_path: Path, text: str) -> tuple[int, str]:
             id="a field that is not the file's",
         ),
         pytest.param("", "the file must be a mapping", id="an empty file"),
+        pytest.param(
+            yaml.safe_dump(
+                _config(
+                    policies=[
+                        {
+                            "name": "a",
+                            "spec": {
+                                "model": "bls_async",
+                                "targets": {"latency": {"quantile": 95, "milliseconds": 100}},
+                            },
+                        }
+                    ]
+                )
+            ),
+            "policies[0].spec.targets.latency.quantile: must be above 0 and below 1 (quantile is 95.0)",
+            id="a latency quantile given as a percentage",
+        ),
+        pytest.param(
+            yaml.safe_dump(
+                _config(
+                    policies=[
+                        {"name": "root", "spec": {"model": "bls_async", "calls": ["add_sub"]}},
+                        {
+                            "name": "child",
+                            "spec": {
+                                "model": "add_sub",
+                                "targets": {"latency": {"milliseconds": 100}},
+                            },
+                        },
+                    ]
+                )
+            ),
+            "policies[1].spec.targets.latency: only a pipeline's root may carry a latency"
+            " objective, and add_sub is called by bls_async (set it on the root)",
+            id="a latency objective on a model another policy calls",
+        ),
     ],
 )
 def test_a_bad_policy_file_is_one_line_naming_file_and_field(
@@ -121,6 +157,20 @@ def test_a_bad_policy_file_is_one_line_naming_file_and_field(
     assert output.startswith("Error: ") and str(tmp_path / "policies.yaml") in output
     assert expected in output
     assert output.count("\n") == 1 and "Traceback" not in output
+
+
+@pytest.mark.unit
+def test_a_latency_objective_on_the_root_reads_into_its_spec(tmp_path: Path) -> None:
+    path = tmp_path / "policies.yaml"
+    root = {"model": "bls_async", "calls": ["add_sub"]}
+    root["targets"] = {"latency": {"quantile": 0.99, "milliseconds": 250}}
+    policies = [{"name": "root", "spec": root}, {"name": "child", "spec": {"model": "add_sub"}}]
+    path.write_text(yaml.safe_dump(_config(policies=policies)))
+    config = load_config(path)
+    objective = config.policies[0].spec.targets.latency
+    assert objective is not None
+    assert (objective.quantile, objective.milliseconds) == (0.99, 250.0)
+    assert config.policies[1].spec.targets.latency is None
 
 
 @pytest.mark.unit

@@ -6,12 +6,15 @@ import asyncio
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
+import tritonclient.http
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.faults import FreezableRelay
 from tests.tooling import require_local_triton
+from tests.waiting import eventually
 from tritonscale.control.operator_metrics import OperatorMetrics
 from tritonscale.control.set_tick import reconcile
 from tritonscale.control.tick import (
@@ -224,6 +227,39 @@ async def test_the_state_survives_a_round_trip_through_status(actuator, pods) ->
     assert (
         ReconcileState.from_status({"policyState": {"recommendations": "junk"}}) == ReconcileState()
     )
+
+
+async def test_a_latency_objective_shows_in_the_status_with_the_measured_mean(
+    server, actuator, pods
+) -> None:
+    source = ScrapeSource()
+    wanted = spec(targets={"latency": {"quantile": 0.9, "milliseconds": 250}})
+    ticks = [await reconcile(wanted, pods, source, actuator, ReconcileState(), 1000.0)]
+    client = tritonclient.http.InferenceServerClient(server.http_url)
+    inputs = [tritonclient.http.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+    for item in inputs:
+        item.set_data_from_numpy(np.ones(4, dtype=np.float32))
+
+    async def measured() -> dict | None:
+        # Requests between two ticks; the rates need the counters read twice around them.
+        for _ in range(5):
+            client.infer("add_sub", inputs)
+        last = ticks[-1]
+        ticks.append(await reconcile(wanted, pods, source, actuator, last.state, last.at + 2))
+        latency = ticks[-1].status()["latency"]
+        return latency if latency["measured"] else None
+
+    try:
+        latency = await eventually(measured, "a measured mean latency in the status")
+    finally:
+        client.close()
+    assert (latency["quantile"], latency["objectiveMilliseconds"]) == (0.9, 250.0)
+    assert latency["measured"]["meanMilliseconds"] > 0, latency
+    assert "predicted" not in latency  # the planner does not predict latency yet
+    assert ticks[-1].to_dict()["latency"] == latency
+    # Without the objective the status is what it always was.
+    plain = await reconcile(spec(), pods, source, actuator, ticks[-1].state, ticks[-1].at + 2)
+    assert "latency" not in plain.status() and "latency" not in plain.to_dict()
 
 
 async def test_children_counts_are_read_from_the_pods(actuator, pods) -> None:

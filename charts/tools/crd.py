@@ -38,6 +38,9 @@ DOC = REPO_ROOT / "docs" / "instancegroupautoscaler.md"
 
 # The chart sets selector and model itself; calls names other models, so only per model.
 PER_MODEL = ("selector", "model", "calls")
+# A latency objective belongs to a pipeline's root (a model no other model calls): a default
+# would give it to the children too, so the chart takes it per model only.
+PER_MODEL_NESTED = (("targets", "latency"),)
 # The chart's own `autoscalers.budget` block fills in `budget` (one budget for the pod set,
 # with each model's GPU memory), so it is neither a default nor a per-model key.
 CHART_BLOCKS = ("budget",)
@@ -128,6 +131,8 @@ def structural(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, A
             name: structural(child, definitions) for name, child in node["properties"].items()
         }
         if isinstance(node.get("default"), dict):
+            # An optional field left unset is absent, as the API server shows it, not null.
+            node["default"] = {k: v for k, v in node["default"].items() if v is not None}
             if node["default"] != filled_defaults(node):
                 raise ValueError(f"a nested default differs from its fields' defaults: {node}")
             node["default"] = filled_defaults(node)  # in the schema's order
@@ -227,9 +232,29 @@ def chart_defaults(spec: dict[str, Any]) -> list[tuple[str, str, Any]]:
             else:
                 leaves.append((f"{prefix}{name}", child["description"], child["default"]))
 
-    chart_sets = PER_MODEL + CHART_BLOCKS
-    walk({"properties": {k: v for k, v in spec["properties"].items() if k not in chart_sets}}, "")
+    walk(_without_per_model_nested(_shared(spec)), "")
     return leaves
+
+
+def _shared(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec's fields a model may take from `autoscalers.defaults` (a copy)."""
+    chart_sets = PER_MODEL + CHART_BLOCKS
+    return {
+        "properties": {
+            k: copy.deepcopy(v) for k, v in spec["properties"].items() if k not in chart_sets
+        }
+    }
+
+
+def _without_per_model_nested(node: dict[str, Any]) -> dict[str, Any]:
+    """`node` (as `_shared` gives it) without the nested fields set per model only."""
+    node = copy.deepcopy(node)
+    for *parents, name in PER_MODEL_NESTED:
+        parent = node
+        for key in parents:
+            parent = parent["properties"][key]
+        parent["properties"].pop(name, None)
+    return node
 
 
 def values_block(spec: dict[str, Any]) -> str:
@@ -293,22 +318,22 @@ def helm_schema(node: dict[str, Any]) -> dict[str, Any]:
 def values_schema_text(spec: dict[str, Any], current: str) -> str:
     schema = json.loads(current)
     autoscalers = schema["properties"]["autoscalers"]["properties"]
-    shared = {
-        k: helm_schema(v)
-        for k, v in spec["properties"].items()
-        if k not in PER_MODEL + CHART_BLOCKS
-    }
+    shared = _shared(spec)["properties"]
+    defaults = _without_per_model_nested({"properties": shared})["properties"]
     autoscalers["defaults"] = {
         "type": "object",
         "description": "Every model's InstanceGroupAutoscaler spec, before its own keys",
-        "properties": shared,
+        "properties": {k: helm_schema(v) for k, v in defaults.items()},
         "additionalProperties": False,
     }
     model = {
         "type": ["object", "null"],
-        "description": "One model's InstanceGroupAutoscaler: any key of autoscalers.defaults, plus calls and enabled",
+        "description": (
+            "One model's InstanceGroupAutoscaler: any key of autoscalers.defaults, plus calls,"
+            " targets.latency (on a pipeline's root) and enabled"
+        ),
         "properties": {
-            **copy.deepcopy(shared),
+            **{k: helm_schema(v) for k, v in shared.items()},
             "calls": helm_schema(spec["properties"]["calls"]),
             "enabled": {"type": "boolean", "description": "false: no autoscaler for this model"},
         },

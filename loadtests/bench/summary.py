@@ -478,6 +478,27 @@ def model_accuracy(doc: dict) -> list[str]:
     return lines
 
 
+def trace(doc: dict) -> list[str]:
+    objective = doc["objective"]
+    lines = [
+        f"{doc['root']} on a {round(doc['trace']['seconds'] / 60, 1):g}-minute day, "
+        f"{_f(doc['trace']['trough_rps'], 0)} to {_f(doc['peak_rps'], 0)} req/s (0.8 of the best "
+        f"split of {doc['budget']} instances, {_f(doc['largest_split_rps'], 0)} req/s), "
+        f"{len(doc['trace']['bursts'])} bursts; objective p{round(100 * objective['quantile'])} "
+        f"<= {objective['milliseconds']:g} ms.",
+        "",
+        "| arm | runs | 10 s windows met | requests met | instance-seconds | good requests per instance-second |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, row in doc["arms"].items():
+        runs = len(row.get("runs", [])) or "computed"
+        lines.append(
+            f"| {arm} | {runs} | {_f(row['windows_met_share'], 3)} | {_f(row['requests_met_share'], 3)} "
+            f"| {_f(row['instance_seconds'], 0)} | {_f(row['goodput_per_instance_second'], 2)} |"
+        )
+    return lines
+
+
 RENDERERS = {
     "count_changes": count_changes,
     "gateway": gateway,
@@ -492,6 +513,7 @@ RENDERERS = {
     "loadgen_headroom": loadgen_headroom,
     "vegeta": vegeta,
     "model_accuracy": model_accuracy,
+    "trace": trace,
 }
 
 

@@ -126,6 +126,23 @@ def test_per_model_values_override_the_defaults_key_by_key(render) -> None:
     assert deep["branch_embed"]["targets"]["queueComputeRatio"] == 0.5
 
 
+def test_a_latency_objective_goes_on_the_root_alone(render, crd_schema: dict) -> None:
+    objective = '{"quantile": 0.99, "milliseconds": 150}'
+    objects = by_kind(
+        render(
+            extra=("--set-json", f"autoscalers.models.pipeline_async.targets.latency={objective}")
+        ).objects,
+        "InstanceGroupAutoscaler",
+    )
+    specs = {o["spec"]["model"]: o["spec"] for o in objects}
+    assert specs["pipeline_async"]["targets"]["latency"] == {"quantile": 0.99, "milliseconds": 150}
+    assert specs["pipeline_async"]["targets"]["utilization"] == 0.7  # the defaults stay
+    for model in ("branch_embed", "branch_classify", "branch_rank"):
+        assert "latency" not in specs[model]["targets"]
+    for obj in objects:
+        check_against_crd(obj, crd_schema)
+
+
 def test_autoscalers_can_be_left_out(render) -> None:
     assert (
         by_kind(render(sets=("autoscalers.enabled=false",)).objects, "InstanceGroupAutoscaler")

@@ -79,6 +79,12 @@ SCHEMA_CASES = [
         "locust.expectWorkersSeconds: Must be greater than or equal to 1",
     ),
     (
+        "a latency objective as every model's default",
+        ("autoscalers.defaults.targets.latency.milliseconds=100",),
+        "at '/autoscalers/defaults/targets': additional properties 'latency' not allowed",
+        "autoscalers.defaults.targets: Additional property latency is not allowed",
+    ),
+    (
         "unknown monitor kind",
         ("monitoring.monitor.kind=Probe",),
         "at '/monitoring/monitor/kind': value must be one of 'ServiceMonitor', 'PodMonitor'",
@@ -88,6 +94,12 @@ SCHEMA_CASES = [
 
 # (id, --set values, validateValues' message[, ci/ values file the values go on top of])
 COMBINATION_CASES = [
+    (
+        "a latency objective on a model the pipeline calls",
+        ("autoscalers.models.branch_rank.targets.latency.milliseconds=100",),
+        "tritonscale: autoscalers.models.branch_rank.targets.latency: only a pipeline's root may "
+        "carry a latency objective, and branch_rank is called by pipeline_async.",
+    ),
     (
         "gpu mode without gpus",
         ("triton.gpu.count=0",),

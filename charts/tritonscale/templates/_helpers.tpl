@@ -370,6 +370,17 @@ tritonscale: {{ $path }}.enabled is true but neither {{ $path }}.minAvailable no
 {{- $lines = append $lines (printf "tritonscale: autoscalers.models.%s: minInstances (%v) is above maxInstances (%v)." $model $spec.minInstances $spec.maxInstances) -}}
 {{- end -}}
 {{- end -}}
+{{- /* A latency objective is the pipeline's, on its root: no CEL rule of one object can see its callers. */ -}}
+{{- $specs := fromJson (include "tritonscale.autoscalerSpecs" .) -}}
+{{- range $model, $spec := $specs -}}
+{{- if and (kindIs "map" $spec.targets) (hasKey $spec.targets "latency") -}}
+{{- range $caller, $other := $specs -}}
+{{- if has $model (default list $other.calls) -}}
+{{- $lines = append $lines (printf "tritonscale: autoscalers.models.%s.targets.latency: only a pipeline's root may carry a latency objective, and %s is called by %s." $model $model $caller) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- join "\n" $lines -}}
 {{- end -}}
 {{- end -}}

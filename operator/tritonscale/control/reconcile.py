@@ -50,6 +50,7 @@ from tritonscale.control.tick import (
     RELOAD_TIMEOUT,
     SUCCEEDED_RESCALE,
     Backoff,
+    LatencyStatus,
     ReconcileState,
     TickError,
     TickResult,
@@ -454,7 +455,16 @@ async def finish(
         healing=list(planned.healing),
         budget=granted.budget if granted is not None else None,
         prediction=planned.prediction,
+        latency=_latency(spec, planned.snapshot),
     )
+
+
+def _latency(spec: AutoscalerSpec, snapshot: MetricSnapshot | None) -> LatencyStatus | None:
+    """status.latency where the spec sets an objective: the measured mean from the snapshot."""
+    objective = spec.targets.latency
+    if objective is None:
+        return None
+    return LatencyStatus.of(objective, snapshot.model(spec.model) if snapshot else None)
 
 
 async def _apply(

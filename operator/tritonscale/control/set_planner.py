@@ -27,6 +27,7 @@ from tritonscale.control.reconcile import Plan
 from tritonscale.core.allocator import Prediction
 from tritonscale.core.planner import SetDecision, SetState, as_policy_decision, decide_set
 from tritonscale.core.selectors import selector_to_string
+from tritonscale.core.spec import latency_objectives_off_root
 
 
 class SetPlanner:
@@ -86,6 +87,16 @@ class SetPlanner:
             if first is not plan:
                 notes[name] = (
                     f"decided by the spec of another member that names {plan.spec.model} too",
+                )
+        # One object cannot know its callers (no CEL rule can): the set can.
+        off_root = latency_objectives_off_root(plan.spec for plan in deciding.values())
+        for name, plan in group.items():
+            if plan.spec.model in off_root:
+                notes[name] = (
+                    *notes.get(name, ()),
+                    f"spec.targets.latency is ignored: {plan.spec.model} is called by"
+                    f" {off_root[plan.spec.model]}, and a latency objective belongs on the"
+                    " pipeline's root",
                 )
         key = frozenset(selector_to_string(plan.spec.selector) for plan in group.values())
         previous = self.decisions.get(key)

@@ -16,7 +16,8 @@ from tritonscale.control.ledger import BudgetStatus
 from tritonscale.core import policy
 from tritonscale.core.allocator import Prediction
 from tritonscale.core.behavior import PolicyState
-from tritonscale.core.signals import MetricSnapshot
+from tritonscale.core.signals import MetricSnapshot, ModelSignals
+from tritonscale.core.spec import LatencyObjective
 from tritonscale.triton.actuator import PodResult
 from tritonscale.triton.healing import HealingResult
 
@@ -98,6 +99,49 @@ class ReconcileState:
 
 
 @dataclass(frozen=True)
+class LatencyStatus:
+    """status.latency: a root's latency objective (spec.targets.latency) beside what was
+    measured and, once the planner predicts latency, what it predicts at the chosen counts."""
+
+    objective: LatencyObjective
+    # Triton's duration counters give means, not quantiles: the mean time a request of this
+    # model spent queued and computing over the metrics window (for a BLS root, its calls
+    # included, since a parent computes while its children run); None without requests.
+    measured_mean_ms: float | None
+    # The objective's quantile as the planner predicts it; None until a planner predicts latency.
+    predicted_ms: float | None = None
+
+    @classmethod
+    def of(cls, objective: LatencyObjective, signals: ModelSignals | None) -> LatencyStatus:
+        return cls(objective, mean_latency_ms(signals))
+
+    def to_dict(self) -> dict[str, Any]:
+        measured = {}
+        if self.measured_mean_ms is not None:
+            measured["meanMilliseconds"] = round(self.measured_mean_ms, 1)
+        status: dict[str, Any] = {
+            "quantile": self.objective.quantile,
+            "objectiveMilliseconds": self.objective.milliseconds,
+            "measured": measured,
+        }
+        if self.predicted_ms is not None:
+            status["predicted"] = {"quantileMilliseconds": round(self.predicted_ms, 1)}
+        return status
+
+
+def mean_latency_ms(signals: ModelSignals | None) -> float | None:
+    """Milliseconds a request spent queued and computing, on average over the window."""
+    if signals is None:
+        return None
+    requests = signals.request_rate + signals.failure_rate
+    if requests <= 0:
+        return None
+    return (
+        1000.0 * (signals.queue_seconds_per_second + signals.compute_seconds_per_second) / requests
+    )
+
+
+@dataclass(frozen=True)
 class TickResult:
     model: str
     at: float  # the tick's `now`
@@ -122,6 +166,8 @@ class TickResult:
     # What the set's planner predicted its counts serve (tritonscale.core.planner); None when
     # the model was decided on its own, or nothing was allocated this tick.
     prediction: Prediction | None = None
+    # The latency objective against the measurement; None where spec.targets.latency is unset.
+    latency: LatencyStatus | None = None
 
     @property
     def healing_actions(self) -> list[HealingResult]:
@@ -206,6 +252,7 @@ class TickResult:
             "durationSeconds": round(self.duration_s, 4),
             "budget": self.budget.to_dict() if self.budget is not None else None,
             "prediction": _prediction(self.prediction),
+            **({"latency": self.latency.to_dict()} if self.latency is not None else {}),
         }
 
     def status(self) -> dict[str, Any]:
@@ -233,6 +280,8 @@ class TickResult:
             status["budget"] = self.budget.to_dict()
         if self.prediction is not None:
             status["prediction"] = _prediction(self.prediction)
+        if self.latency is not None:
+            status["latency"] = self.latency.to_dict()
         return status
 
 

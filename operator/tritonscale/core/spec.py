@@ -14,6 +14,7 @@ API server alike.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
@@ -28,11 +29,13 @@ __all__ = [
     "InvalidSpec",
     "LabelSelector",
     "LabelSelectorRequirement",
+    "LatencyObjective",
     "ScaleDownRules",
     "ScaleUpRules",
     "ScalingPolicy",
     "ScalingRules",
     "Targets",
+    "latency_objectives_off_root",
 ]
 
 # Kubernetes' own limits (HPA validation): a window of at most an hour, a period of at most 30 min.
@@ -107,6 +110,39 @@ class LabelSelector(SpecModel):
     )
 
 
+class LatencyObjective(SpecModel):
+    """A latency objective for the pipeline's requests: `quantile` of them within `milliseconds`.
+
+    The bounds are CEL rules rather than schema limits so that the API server and `from_dict`
+    give the same one-line message for them. Whether the model is a root (called by no other
+    model of its set) is not something one object can know: the drivers check it against the
+    set's `calls` (docs/instancegroupautoscaler.md, "A latency objective").
+    """
+
+    rules = (
+        Rule(
+            "self.quantile > 0.0 && self.quantile < 1.0",
+            message="must be above 0 and below 1",
+            field_path=".quantile",
+            shows=("quantile",),
+        ),
+        Rule(
+            "self.milliseconds > 0.0",
+            message="must be above 0",
+            field_path=".milliseconds",
+            shows=("milliseconds",),
+        ),
+    )
+
+    quantile: StrictFloat = Field(
+        0.95,
+        description="The share of requests the bound applies to, above 0 and below 1 (0.95: p95).",
+    )
+    milliseconds: StrictFloat = Field(
+        description="The bound on that quantile of the latency, in milliseconds (above 0)."
+    )
+
+
 class Targets(SpecModel):
     """What the policy steers each instance towards, and the GPU ceilings it never crosses."""
 
@@ -133,6 +169,14 @@ class Targets(SpecModel):
     )
     gpu_memory_ceiling: PositiveFraction = Field(
         0.9, description="At or above this fraction of GPU memory in use no instance is added."
+    )
+    latency: LatencyObjective | None = Field(
+        None,
+        description=(
+            "A latency objective for the requests of a pipeline's root (a model no other model"
+            " of its set calls), shown against the measured latency in status.latency; the"
+            " planner does not size by it yet (unset: none)."
+        ),
     )
 
 
@@ -344,3 +388,19 @@ class AutoscalerSpec(SpecModel):
             " (unset: none)."
         ),
     )
+
+
+def latency_objectives_off_root(specs: Iterable[AutoscalerSpec]) -> dict[str, str]:
+    """The models of one set that carry a latency objective but are called by another, each
+    with its first caller (by name). A latency objective is the pipeline's, counted from its
+    root; one object cannot know its callers, so the drivers check this across the set."""
+    specs = list(specs)
+    callers: dict[str, str] = {}
+    for spec in sorted(specs, key=lambda spec: spec.model):
+        for called in spec.calls:
+            callers.setdefault(called, spec.model)
+    return {
+        spec.model: callers[spec.model]
+        for spec in specs
+        if spec.targets.latency is not None and spec.model in callers
+    }

@@ -30,7 +30,7 @@ KIND = "InstanceGroupAutoscaler"
 HEARTBEAT = "lastTickTime"
 HEARTBEAT_S = 60.0
 # Fields that change at every tick with time alone (rates move, the history grows).
-_VOLATILE = frozenset({HEARTBEAT, "observedMetrics", "policyState", "prediction"})
+_VOLATILE = frozenset({HEARTBEAT, "observedMetrics", "policyState", "prediction", "latency"})
 
 
 class StatusWriter:

@@ -29,7 +29,8 @@ prints one line;
 `--decision-log` appends one JSON object per tick (`TickResult.to_dict()` plus `autoscaler`):
 time `t` (unix s) and `time`, `model`, `current`, `desired`, `recommended`, `direction`,
 `reason`, `message`, `observed`, `requestRate`, `live` (pod -> count), `children`, `applied`
-(pod, before, after, ok, reason, seconds), `errors`, `dryRun`, `durationSeconds`, `budget`.
+(pod, before, after, ok, reason, seconds), `errors`, `dryRun`, `durationSeconds`, `budget`,
+and `latency` (status.latency) where the policy sets `spec.targets.latency`.
 
 The repository-API key comes from TRITONSCALE_REPOSITORY_KEY.
 """
@@ -54,7 +55,7 @@ from tritonscale.control.pod_sets import PodSet, set_name
 from tritonscale.control.set_planner import SetPlanner
 from tritonscale.control.set_tick import Member, tick_set
 from tritonscale.control.tick import ReconcileState, TickResult
-from tritonscale.core.spec import AutoscalerSpec, InvalidSpec
+from tritonscale.core.spec import AutoscalerSpec, InvalidSpec, latency_objectives_off_root
 from tritonscale.metrics.prometheus import PrometheusSource
 from tritonscale.metrics.scrape import ScrapeSource
 from tritonscale.metrics.source import MetricsSource
@@ -175,6 +176,13 @@ def _parse(data: Any, path: str) -> TuneConfig:
     for model in set(models):
         if models.count(model) > 1:
             raise TuneConfigError(f"two policies act on model {model!r}: keep one per model")
+    # The URLs make the policies one pod set: a latency objective must be on its root.
+    for model, caller in latency_objectives_off_root(p.spec for p in policies).items():
+        index = models.index(model)
+        raise TuneConfigError(
+            f"policies[{index}].spec.targets.latency: only a pipeline's root may carry a latency"
+            f" objective, and {model} is called by {caller} (set it on the root)"
+        )
     return TuneConfig(
         endpoints=local_endpoints(http, metrics_urls or None),
         source=source,

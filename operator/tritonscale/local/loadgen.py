@@ -363,6 +363,24 @@ class OpenLoopLoad(_LoadThread):
             in_flight=max(0, in_flight),
         )
 
+    def due_and_latencies(
+        self, start: float, end: float
+    ) -> tuple[list[float], list[tuple[float, float | None]]]:
+        """The requests due in [start, end), by when they were due: every due time (dropped
+        ones included), and (due, latency in s) of each answered one, None for an error.
+
+        A request due in the span and not in the second list was dropped or is still waiting:
+        for a latency objective it is a miss. One pass, for a whole run's windows at once."""
+        with self._lock:
+            first, last = bisect.bisect_left(self._due, start), bisect.bisect_left(self._due, end)
+            due = self._due[first:last]
+            answered = [
+                (when_due, (at - when_due) if ok else None)
+                for at, (when_due, ok) in zip(self._answered_at, self._answered, strict=True)
+                if start <= when_due < end
+            ]
+        return due, answered
+
     def history(self, start: float, end: float, step_s: float = 1.0) -> list[dict[str, Any]]:
         """`stats` for each step from start to end, as rows of HISTORY_COLUMNS (t: the
         step's end, unix s)."""
