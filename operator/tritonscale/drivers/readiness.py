@@ -31,7 +31,6 @@ from typing import Any
 
 import aiohttp.web
 
-from tritonscale.drivers.kube_api import KubeApi
 from tritonscale.drivers.status import GROUP, PLURAL, VERSION
 
 PEERING_GROUP, PEERING_VERSION = "kopf.dev", "v1"
@@ -167,47 +166,66 @@ def _one_line(error: BaseException) -> str:
 
 
 class ApiReads:
-    """The probe's questions to the API server (tritonscale.drivers.kube_api): only `list`,
-    which the operator's Role grants (docs/rbac.md)."""
+    """The probe's questions to the API server, through the `kubernetes` client (one short
+    call in a worker thread each, as the driver's writes go): only `list`, which the
+    operator's Role grants (docs/rbac.md)."""
 
     # Below the chart's probe timeout (5 s), so that a slow API server gets an answer that
     # says so rather than a probe that times out.
     TIMEOUT_S = 3.0
 
-    def __init__(self, api: KubeApi, namespaces: Collection[str], peering: str | None) -> None:
-        self._api = api
+    def __init__(
+        self, api_client: Callable[[], Any], namespaces: Collection[str], peering: str | None
+    ) -> None:
+        self._api_client = api_client
         self._namespaces = list(namespaces)  # empty: every namespace
         self._peering = peering
 
-    async def _listed(self, path: str, params: Mapping[str, str]) -> list[Any]:
-        found = await self._api.get(path, params, timeout_s=self.TIMEOUT_S)
-        return list(found.get("items") or [])
-
     async def nothing_to_index(self) -> bool:
-        one = {"limit": "1"}
-        custom = f"/apis/{GROUP}/{VERSION}"
+        return not await asyncio.to_thread(self._any_listed)
+
+    def _any_listed(self) -> bool:
+        from kubernetes import client
+
+        core, custom = (
+            client.CoreV1Api(self._api_client()),
+            client.CustomObjectsApi(self._api_client()),
+        )
+        options = {"limit": 1, "_request_timeout": self.TIMEOUT_S}
         if not self._namespaces:
-            for path in ("/api/v1/pods", f"{custom}/{PLURAL}"):
-                if await self._listed(path, one):
-                    return False
-            return True
+            pods = core.list_pod_for_all_namespaces(**options).items
+            found = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **options)
+            return bool(pods or found.get("items"))
         for namespace in self._namespaces:
-            for path in (
-                f"/api/v1/namespaces/{namespace}/pods",
-                f"{custom}/namespaces/{namespace}/{PLURAL}",
-            ):
-                if await self._listed(path, one):
-                    return False
-        return True
+            if core.list_namespaced_pod(namespace, **options).items:
+                return True
+            found = custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, **options
+            )
+            if found.get("items"):
+                return True
+        return False
 
     async def peering_status(self, namespace: str) -> Mapping[str, Any]:
-        base = f"/apis/{PEERING_GROUP}/{PEERING_VERSION}"
+        return await asyncio.to_thread(self._peering_status, namespace)
+
+    def _peering_status(self, namespace: str) -> Mapping[str, Any]:
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self._api_client())
+        options = {
+            "field_selector": f"metadata.name={self._peering}",
+            "_request_timeout": self.TIMEOUT_S,
+        }
         if namespace:
-            path = f"{base}/namespaces/{namespace}/{NAMESPACED_PEERINGS}"
+            found = custom.list_namespaced_custom_object(
+                PEERING_GROUP, PEERING_VERSION, namespace, NAMESPACED_PEERINGS, **options
+            )
         else:
-            path = f"{base}/{CLUSTER_PEERINGS}"
-        items = await self._listed(path, {"fieldSelector": f"metadata.name={self._peering}"})
-        for item in items:
+            found = custom.list_cluster_custom_object(
+                PEERING_GROUP, PEERING_VERSION, CLUSTER_PEERINGS, **options
+            )
+        for item in found.get("items") or []:
             if (item.get("metadata") or {}).get("name") == self._peering:
                 return item.get("status") or {}
         raise LookupError(f"no KopfPeering {self._peering!r}")
