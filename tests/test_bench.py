@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from hack.vegeta import build as vegeta_build
+from loadtests import chart, objective
 from loadtests.bench import (
     async_vs_sync,
     bls_hop,
@@ -335,7 +336,7 @@ def test_trace_quick(triton: LocalTriton, tmp_path: Path) -> None:
     # The contract: every arm, each with its four numbers.
     assert set(doc["arms"]) == {"static_at_peak", "hpa_way", "operator", "limit"}
     for arm, row in doc["arms"].items():
-        assert set(trace.ARM_KEYS) <= row.keys(), arm
+        assert set(objective.ARM_KEYS) <= row.keys(), arm
         assert row["instance_seconds"] > 0, arm
         assert 0 <= row["requests_met_share"] <= 1, arm
     for arm in trace.ARMS:
@@ -431,7 +432,7 @@ def test_steady_quick(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_the_chart_windows_are_the_chart_values() -> None:
-    specs = scale_down.chart_autoscalers()
+    specs = chart.chart_autoscalers()
     assert set(scale_down.MODELS) <= specs.keys()
     pipeline = specs["pipeline_async"]
     # The chart's defaults, as a user gets them without a values file of their own.

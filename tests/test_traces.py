@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from loadtests import traces
+from loadtests import hpa_way, objective, traces
 from loadtests.bench import trace as bench
 from tritonscale.core.spec import AutoscalerSpec
 
@@ -67,9 +67,9 @@ class TestTheTrace:
 class TestAttainment:
     def test_a_request_never_answered_is_slower_than_any(self) -> None:
         # 20 due, 18 answered at 10 ms: p95 is the 19th, one of the two never answered.
-        assert bench.quantile_with_misses([0.01] * 18, 20, 0.95) == math.inf
-        assert bench.quantile_with_misses([0.01] * 19, 20, 0.95) == 0.01
-        assert bench.quantile_with_misses([], 0, 0.95) is None
+        assert objective.quantile_with_misses([0.01] * 18, 20, 0.95) == math.inf
+        assert objective.quantile_with_misses([0.01] * 19, 20, 0.95) == 0.01
+        assert objective.quantile_with_misses([], 0, 0.95) is None
 
     def test_windows_and_requests_are_counted_by_when_they_were_due(self) -> None:
         start = 1000.0
@@ -77,7 +77,7 @@ class TestAttainment:
         # The first 10 s answered in 50 ms; the second 10 s: one in ten failed.
         answered = [(t, 0.05) for t in due[:100]]
         answered += [(t, None if i % 10 == 0 else 0.05) for i, t in enumerate(due[100:])]
-        got = bench.attainment(due, answered, start, 20, objective_s=0.1)
+        got = objective.attainment(due, answered, start, 20, objective_s=0.1)
         assert (got.due, got.met, got.windows, got.windows_met) == (200, 190, 2, 1)
         assert got.per_second[0] == {"t": 0, "offered": 10, "p95_ms": 50.0}
         assert got.per_second[10]["p95_ms"] is None  # a miss is no latency to plot
@@ -85,7 +85,7 @@ class TestAttainment:
     def test_instance_seconds_hold_each_count_until_the_next(self) -> None:
         samples = [(99.0, 4), (102.0, 6), (105.0, 5)]
         # [100, 102) at 4, [102, 105) at 6, [105, 110) at 5.
-        assert bench.instance_seconds(samples, 100.0, 110.0) == 8 + 18 + 25
+        assert objective.instance_seconds(samples, 100.0, 110.0) == 8 + 18 + 25
 
 
 class TestTheHpaWay:
@@ -107,7 +107,7 @@ class TestTheHpaWay:
         ids=["on target", "within tolerance", "up", "down", "bounded by max", "idle at min"],
     )
     def test_it_is_hpas_formula(self, current: int, utilization: float, desired: int) -> None:
-        assert bench.hpa_desired(self.spec(), current, utilization) == desired
+        assert hpa_way.hpa_desired(self.spec(), current, utilization) == desired
 
     def test_its_specs_are_the_charts(self) -> None:
         specs = bench.hpa_specs("pipeline_async", bench.FULL)
@@ -146,12 +146,12 @@ class TestTheArms:
             {"rate": 50.0, "chosen": chosen(5, share=0.98)},
         ]
         day = traces.Trace(tuple([40.0] * 10 + [90.0] * 10), (), 100.0, 1)
-        limit = bench.limit_arm(day, levels)
+        limit = objective.limit_arm(day, levels)
         assert limit["instance_seconds"] == 10 * 5 + 10 * 7
         assert limit["windows_met_share"] == 1.0
         assert limit["requests_met_share"] == pytest.approx((400 * 0.98 + 900) / 1300, abs=1e-4)
         # A rate above every level takes the highest.
-        assert bench.level_for(120.0, levels)["rate"] == 100.0
+        assert objective.level_for(120.0, levels)["rate"] == 100.0
 
     def test_splits_cover_every_total_up_to_the_budget(self) -> None:
         found = bench.splits(("a", "b", "c", "d"), 6)

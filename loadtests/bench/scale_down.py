@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
+from loadtests import chart
 from loadtests.bench import common
 
-VALUES = common.REPO_ROOT / "charts" / "tritonscale" / "values.yaml"
 PIPELINE = "pipeline_async"
 MODELS = (PIPELINE, "branch_embed", "branch_classify", "branch_rank")
 ROWS = 8
@@ -69,19 +69,8 @@ FULL = {
 }
 
 
-def chart_autoscalers() -> dict[str, dict[str, Any]]:
-    """model -> spec, as the chart renders its InstanceGroupAutoscalers (selector aside)."""
-    autoscalers = yaml.safe_load(VALUES.read_text())["autoscalers"]
-    specs = {}
-    for model, entry in autoscalers["models"].items():
-        spec = {**autoscalers["defaults"], **(entry or {})}
-        if spec.pop("enabled", True):
-            specs[model] = {**spec, "model": model}
-    return specs
-
-
 def policy_file(triton: Any, settings: dict) -> dict[str, Any]:
-    specs = chart_autoscalers()
+    specs = chart.chart_autoscalers()
     if settings["windows"]:
         specs = {model: {**spec, **settings["windows"]} for model, spec in specs.items()}
     return {

@@ -54,27 +54,28 @@ objective; a request failed, dropped or unanswered counts as over it), `requests
 means over the runs under `arms`, each run under `runs`. The limit's shares are the sweep's
 measurements at each second's level. Result: reports/bench/trace.json (+ .png: rate,
 instances and p95 over the day, one row per arm).
+
+The objective's arithmetic, the attainment, the sweep's search and the limit are
+loadtests.objective's, the HPA way's tick loadtests.hpa_way's: the simulator's trace arms
+(loadtests.sim.trace_arms) judge their days with the same code.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from loadtests import traces
-from loadtests.bench import common, operator_vs_static, scale_down
-from tritonscale.core import behavior, sizing
+from loadtests import chart, hpa_way, objective, traces
+from loadtests.bench import common, operator_vs_static
 from tritonscale.core.behavior import PolicyState
 from tritonscale.core.signals import MetricSnapshot, MetricsUnavailable
 from tritonscale.core.spec import AutoscalerSpec
@@ -86,20 +87,8 @@ BRANCHES = ("branch_embed", "branch_classify", "branch_rank")
 # The roots this benchmark knows, and the models each calls.
 ROOTS: dict[str, tuple[str, ...]] = {"pipeline_async": BRANCHES, "pipeline_sync": BRANCHES}
 ROWS = 8
-QUANTILE = 0.95
 PEAK_SHARE = 0.8
-OBJECTIVE_MARGIN = 2.0
-OBJECTIVE_STEP_MS = 5.0
-WINDOW_S = 10
-# HPA's default tolerance (--horizontal-pod-autoscaler-tolerance).
-HPA_TOLERANCE = 0.1
 ARMS = ("static_at_peak", "hpa_way", "operator")
-ARM_KEYS = (
-    "windows_met_share",
-    "requests_met_share",
-    "instance_seconds",
-    "goodput_per_instance_second",
-)
 
 QUICK: dict[str, Any] = {
     "budget": 5,
@@ -151,15 +140,11 @@ FULL: dict[str, Any] = {
 def chart_specs(root: str, settings: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """model -> spec as the chart renders it for the root and its branches (the chart's entry
     for pipeline_async stands for any root), with the quick run's windows over it."""
-    chart = scale_down.chart_autoscalers()
+    autoscalers = chart.chart_autoscalers()
     specs = {}
     for model in (root, *ROOTS[root]):
-        entry = chart.get(model) or chart["pipeline_async" if model == root else BRANCHES[0]]
-        spec = {**entry, "model": model}
-        if model == root:
-            spec["calls"] = list(ROOTS[root])
-        else:
-            spec.pop("calls", None)
+        calls = ROOTS[root] if model == root else ()
+        spec = chart.chart_spec(autoscalers, model, calls, root=model == root)
         specs[model] = {**spec, **(settings["windows"] or {})}
     return specs
 
@@ -181,7 +166,7 @@ def operator_policies(
     for model, spec in chart_specs(root, settings).items():
         spec = {**spec, "budget": {"name": "pipeline", "instancesPerPod": settings["budget"]}}
         if model == root:
-            latency = {"quantile": QUANTILE, "milliseconds": objective_ms}
+            latency = {"quantile": objective.QUANTILE, "milliseconds": objective_ms}
             spec["targets"] = {**spec.get("targets", {}), "latency": latency}
         policies.append({"name": model.replace("_", "-"), "spec": spec})
     return {
@@ -189,78 +174,6 @@ def operator_policies(
         "metrics": {"source": "scrape"},
         "policies": policies,
     }
-
-
-# ---- attainment of the objective ------------------------------------------------------
-
-
-def quantile_with_misses(latencies: Sequence[float], total: int, q: float) -> float | None:
-    """The q-quantile of `total` requests of which `latencies` (seconds) were answered in
-    time to count and the rest never were (infinite); None when nothing was due."""
-    if total <= 0:
-        return None
-    ordered = sorted(latencies)
-    index = min(total - 1, math.ceil(q * total) - 1)
-    return ordered[index] if index < len(ordered) else math.inf
-
-
-@dataclass(frozen=True)
-class Attainment:
-    """How the requests due in a span fared against the objective."""
-
-    due: int
-    met: int  # answered successfully within the objective
-    windows: int
-    windows_met: int
-    per_second: list[dict[str, Any]]  # t (s from the start), offered, p95_ms
-
-
-def attainment(
-    due: Sequence[float],
-    answered: Sequence[tuple[float, float | None]],
-    start: float,
-    seconds: int,
-    objective_s: float,
-) -> Attainment:
-    """Requests bucketed by when they were due: per second (for the plot) and per WINDOW_S
-    window (whether its p95, misses counted, meets the objective)."""
-    ok_by_second: list[list[float]] = [[] for _ in range(seconds)]
-    due_by_second = [0] * seconds
-    for when in due:
-        index = int(when - start)
-        if 0 <= index < seconds:
-            due_by_second[index] += 1
-    for when, latency in answered:
-        index = int(when - start)
-        if 0 <= index < seconds and latency is not None:
-            ok_by_second[index].append(latency)
-    met = sum(1 for second in ok_by_second for latency in second if latency <= objective_s)
-    windows = windows_met = 0
-    for first in range(0, seconds - WINDOW_S + 1, WINDOW_S):
-        span = range(first, first + WINDOW_S)
-        total = sum(due_by_second[i] for i in span)
-        if total == 0:
-            continue
-        windows += 1
-        latencies = [latency for i in span for latency in ok_by_second[i]]
-        if quantile_with_misses(latencies, total, QUANTILE) <= objective_s:
-            windows_met += 1
-    per_second = []
-    for index in range(seconds):
-        p95 = quantile_with_misses(ok_by_second[index], due_by_second[index], QUANTILE)
-        shown = None if p95 is None or math.isinf(p95) else round(1000 * p95, 1)
-        per_second.append({"t": index, "offered": due_by_second[index], "p95_ms": shown})
-    return Attainment(sum(due_by_second), met, windows, windows_met, per_second)
-
-
-def instance_seconds(samples: Sequence[tuple[float, int]], start: float, end: float) -> float:
-    """The integral of the total count over [start, end), each sample holding until the next."""
-    total = 0.0
-    for (at, count), (after, _) in itertools.pairwise([*samples, (end, 0)]):
-        left, right = max(at, start), min(after, end)
-        if right > left:
-            total += count * (right - left)
-    return total
 
 
 # ---- splits and the sweep ----------------------------------------------------------------
@@ -304,7 +217,7 @@ class OpenLoad:
         self.drain(max(seconds * 4, 10.0))
         due, answered = self.load.due_and_latencies(start, end)
         ok = [latency for _, latency in answered if latency is not None]
-        p95 = quantile_with_misses(ok, len(due), QUANTILE)
+        p95 = objective.quantile_with_misses(ok, len(due), objective.QUANTILE)
         met = sum(1 for latency in ok if latency <= objective_s)
         return {
             "rate": round(rate, 2),
@@ -341,52 +254,6 @@ def capacity_sweep(
     return rows
 
 
-def fewest_meeting(
-    load: OpenLoad,
-    instances: common.Instances,
-    ranked: Mapping[int, list[dict[str, int]]],
-    rate: float,
-    settings: Mapping[str, Any],
-    objective_s: float,
-    most: int,
-    known: dict[str, Any] | None,
-    per_total: int,
-) -> dict[str, Any]:
-    """The fewest-instance split that meets the objective at `rate`: the totals from the
-    least up to `most`, the best `per_total` splits of each by capacity; `known` (the higher
-    level's answer, total `most`) stands when nothing smaller meets."""
-    tried = []
-    for total in sorted(ranked):
-        if total > most or (known is not None and total >= most):
-            break
-        for counts in ranked[total][:per_total]:
-            instances.set(counts)
-            row = load.measure(
-                rate, settings["level_settle_s"], settings["level_measure_s"], objective_s
-            )
-            row = {"instances": counts, "total": total, **row}
-            tried.append(row)
-            common.progress(
-                f"  {rate:.0f} rps on {label(counts)}: p95 {row['p95_ms']} ms, "
-                f"{100 * (row['met_share'] or 0):.0f} % within, "
-                f"{'meets' if row['meets'] else 'misses'}"
-            )
-            if row["meets"]:
-                return {"rate": round(rate, 2), "chosen": row, "tried": tried}
-    if known is not None:
-        common.progress(
-            f"  {label(known['instances'])} ({most} instances) stands: nothing smaller meets it"
-        )
-        return {
-            "rate": round(rate, 2),
-            "chosen": {**known, "from_higher_level": True},
-            "tried": tried,
-        }
-    # Not even the budget's largest splits meet it: the best of those tried stands, as a miss.
-    best = max(tried, key=lambda row: row["met_share"] or 0.0)
-    return {"rate": round(rate, 2), "chosen": best, "tried": tried}
-
-
 def objective_sweep(
     load: OpenLoad,
     instances: common.Instances,
@@ -406,72 +273,33 @@ def objective_sweep(
     )
     if probe["p95_ms"] is None:
         raise SystemExit(f"bench: {label(best)} answered nothing at {peak:.0f} rps")
-    objective_ms = OBJECTIVE_STEP_MS * math.ceil(
-        OBJECTIVE_MARGIN * probe["p95_ms"] / OBJECTIVE_STEP_MS
-    )
+    objective_ms = objective.objective_ms(probe["p95_ms"])
     common.progress(f"  p95 {probe['p95_ms']} ms: the objective is p95 <= {objective_ms:g} ms")
     ranked: dict[int, list[dict[str, int]]] = {}
     for row in sorted(capacity, key=lambda row: -row["throughput_rps"]):
         ranked.setdefault(sum(row["instances"].values()), []).append(row["instances"])
-    levels = []
-    most, known = budget, None
-    for k in range(settings["levels"], 0, -1):
-        rate = peak * k / settings["levels"]
+
+    def measure(counts: dict[str, int], rate: float) -> dict[str, Any]:
+        instances.set(counts)
+        row = load.measure(
+            rate, settings["level_settle_s"], settings["level_measure_s"], objective_ms / 1000
+        )
+        common.progress(
+            f"  {rate:.0f} rps on {label(counts)}: p95 {row['p95_ms']} ms, "
+            f"{100 * (row['met_share'] or 0):.0f} % within, "
+            f"{'meets' if row['meets'] else 'misses'}"
+        )
+        return row
+
+    def announce(rate: float) -> None:
         common.progress(
             f"level {rate:.0f} rps: the fewest instances that meet p95 <= {objective_ms:g} ms"
         )
-        # Two splits a total at the peak, where the static arm is chosen.
-        per_total = settings["splits_per_total"] + (1 if k == settings["levels"] else 0)
-        found = fewest_meeting(
-            load, instances, ranked, rate, settings, objective_ms / 1000, most, known, per_total
-        )
-        levels.append(found)
-        if found["chosen"]["meets"]:
-            most, known = found["chosen"]["total"], found["chosen"]
-    return objective_ms, probe, levels
 
-
-def level_for(rate: float, levels: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The lowest level at or above `rate` (the highest when none is)."""
-    above = [level for level in levels if level["rate"] >= rate - 1e-9]
-    return (
-        min(above, key=lambda level: level["rate"])
-        if above
-        else max(levels, key=lambda x: x["rate"])
+    levels = objective.sweep_levels(
+        ranked, measure, peak, settings["levels"], settings["splits_per_total"], announce
     )
-
-
-def limit_arm(trace: traces.Trace, levels: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Perfect foresight: each second on the fewest instances that meet its level."""
-    totals, met, windows_met, windows = [], 0.0, 0, 0
-    for rate in trace.rates:
-        chosen = level_for(rate, levels)["chosen"]
-        totals.append(chosen["total"])
-        met += rate * (chosen["met_share"] or 0.0)
-    for first in range(0, trace.seconds - WINDOW_S + 1, WINDOW_S):
-        windows += 1
-        span = trace.rates[first : first + WINDOW_S]
-        if all(level_for(rate, levels)["chosen"]["meets"] for rate in span):
-            windows_met += 1
-    spent = float(sum(totals))
-    return {
-        "windows_met_share": round(windows_met / windows, 4) if windows else None,
-        "requests_met_share": round(met / trace.requests(), 4),
-        "instance_seconds": round(spent, 1),
-        "goodput_per_instance_second": round(met / spent, 3),
-        "total_instances": totals,
-    }
-
-
-# ---- the HPA way: a controller of this benchmark ------------------------------------------
-
-
-def hpa_desired(spec: AutoscalerSpec, current: int, utilization: float) -> int:
-    """HPA's replica formula on one model: ceil(count x utilization / target) outside the
-    tolerance, bounded by min and max."""
-    ratio = utilization / spec.targets.utilization
-    desired = current if abs(1.0 - ratio) <= HPA_TOLERANCE else math.ceil(current * ratio)
-    return max(spec.min_instances, min(spec.max_instances, desired))
+    return objective_ms, probe, levels
 
 
 class HpaWay:
@@ -529,20 +357,13 @@ class HpaWay:
     async def _tick(
         self, model: str, spec: AutoscalerSpec, snapshot: MetricSnapshot, now: float
     ) -> None:
-        """One model's HPA tick: its formula, then the stabilization windows and the rate
-        policies, then the load when the count changes."""
+        """One model's HPA tick (loadtests.hpa_way), then the load when the count changes."""
         current = await self.actuator.live_count(self.endpoint, model)
-        signals = snapshot.model(model)
-        state = self.states[model].seeded(current, now, spec).observe(current, now, spec)
-        if signals is None or not snapshot.complete:
-            # HPA's caution: no metrics (or a window not yet full), no change.
-            desired = current
-        else:
-            utilization = sizing.busy_per_instance(signals, current)
-            desired = hpa_desired(spec, current, utilization)
-        count, _ = behavior.stabilize(spec, state.recommendations, current, desired, now)
-        count, _ = behavior.limit_rate(spec, state.scale_events, current, count, now)
-        self.states[model] = state.recommend(desired, now, spec).ticked(current, count, now)
+        # HPA's caution: no metrics (or a window not yet full), no change.
+        signals = snapshot.model(model) if snapshot.complete else None
+        count, self.states[model] = hpa_way.hpa_tick(
+            spec, self.states[model], current, signals, now
+        )
         if count != current:
             result = await self.actuator.apply_one(self.endpoint, model, count)
             self.changes.append(
@@ -682,11 +503,11 @@ def run_arm(
             start, end = replay(load, trace, arm, poller)
     load.drain(settings["drain_s"])
     due, answered = load.load.due_and_latencies(start, end)
-    attained = attainment(due, answered, start, trace.seconds, objective_ms / 1000)
+    attained = objective.attainment(due, answered, start, trace.seconds, objective_ms / 1000)
     totals = [(at, sum(counts.values())) for at, counts in poller.samples]
     if not totals:  # the counts could not be read: only a static arm's are known
         totals = [(start, sum(static_counts.values()) if arm == "static_at_peak" else 0)]
-    spent = instance_seconds(totals, start, end)
+    spent = objective.instance_seconds(totals, start, end)
     timeline = []
     for row in attained.per_second:
         at = start + row["t"]
@@ -694,12 +515,7 @@ def run_arm(
         counts = held[-1] if held else (dict(static_counts) if arm == "static_at_peak" else {})
         timeline.append({**row, "rate": round(trace.rates[row["t"]], 1), "instances": counts})
     result = {
-        "windows_met_share": round(attained.windows_met / attained.windows, 4)
-        if attained.windows
-        else None,
-        "requests_met_share": round(attained.met / attained.due, 4) if attained.due else None,
-        "instance_seconds": round(spent, 1),
-        "goodput_per_instance_second": round(attained.met / spent, 3) if spent else None,
+        **objective.arm_metrics(attained, spent),
         "requests_due": attained.due,
         "requests_met": attained.met,
         "windows": attained.windows,
@@ -759,11 +575,11 @@ def run(triton: Any, settings: Mapping[str, Any], root: str = "pipeline_async") 
     finally:
         instances.restore()
     arms: dict[str, Any] = {
-        arm: {**{key: mean_of(runs[arm], key) for key in ARM_KEYS}, "runs": runs[arm]}
+        arm: {**{key: mean_of(runs[arm], key) for key in objective.ARM_KEYS}, "runs": runs[arm]}
         for arm in ARMS
     }
     arms["static_at_peak"]["instances"] = static["instances"]
-    arms["limit"] = limit_arm(trace, levels)
+    arms["limit"] = objective.limit_arm(trace, levels)
     return {
         "settings": {key: value for key, value in settings.items()},
         "root": root,
@@ -772,7 +588,7 @@ def run(triton: Any, settings: Mapping[str, Any], root: str = "pipeline_async") 
         "capacity": capacity,
         "largest_split_rps": largest,
         "peak_rps": round(peak, 2),
-        "objective": {"quantile": QUANTILE, "milliseconds": objective_ms},
+        "objective": {"quantile": objective.QUANTILE, "milliseconds": objective_ms},
         "objective_probe": probe,
         "levels": levels,
         "trace": trace.to_dict(),
@@ -839,8 +655,8 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"--budget must be at least {models} (one instance per model)")
         settings["budget"] = args.budget
     if args.minutes is not None:
-        if args.minutes * 60 < 2 * WINDOW_S:
-            p.error(f"--minutes must give at least {2 * WINDOW_S} s")
+        if args.minutes * 60 < 2 * objective.WINDOW_S:
+            p.error(f"--minutes must give at least {2 * objective.WINDOW_S} s")
         settings["seconds"] = round(args.minutes * 60)
     if args.repeats is not None:
         if args.repeats < 1:
