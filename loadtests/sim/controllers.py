@@ -7,7 +7,8 @@ the whole set at once, say) is a class with `decide` and an entry in `CONTROLLER
 `python -m loadtests.sim --controller NAME` judges it on every scenario.
 
 `allocator` is the operator's set planner (loadtests.sim.allocator_controller); `static` holds
-the counts it came in with, the baseline every controller must beat.
+the counts it came in with, the baseline every controller must beat; `hpa_way` scales each
+model by itself to its utilization target, as an HPA per model would (loadtests.hpa_way).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from loadtests.hpa_way import hpa_tick
+from tritonscale.core.behavior import PolicyState
 from tritonscale.core.signals import MetricSnapshot
 from tritonscale.core.spec import AutoscalerSpec
 
@@ -46,6 +49,28 @@ class StaticController:
         return dict(current)
 
 
+class HpaWayController:
+    """Each model by itself: HPA's formula through the behavior windows (loadtests.hpa_way),
+    no joint budget; a window not yet full holds the counts, as the HPA does without metrics."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, PolicyState] = {}
+
+    def decide(
+        self,
+        specs: Mapping[str, AutoscalerSpec],
+        current: Mapping[str, int],
+        snapshot: MetricSnapshot,
+        now: float,
+    ) -> dict[str, int]:
+        desired = {}
+        for model, spec in specs.items():
+            signals = snapshot.model(model) if snapshot.complete else None
+            state = self.states.get(model, PolicyState())
+            desired[model], self.states[model] = hpa_tick(spec, state, current[model], signals, now)
+        return desired
+
+
 # Add a controller here: `--controller NAME` makes a fresh one per scenario.
 def _allocator() -> Controller:
     # Imported when asked for: the set planner's controller lives in a module of its own.
@@ -57,6 +82,7 @@ def _allocator() -> Controller:
 CONTROLLERS: dict[str, Callable[[], Controller]] = {
     "static": StaticController,
     "allocator": _allocator,
+    "hpa_way": HpaWayController,
 }
 
 

@@ -17,6 +17,10 @@ queue, not what executes. A request older than the client's timeout when an inst
 take it is dropped as a failure (its client gave up; pipeline_async answers it CANCELLED
 without work).
 
+Where asked (`record`), an entry model keeps each request's arrival and latency (arrival to
+the end of its execution, its calls answered; None for a request dropped), so that a window's
+quantiles can be measured.
+
 A change of count takes effect when its load completes (`set_count(..., at=...)`): an added
 instance takes work at once; a removed one finishes what it executes first.
 
@@ -88,6 +92,7 @@ class _Model:
         "unconditional",
         "entry",
         "call_limit",
+        "answered",
     )
 
     def __init__(self, shape: ModelShape, count: int, rng: random.Random) -> None:
@@ -109,6 +114,8 @@ class _Model:
         self.entry = False  # takes the clients' requests (else: the calls of BLS parents)
         # The rows of calls a dynamic batcher joins (0: one call an execution).
         self.call_limit = shape.max_batch_rows if shape.batcher else 0
+        # (arrival, latency or None when dropped) per request, where recorded (`record`)
+        self.answered: list[tuple[float, float | None]] | None = None
 
 
 class Simulation:
@@ -159,6 +166,15 @@ class Simulation:
         state.closed_loop = True
         state.queue.extend([self.now] * clients)
         self._start(state)
+
+    def record(self, model: str) -> list[tuple[float, float | None]]:
+        """From now on, each request of the entry `model` that ends (answered or dropped) adds
+        (its arrival, its latency or None) to the list returned, in the order they end."""
+        state = self._models[model]
+        if not state.entry:
+            raise ValueError(f"{model} is not an entry model: its requests come from callers")
+        state.answered = []
+        return state.answered
 
     def set_count(self, model: str, count: int, at: float | None = None) -> None:
         """The model's count becomes `count` at `at` (default now), when its load completes."""
@@ -258,8 +274,10 @@ class Simulation:
         oldest = now - self.client_timeout_s
         while state.busy < state.count:
             while queue and queue[0] < oldest:
-                queue.popleft()
+                dropped = queue.popleft()
                 state.counters.failure += 1
+                if state.answered is not None:
+                    state.answered.append((dropped, None))
                 if state.closed_loop:
                     queue.append(now)
             if not queue:
@@ -385,6 +403,8 @@ class Simulation:
         counters.inferences += taken * state.rows_per_request
         counters.compute_s += (now - started) * taken
         counters.queue_s += started * taken - sum(arrivals)
+        if state.answered is not None:
+            state.answered.extend((arrival, now - arrival) for arrival in arrivals)
         state.busy -= 1
         if state.closed_loop:
             state.queue.extend([now] * taken)

@@ -259,7 +259,7 @@ def _with_rank_heavy(base: Pipeline) -> Pipeline:
     return Pipeline("pipeline+rank-heavy", models, (PIPELINE, RANK_HEAVY))
 
 
-def _rank_bottleneck(base: Pipeline) -> Pipeline:
+def rank_bottleneck(base: Pipeline) -> Pipeline:
     return Pipeline(
         "pipeline/rank-25ms",
         {**base.models, "branch_rank": branch("branch_rank", 25.0)},
@@ -267,7 +267,7 @@ def _rank_bottleneck(base: Pipeline) -> Pipeline:
     )
 
 
-def _fourth_branch(base: Pipeline) -> Pipeline:
+def fourth_branch(base: Pipeline) -> Pipeline:
     branches = (*BRANCHES, "branch_filter")
     return Pipeline(
         "pipeline+filter",
@@ -423,10 +423,10 @@ def _tight_budget(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
 def _shapes(rng: random.Random, seed: int, base: Pipeline) -> Scenario:
     kind = seed % 3
     if kind == 0:
-        pipeline, budget = _rank_bottleneck(base), 7
+        pipeline, budget = rank_bottleneck(base), 7
         loads: dict[str, Load] = {PIPELINE: Constant(rng.uniform(250, 420))}
     elif kind == 1:
-        pipeline, budget = _fourth_branch(base), 8
+        pipeline, budget = fourth_branch(base), 8
         loads = {PIPELINE: Constant(rng.uniform(250, 450))}
     else:
         pipeline, budget = _shared_child(base), 8
