@@ -18,7 +18,7 @@ DEBIAN_PACKAGES := prometheus libpython3.11 shellcheck iproute2 \
 
 .PHONY: all deps venv debian demo test check lint serve bench gpu-check clean
 .PHONY: tools chart-docs crd manifests cluster-build cluster-up cluster-down demo-k8s drills
-.PHONY: base-image images push images-size flake-hunt vegeta kwok bench-fleet sim lock
+.PHONY: base-image images push images-size flake-hunt vegeta kwok bench-fleet sim sim-traces lock
 
 all: test
 
@@ -81,6 +81,14 @@ bench: deps vegeta
 # make sim SIM='--family step --controller static --jobs 1'
 sim: venv
 	$(PY) -m loadtests.sim $(SIM)
+
+# The trace benchmark's four arms (static at peak, the HPA way, the operator with the latency
+# objective on the root, the limit) on 120 simulated ten-minute days, our pipelines and
+# generated ones, in virtual time (no server; two processes): reports/sim/traces.json and .png.
+# Its own entry: it takes about as much CPU again as `make sim`. Narrow it:
+# make sim-traces SIM_TRACES='--traces 10 --jobs 1'
+sim-traces: venv
+	$(PY) -m loadtests.sim.trace_main $(SIM_TRACES)
 
 # vegeta, the outside open-loop HTTP load generator of `loadtests.bench.vegeta`, built with Go
 # (`go install` at the release hack/vegeta/build.py names) into .tools/vegeta-vX.Y.Z/ (2.4 min

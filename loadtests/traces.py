@@ -3,8 +3,8 @@
     trace = production_trace(seconds=600, peak_rps=300.0, seed=1)
     trace.rates[t]          # the mean arrival rate of second t (arrivals within it: Poisson)
 
-Used by the trace benchmark (loadtests.bench.trace) against the real server and meant for the
-pipeline simulator (loadtests.sim), so that both replay the same day.
+Used by the trace benchmark (loadtests.bench.trace) against the real server and by the
+pipeline simulator's trace arms (loadtests.sim.trace_arms), so that both replay the same day.
 
 The shape. No public trace ships as a package here, so the trace is generated to the shape
 that published production traces of inference services share, with magnitudes that are this
