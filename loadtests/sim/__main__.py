@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from loadtests.sim import controllers, scenarios, summary
+from loadtests.sim import jobs as sim_jobs
 from loadtests.sim.runner import run_scenario
 from loadtests.sim.static import StaticSearch
 
@@ -97,26 +96,16 @@ def _percent(share: float | None) -> str:
     return "-" if share is None else f"{share:.1%}"
 
 
-# What a forked job runs: the scenarios and the controller's name, set before the fork (the
-# scenarios hold mapping proxies, which do not pickle; the rows do).
-_JOB: dict[str, Any] = {}
-
-
-def _run(index: int) -> dict:
-    search = _JOB.setdefault("search", StaticSearch())
-    return run_scenario(_JOB["chosen"][index], controllers.CONTROLLERS[_JOB["controller"]], search)
-
-
 def _rows(chosen: list[scenarios.Scenario], controller: str, jobs: int) -> Iterator[dict]:
-    """Each scenario's row, in the scenarios' order."""
-    _JOB.clear()
-    _JOB.update(chosen=chosen, controller=controller)
-    if jobs == 1:
-        yield from map(_run, range(len(chosen)))
-        return
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        # Small chunks: the scenarios' costs differ, and the jobs should end together.
-        yield from pool.imap(_run, range(len(chosen)), chunksize=2)
+    """Each scenario's row, in the scenarios' order; a static search per process."""
+    searches: dict[str, StaticSearch] = {}  # copied into each forked job, filled there
+
+    def run(index: int) -> dict:
+        search = searches.setdefault("search", StaticSearch())
+        return run_scenario(chosen[index], controllers.CONTROLLERS[controller], search)
+
+    # Small chunks: the scenarios' costs differ, and the jobs should end together.
+    return sim_jobs.in_order(run, len(chosen), jobs, chunksize=2)
 
 
 if __name__ == "__main__":

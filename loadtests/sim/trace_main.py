@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+from loadtests.sim import jobs as sim_jobs
 from loadtests.sim import trace_arms, trace_cases, trace_summary
 from loadtests.sim.static import StaticSearch
 
@@ -80,25 +79,15 @@ def _percent(share: float | None) -> str:
     return "-" if share is None else f"{share:.1%}"
 
 
-# What a forked job runs: the cases, set before the fork (they hold mapping proxies, which do
-# not pickle; the rows do).
-_JOB: dict[str, Any] = {}
-
-
-def _run(index: int) -> dict:
-    search = _JOB.setdefault("search", StaticSearch(trace_arms.ROWS_PER_REQUEST))
-    return trace_arms.run_case(_JOB["chosen"][index], search)
-
-
 def _rows(chosen: list[trace_cases.TraceCase], jobs: int) -> Iterator[dict]:
-    """Each trace's row, in the traces' order."""
-    _JOB.clear()
-    _JOB.update(chosen=chosen)
-    if jobs == 1:
-        yield from map(_run, range(len(chosen)))
-        return
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        yield from pool.imap(_run, range(len(chosen)), chunksize=1)
+    """Each trace's row, in the traces' order; a static search per process."""
+    searches: dict[str, StaticSearch] = {}  # copied into each forked job, filled there
+
+    def run(index: int) -> dict:
+        search = searches.setdefault("search", StaticSearch(trace_arms.ROWS_PER_REQUEST))
+        return trace_arms.run_case(chosen[index], search)
+
+    return sim_jobs.in_order(run, len(chosen), jobs)
 
 
 if __name__ == "__main__":
