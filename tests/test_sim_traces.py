@@ -175,6 +175,25 @@ class TestTheArms:
     def row(cls) -> dict:
         return trace_arms.run_case(tiny_case(), StaticSearch(trace_sweep.ROWS_PER_REQUEST))
 
+    def test_a_tick_gives_back_before_it_takes(self) -> None:
+        class Swap:
+            """At its first tick, one instance moves from the leaf to the parent."""
+
+            def __init__(self) -> None:
+                self.live: list[tuple[str, float]] = []
+
+            def decide(self, specs: object, current: dict, snapshot: object, now: float) -> dict:
+                return {"bls": 2, "leaf": 1} if now == 0 else dict(current)
+
+            def went_live(self, model: str, at: float) -> None:
+                self.live.append((model, at))
+
+        swap = Swap()
+        specs = trace_arms.arm_specs(TINY, 3, None)
+        trace_arms.replay(TINY, {"bls": 1, "leaf": 2}, [], 5, swap, specs, seed=1)
+        (first, given_back_at), (second, taken_at) = swap.live
+        assert (first, second) == ("leaf", "bls") and 0.2 <= given_back_at < taken_at <= 2.8
+
     @pytest.mark.parametrize("seed", [1, 2, 3])
     def test_static_at_peak_never_pays_less_than_the_limit(self, seed: int) -> None:
         # It holds the peak level's split, and no lower level takes more instances.

@@ -21,9 +21,11 @@ The arms, each from the day's start:
 
 The chart's autoscalers (loadtests.chart) are the ones the benchmark runs: a tick every 15 s
 over 60 s of rates, down after 300 s of lower recommendations. At each tick the simulated
-source takes a sample and a snapshot, the controller decides, and a change takes effect 0.2
-to 1.4 s later (runner.LOAD_SECONDS, as measured on a real Triton). The live counts are read
-every second (as the benchmark's poller reads them) for the instance-seconds.
+source takes a sample and a snapshot, the controller decides, and its changes are loaded one
+after another, decreases first (the set tick's order, and the actuator's one load at a
+time), each taking 0.2 to 1.4 s (runner.LOAD_SECONDS, as measured on a real Triton), the old
+count serving until its load ends. The live counts are read every second (as the
+benchmark's poller reads them) for the instance-seconds.
 """
 
 from __future__ import annotations
@@ -113,12 +115,18 @@ def replay(
             source.sample()
             snapshot = source.snapshot(pipeline.names, window)
             desired = controller.decide(specs, held, snapshot, float(second))
-            for model, count in desired.items():
-                if count != held[model]:
-                    live_at = second + load_rng.uniform(*LOAD_SECONDS)
-                    sim.set_count(model, count, at=live_at)
-                    if went_live is not None:
-                        went_live(model, live_at)
+            # One load after another, those that give instances back first (the set tick's
+            # order), so that the counts never hold more than the tick granted.
+            changes = sorted(
+                (model for model, count in desired.items() if count != held[model]),
+                key=lambda model: desired[model] > held[model],
+            )
+            live_at = float(second)
+            for model in changes:
+                live_at += load_rng.uniform(*LOAD_SECONDS)
+                sim.set_count(model, desired[model], at=live_at)
+                if went_live is not None:
+                    went_live(model, live_at)
         counts.append(sim.counts())
     sim.run_until(seconds + DRAIN_S)
     return answered, counts
