@@ -643,3 +643,25 @@ def test_the_documented_command_runs(name: str, tmp_path: Path) -> None:
     assert "starting tritonserver" in done.stdout and f"wrote {out}" in done.stdout
     assert json.loads(out.read_text())["benchmark"] == name
     assert out.with_suffix(".png").is_file()
+
+
+@pytest.mark.unit
+def test_the_splits_that_serve_as_much_as_the_best_are_those_within_two_percent() -> None:
+    a, b, c = ({"root": n, "child": 5 - n} for n in (3, 2, 1))
+    rechecked = {
+        "instances": a,
+        "throughput_rps": 441.4,
+        "contenders": [
+            {"instances": a, "throughput_rps": 441.4},
+            {"instances": b, "throughput_rps": 433.0},  # 0.981 of the best
+            {"instances": c, "throughput_rps": 432.0},  # 0.979
+        ],
+    }
+    assert common.best_splits(rechecked) == [a, b]
+    timeline = [
+        {"phase": "high load", "t_s": 2.0, "instances": c},
+        {"phase": "high load", "t_s": 4.0, "instances": b},
+        {"phase": "high load", "t_s": 6.0, "instances": a},
+    ]
+    assert common.first_held(timeline, "high load", common.best_splits(rechecked), 1.0) == 3.0
+    assert common.first_held(timeline, "low load", [a], 0.0) is None
