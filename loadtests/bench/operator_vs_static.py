@@ -288,6 +288,7 @@ def _run(triton: Any, settings: dict, models: Sequence[str]) -> dict[str, Any]:
             settings,
             [(row["instances"], row["throughput_rps"]) for row in static],
             models,
+            held=operator["against_its_split"]["instances"],
         )
     finally:
         load.stop()

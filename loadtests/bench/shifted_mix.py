@@ -218,6 +218,7 @@ def _run(triton: Any, settings: dict) -> dict[str, Any]:
                 settings,
                 [(row["instances"], row[key]["throughput_rps"]) for row in static],
                 MODELS,
+                held=operator["against_its_split"][half]["instances"],
             )
     finally:
         load.stop()
