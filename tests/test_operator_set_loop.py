@@ -1,6 +1,5 @@
 """A pod set's loop moves between its members' daemons as the set changes (kopf against kmock;
-tritonscale.drivers.set_loop), and the driver's own calls to the API server
-(tritonscale.drivers.kube_api).
+tritonscale.drivers.set_loop).
 
 Every autoscaler has one kopf daemon; the set's leader (its first member by name) runs the
 set. The others sleep until the namespace's sets change: a member that joins under a smaller
@@ -9,11 +8,8 @@ name takes the set over, and when the leader is deleted the next member carries 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import aiohttp.web
-import kubernetes
 import pytest
 
 from tests.operator_harness import (
@@ -31,8 +27,6 @@ from tests.operator_harness import (
     status_of,
     ticks,
 )
-from tritonscale.drivers.kube_api import USER_AGENT, ApiError, KubeApi
-from tritonscale.local.ports import free_ports
 
 pytestmark = [pytest.mark.unit]
 
@@ -87,77 +81,3 @@ async def test_a_member_joining_under_a_smaller_name_leads_and_the_next_one_foll
         await eventually_async(
             lambda: ticks(operator, "b-member"), lambda n: n >= after + 2, "b-member ticking on"
         )
-
-
-async def kube_api_against(
-    runners: list[aiohttp.web.AppRunner], answer: aiohttp.web.Response
-) -> tuple[KubeApi, list[aiohttp.web.Request], list[Any]]:
-    """A KubeApi with a token, against a server that records each request and gives `answer`."""
-    seen: list[aiohttp.web.Request] = []
-    bodies: list[Any] = []
-
-    async def handle(request: aiohttp.web.Request) -> aiohttp.web.Response:
-        seen.append(request)
-        bodies.append(json.loads(await request.text()) if request.can_read_body else None)
-        return answer
-
-    app = aiohttp.web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    runners.append(runner)
-    (port,) = free_ports(1)
-    await aiohttp.web.TCPSite(runner, "127.0.0.1", port).start()
-    configuration = kubernetes.client.Configuration(host=f"http://127.0.0.1:{port}")
-    configuration.api_key["authorization"] = "token-1"
-    configuration.api_key_prefix["authorization"] = "Bearer"
-    return KubeApi(configuration), seen, bodies
-
-
-@pytest.fixture
-async def servers() -> Any:
-    """The test's servers, cleaned up after it."""
-    runners: list[aiohttp.web.AppRunner] = []
-    yield runners
-    for runner in runners:
-        await runner.cleanup()
-
-
-async def test_a_patch_says_who_sends_it_with_the_configurations_token(servers: Any) -> None:
-    api, seen, bodies = await kube_api_against(
-        servers, aiohttp.web.json_response({"metadata": {"name": "x"}})
-    )
-    try:
-        answer = await api.patch("/apis/g/v1/namespaces/ml/things/x/status", {"status": {"a": 1}})
-    finally:
-        await api.close()
-    assert answer == {"metadata": {"name": "x"}}
-    (request,) = seen
-    assert (request.method, request.path) == ("PATCH", "/apis/g/v1/namespaces/ml/things/x/status")
-    assert request.headers["Authorization"] == "Bearer token-1"
-    assert request.headers["User-Agent"] == USER_AGENT
-    assert request.headers["Content-Type"] == "application/merge-patch+json"
-    assert bodies == [{"status": {"a": 1}}]
-
-
-async def test_a_refusal_is_one_line_with_its_status(servers: Any) -> None:
-    api, _, _ = await kube_api_against(
-        servers, aiohttp.web.Response(status=409, text="the object has been modified")
-    )
-    try:
-        with pytest.raises(ApiError, match="^409 Conflict$") as raised:
-            await api.patch(
-                "/api/v1/namespaces/ml/pods/p/status", [], "application/json-patch+json"
-            )
-    finally:
-        await api.close()
-    assert raised.value.status == 409
-
-
-async def test_an_api_server_out_of_reach_is_an_api_error() -> None:
-    api = KubeApi(kubernetes.client.Configuration(host="http://127.0.0.1:1"))
-    try:
-        with pytest.raises(ApiError):
-            await api.get("/api/v1/pods", {"limit": "1"}, timeout_s=2)
-    finally:
-        await api.close()

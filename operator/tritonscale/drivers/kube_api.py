@@ -73,10 +73,13 @@ class KubeApi:
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
-        # The hook of an in-cluster configuration reads the mounted token again when it is due.
-        token = self.configuration.get_api_key_with_prefix("authorization")
-        if token:
-            headers["Authorization"] = token
+        # The credentials as the official client's ApiClient sends them, from the same
+        # `auth_settings`: the loaders keep the token under "BearerToken" (a lookup under the
+        # header's name finds nothing, and the call goes out anonymous), and the in-cluster
+        # configuration's hook reads the mounted token again when it is due.
+        for auth in self.configuration.auth_settings().values():
+            if auth["in"] == "header" and auth["value"]:
+                headers[auth["key"]] = auth["value"]
         if content_type:
             headers["Content-Type"] = content_type
         return headers
@@ -119,7 +122,7 @@ class KubeApi:
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as response:
                 if response.status >= 400:
-                    raise ApiError(f"{response.status} {response.reason}", response.status)
+                    raise ApiError(await _refusal(response), response.status)
                 answer = await response.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as error:
             raise ApiError(" ".join(str(error).split()) or type(error).__name__) from None
@@ -129,3 +132,18 @@ class KubeApi:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def _refusal(response: aiohttp.ClientResponse) -> str:
+    """A refusal in one line: its status, and the reason the API server gives in its Status
+    object where it sends one (who was refused what: `User "system:anonymous" cannot patch
+    ...`)."""
+    line = f"{response.status} {response.reason}"
+    try:
+        answer = json.loads(await response.text())
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return line
+    message = answer.get("message") if isinstance(answer, dict) else None
+    if isinstance(message, str) and message.strip():
+        return f"{line}: {' '.join(message.split())}"
+    return line
