@@ -54,6 +54,7 @@ class TimedSimulation(Simulation):
 @dataclass(frozen=True)
 class Outcome:
     counts: dict[str, int]  # held at the end
+    chosen: dict[str, int]  # the planner's split at its last decision (before behavior)
     settled_at: float  # the last change of counts
     windows_met_share: float  # of the judged windows after it
     window_quantiles_ms: list[float]
@@ -64,6 +65,7 @@ class Outcome:
     def to_dict(self) -> dict[str, object]:
         return {
             "counts": self.counts,
+            "chosen": self.chosen,
             "settled_at": self.settled_at,
             "windows_met_share": round(self.windows_met_share, 3),
             "window_quantiles_ms": [round(q, 1) for q in self.window_quantiles_ms],
@@ -114,7 +116,9 @@ def run(
         sim.run_until(t)
         source.sample()
         held = sim.counts()
-        desired = controller.decide(specs, held, source.snapshot(pipeline.names, METRICS_WINDOW_S), t)
+        desired = controller.decide(
+            specs, held, source.snapshot(pipeline.names, METRICS_WINDOW_S), t
+        )
         for model, wanted in desired.items():
             if wanted != held[model]:
                 live_at = t + loads.uniform(*LOAD_SECONDS)
@@ -124,9 +128,16 @@ def run(
     sim.run_until(seconds)
     quantiles = _window_quantiles(sim.answered, settled_at, seconds, objective.quantile)
     met = [q <= objective.milliseconds for q in quantiles]
-    latency = controller.planner.last.models[PIPELINE].latency if controller.planner.last else None
+    last = controller.planner.last
+    latency = last.models[PIPELINE].latency if last is not None else None
+    chosen = {
+        model: decided.allocated_instances
+        for model, decided in (last.models.items() if last is not None else ())
+        if decided.allocated_instances is not None
+    }
     return Outcome(
         counts=sim.counts(),
+        chosen=chosen,
         settled_at=settled_at,
         windows_met_share=sum(met) / len(met) if met else 0.0,
         window_quantiles_ms=quantiles,

@@ -101,7 +101,7 @@ class ReconcileState:
 @dataclass(frozen=True)
 class LatencyStatus:
     """status.latency: a root's latency objective (spec.targets.latency) beside what was
-    measured and, once the planner predicts latency, what it predicts at the chosen counts."""
+    measured and what the planner predicts at the counts it chose (tritonscale.core.latency)."""
 
     objective: LatencyObjective
     # Triton's duration counters give means, not quantiles: the mean time a request of this
