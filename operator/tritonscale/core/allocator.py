@@ -14,9 +14,15 @@ What it maximises, under what:
 - when the budget holds every model under its target utilization (`spec.targets.utilization`),
   the answer is the fewest instances that do: each model's own count, with the policy's
   tolerance and scale-down margin (tritonscale.core.sizing), so that a steady load keeps it;
-- when it cannot, or a root is a closed loop (`Stage.closed_loop`: its clients wait on the
-  set and send more as soon as it serves more, so no count holds it under its target), the
-  answer is the split with the most headroom, and among equals the fewest instances.
+- where a root carries a latency objective (`spec.targets.latency`, the `latency` search of
+  tritonscale.core.latency), its pipeline's models get the fewest instances whose predicted
+  latency meets it within the bounds and the budget, the other models their targets beside
+  them (LATENCY_OBJECTIVE); where no split within the budget meets it, the split that
+  serves the most, below, with what the objective would take as the models' `wanted`;
+- when the budget cannot hold the targets (or the latency objective), or a root is a closed
+  loop (`Stage.closed_loop`: its clients wait on the set and send more as soon as it serves
+  more, so no count holds it under its target), the answer is the split with the most
+  headroom, and among equals the fewest instances.
   Today's split is kept while it serves within `switch_margin` of the best (a
   configuration can only be told from a better one by more than the noise), unless the
   set's requests pile up at some stage (its queue grows): that stage's limit is measured,
@@ -329,7 +335,7 @@ def allocate(
             problem = room.overflow({**fixed_counts, **counts})
     prediction = predict(pipeline, sized, counts, shortfall)
     predicted = ()
-    if latency is not None:
+    if latency is not None and choice is not None:
         predicted = latency.predictions({**current, **fixed_counts, **counts})
     # Beside a latency objective met, the models outside its pipelines hold their targets.
     sized_for = HOLD_TARGETS if objective == LATENCY_OBJECTIVE else objective
