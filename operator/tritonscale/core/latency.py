@@ -134,7 +134,13 @@ class RootObjective:
         split = self.network.with_counts(
             {m: counts[m] for m in self.network.stations if m in counts}
         )
-        return lqn.open_loop(split, self.rate_rps).latency_quantile_s(self.objective.quantile)
+        try:
+            prediction = lqn.open_loop(split, self.rate_rps)
+        except (ArithmeticError, ValueError):
+            # Windows the model cannot be solved on (a station measured at no time at all):
+            # no prediction, so no split is taken to meet the objective on it.
+            return math.inf
+        return prediction.latency_quantile_s(self.objective.quantile)
 
     def prediction(self, counts: Counts) -> LatencyPrediction:
         predicted = self.predicted_s(counts)
