@@ -81,7 +81,7 @@ def within(budget: int):  # noqa: ANN201 - a predicate
     return lambda split: sum(split.values()) <= budget
 
 
-@pytest.mark.parametrize("rate_rps", [20.0, 150.0, 300.0, 450.0])
+@pytest.mark.parametrize("rate_rps", [20.0, 450.0, 900.0, 1500.0])
 def test_the_fewest_instances_that_meet_the_objective_at_a_rate(rate_rps: float) -> None:
     chosen = search(rate_rps).choose(LOWER, UPPER, within(10))
     assert chosen.counts is not None
@@ -97,8 +97,17 @@ def test_the_fewest_instances_that_meet_the_objective_at_a_rate(rate_rps: float)
     assert predicted.met and predicted.predicted_ms <= 60.0
 
 
+def test_a_parent_instance_more_may_lengthen_the_latency_and_the_search_finds_the_fewest() -> None:
+    # A second parent in front of one child that batches nothing sends it more calls at
+    # once: the model predicts a longer p95, so no model's count is bounded alone.
+    judge = search(150.0)
+    one, two = {"parent": 1, "child": 1}, {"parent": 2, "child": 1}
+    assert judge.margin(two) < judge.margin(one)
+    assert judge.choose(LOWER, UPPER, within(10)).counts == one
+
+
 def test_a_split_one_instance_smaller_misses_the_objective() -> None:
-    judge = search(300.0)
+    judge = search(1500.0)
     chosen = judge.choose(LOWER, UPPER, within(10)).counts
     assert chosen is not None
     for model, count in chosen.items():
@@ -111,8 +120,8 @@ def test_a_split_one_instance_smaller_misses_the_objective() -> None:
     max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
 @given(
-    low=st.floats(min_value=5.0, max_value=500.0),
-    more=st.floats(min_value=0.0, max_value=300.0),
+    low=st.floats(min_value=5.0, max_value=1500.0),
+    more=st.floats(min_value=0.0, max_value=800.0),
     bound_ms=st.floats(min_value=20.0, max_value=120.0),
 )
 def test_more_rate_never_fewer_instances(low: float, more: float, bound_ms: float) -> None:
@@ -126,12 +135,12 @@ def test_more_rate_never_fewer_instances(low: float, more: float, bound_ms: floa
 
 
 def test_an_objective_no_split_meets_asks_for_what_it_would_take() -> None:
-    # 450 req/s within 60 ms takes more than 4 instances; within 1 ms, nothing does.
-    short = search(450.0).choose(LOWER, UPPER, within(4))
+    # 1,500 req/s within 60 ms takes more than 4 instances; within 1 ms, nothing does.
+    short = search(1500.0).choose(LOWER, UPPER, within(4))
     assert short.counts is None
     assert sum(short.wanted.values()) > 4
-    assert search(450.0).margin(short.wanted) >= 0
-    never = search(450.0, LatencyObjective(quantile=0.95, milliseconds=1.0))
+    assert search(1500.0).margin(short.wanted) >= 0
+    never = search(1500.0, LatencyObjective(quantile=0.95, milliseconds=1.0))
     assert never.choose(LOWER, UPPER, within(12)).wanted == UPPER
 
 
@@ -223,7 +232,8 @@ def test_the_planner_sizes_the_pipeline_to_its_objective() -> None:
     assert root.reason == LATENCY_OBJECTIVE
     assert root.latency is not None and root.latency.met
     assert root.latency.predicted_ms is not None and root.latency.predicted_ms <= 200.0
-    assert root.latency.rate_rps > root.latency.offered_rps == pytest.approx(150.0)
+    # What the last window served (the counts before it held the set to less than 150).
+    assert root.latency.rate_rps > root.latency.offered_rps > 0
     assert all(plan.decision.reason == LATENCY_OBJECTIVE for plan in decided.values())
     assert sum(at.values()) <= 10
 

@@ -31,16 +31,18 @@ So `rate = offered + max(0, slope) x (window_s / 2 + horizon_s) + NOISE_SIGMAS x
 spread`, `offered` the root's offered rate over the latest window (its arrivals, plus the
 growth of its queue where it is saturated: `Stage.offered_rps`).
 
-The search. A split's latency is taken not to rise when a model gains an instance (more
-servers at a station never lengthen its queue, and a parent's calls only end sooner). Then
-each model's fewest instances that meet the objective with every other model at its highest
-count is a floor that every meeting split respects (`_floors`, a binary search per model).
-From the floors' total upward, every split of each total within the floors and the highest
-counts is predicted, the fits tested first; the first total with a split that fits and meets
-gives the answer, the largest margin among its splits. A total none of whose splits fits the
-budget ends the search: the budget then holds no more (fewer instances of any model never
-break a budget that more fit in). Exact under that assumption, and it stops at the first
-total that meets, which the floors put near the answer.
+The search. Every split of each total is predicted, from the lower bounds' total upward,
+the budget tested first; the first total with a split that fits and meets gives the answer,
+the largest margin among its splits. A total none of whose splits fits ends the search: the
+budget then holds no more (fewer instances of any model never break a budget that more fit
+in), and the same search without the budget says what the objective would take. Exhaustive
+within each total, because a split's latency does not always fall as a model gains an
+instance (the model says so of a parent in front of a child that batches nothing: a second
+parent instance sends the child more calls at once, and the child's queue grows), so no
+model's count can be bounded alone. Its cost grows with how far the answer lies above the
+lower bounds (the splits of a total of k models d above them: (d + k - 1)! / (d! (k - 1)!)),
+a few milliseconds a split: the current counts' neighbourhood at steady load, more on a
+start from the minimums under a high load.
 
 Assumptions beside lqn's own (its docstring): the arrivals at a root are Poisson within a
 window (a request's time is its own; open clients, not a closed loop: a root whose clients
@@ -201,38 +203,23 @@ class LatencySearch:
         upper = {m: max(lower[m], upper[m]) for m in lower}
         if self.margin(upper) < 0:
             return Choice(None, dict(upper), self.margin(upper))
-        floors = self._floors(lower, upper)
         wanted: tuple[float, dict[str, int]] | None = None
-        for total in range(sum(floors.values()), sum(upper.values()) + 1):
-            splits = list(_splits(floors, upper, total))
+        for total in range(sum(lower.values()), sum(upper.values()) + 1):
+            splits = list(_splits(lower, upper, total))
             fitting = [split for split in splits if fits(split)]
-            meeting = [(self.margin(s), s) for s in (fitting if wanted else splits)]
-            meeting = [(level, s) for level, s in meeting if level >= 0]
+            if not fitting and wanted is not None:
+                break  # the budget holds no more, and what it would take is known
+            judged = [(self.margin(s), s) for s in (fitting if wanted else splits)]
+            meeting = [(level, s) for level, s in judged if level >= 0]
             if wanted is None and meeting:
                 wanted = _largest(meeting)
             found = [(level, s) for level, s in meeting if fits(s)]
             if found:
                 level, counts = _largest(found)
                 return Choice(counts, counts, level)
-            if not fitting and wanted is not None:
-                break
-        if wanted is None:  # the highest counts meet, so a total up to theirs does
+        if wanted is None:  # not reached: the highest counts meet, and their total is tried
             wanted = (self.margin(upper), dict(upper))
         return Choice(None, wanted[1], wanted[0])
-
-    def _floors(self, lower: Counts, upper: Counts) -> dict[str, int]:
-        """Per model, its fewest instances that meet with every other at its highest count."""
-        floors = {}
-        for model in lower:
-            low, high = lower[model], upper[model]
-            while low < high:
-                middle = (low + high) // 2
-                if self.margin({**upper, model: middle}) >= 0:
-                    high = middle
-                else:
-                    low = middle + 1
-            floors[model] = low
-        return floors
 
 
 def _largest(found: Sequence[tuple[float, dict[str, int]]]) -> tuple[float, dict[str, int]]:
