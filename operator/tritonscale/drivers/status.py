@@ -21,9 +21,12 @@ import kopf
 
 from tritonscale.control.tick import FAILED_RESCALE, RELOAD_TIMEOUT, TickResult, parse_iso_time
 from tritonscale.core.budget import BUDGET_EXHAUSTED
+from tritonscale.core.latency import LatencyPrediction
 from tritonscale.drivers.kube_api import ApiError, KubeApi
 
 GROUP, VERSION, PLURAL = "tritonscale.io", "v1alpha1", "instancegroupautoscalers"
+# The Warning event's reason where no split within the budget meets a latency objective.
+LATENCY_OBJECTIVE_UNMET = "LatencyObjectiveUnmet"
 KIND = "InstanceGroupAutoscaler"
 # The status field that says when the last tick ran, and how often the fields that change
 # with time alone are worth a write of their own.
@@ -111,6 +114,15 @@ class Reported:
 
     failing: frozenset[str] = frozenset()
     budget_exhausted: bool = False
+    latency_unmet: bool = False
+
+
+def latency_unmet_message(latency: LatencyPrediction) -> str:
+    """The event's message: the objective against the prediction, and what is done instead."""
+    return (
+        f"no split within the budget meets the latency objective ({latency.describe}); the "
+        "split that serves the most is chosen instead"
+    )
 
 
 def post_events(
@@ -147,6 +159,13 @@ def post_events(
         kopf.warn(obj, reason=BUDGET_EXHAUSTED, message=result.decision.message)
         logger.warning(result.line())
     reported.budget_exhausted = exhausted
+    # A latency objective that no split within the budget meets is a Warning when it starts.
+    latency = result.decision.latency if result.decision is not None else None
+    unmet = latency is not None and not latency.met
+    if unmet and not reported.latency_unmet and latency is not None:
+        kopf.warn(obj, reason=LATENCY_OBJECTIVE_UNMET, message=latency_unmet_message(latency))
+        logger.warning(result.line())
+    reported.latency_unmet = unmet
     # Healing results are events of their own; the Healer's back-off and attempt limit
     # bound how often a sick model can post one.
     for healing in result.healing_actions:
