@@ -785,6 +785,34 @@ def autoscaler() -> dict[str, Any]:
             width=8,
             min_value=0,
         ),
+        row("Latency objectives"),
+        timeseries(
+            "Latency: objective, predicted and measured",
+            "Per root with a latency objective (spec.targets.latency): the bound on its "
+            "quantile, the quantile the set planner predicts at the counts it chose (at the "
+            "offered rate with headroom; a gap means it could not be met within the budget), "
+            "and the mean time a request spent in Triton over the metrics window (Triton's "
+            "counters give means, not quantiles).",
+            "s",
+            [
+                target(
+                    f"max by (namespace, autoscaler, model) "
+                    f"({queries.LATENCY_OBJECTIVE_SECONDS}{{{OPERATOR_SEL}}})",
+                    "objective {{autoscaler}}",
+                ),
+                target(
+                    f"max by (namespace, autoscaler, model) "
+                    f"({queries.LATENCY_PREDICTED_SECONDS}{{{OPERATOR_SEL}}})",
+                    "predicted {{autoscaler}}",
+                ),
+                target(
+                    f"max by (namespace, autoscaler, model) "
+                    f"({queries.LATENCY_MEASURED_MEAN_SECONDS}{{{OPERATOR_SEL}}})",
+                    "measured mean {{autoscaler}}",
+                ),
+            ],
+            width=24,
+        ),
         row("Decisions"),
         timeseries(
             "Decisions by direction and reason",

@@ -34,8 +34,8 @@ import kubernetes
 from kopf._cogs.structs import credentials
 from prometheus_client.parser import text_string_to_metric_families
 
-from tritonscale.drivers import admission
 from tritonscale.drivers import kopf_operator as kopf_driver
+from tritonscale.drivers.kube_api import KubeApi
 from tritonscale.local.ports import free_ports
 
 IGA = "tritonscale.io/v1alpha1/instancegroupautoscalers"
@@ -107,12 +107,10 @@ def register_resources(kmock: Emulator) -> Emulator:
     return kmock
 
 
-def pod_status_writer(api: Emulator) -> admission.PodStatusWriter:
-    """The operator's writer of pods' status, with a client that talks to the emulator."""
-    configuration = kubernetes.client.Configuration(host=str(api.url).rstrip("/"))
-    client = kubernetes.client.ApiClient(configuration)
-    client.user_agent = admission.USER_AGENT
-    return admission.PodStatusWriter(client)
+def kube_api(api: Emulator) -> KubeApi:
+    """The client of the operator's own calls to the API server (status, the pods' gate, the
+    readinessProbe's reads), pointed at the emulator."""
+    return KubeApi(kubernetes.client.Configuration(host=str(api.url).rstrip("/")))
 
 
 def autoscaler(
@@ -232,8 +230,8 @@ async def running_operator(
     peering: str | None = None,
     priority: int | None = None,
 ) -> AsyncIterator[Operator]:
-    """`kopf_driver.run` in a thread of its own; stopped and joined on exit. Its pods' status
-    patches (the readinessGate) go to the emulator too, never to a kubeconfig's cluster."""
+    """`kopf_driver.run` in a thread of its own; stopped and joined on exit. Its own calls to
+    the API server go to the emulator too, never to a kubeconfig's cluster."""
     stop, ready = threading.Event(), threading.Event()
     metrics_port, liveness_port, readiness_port = free_ports(3)
     errors: list[BaseException] = []
@@ -254,7 +252,7 @@ async def running_operator(
                 ready_flag=ready,
                 vault=vault,
                 loop=loop,
-                pod_status=pod_status_writer(api),
+                api=kube_api(api),
             )
         except BaseException as error:  # reported to the test below
             errors.append(error)

@@ -284,48 +284,47 @@ class TestARestartedContainer:
         assert not restarted_behind_open_gate(reopened)
 
 
-class RecordingCoreApi:
+class RecordingApi:
     """The one call PodStatusWriter makes, recorded."""
 
     def __init__(self) -> None:
         self.patched: list[str] = []
 
-    def patch_namespaced_pod_status(self, name: str, namespace: str, body: Any) -> None:
-        self.patched.append(name)
+    async def patch(self, path: str, body: Any, content_type: str) -> dict[str, Any]:
+        self.patched.append(path.split("/pods/")[1].removesuffix("/status"))
+        return {}
 
 
 class TestPodStatusWriter:
     """The writer skips a condition it already sent for the pod's container start, and holds
     memory for live pods only."""
 
-    def writer(self) -> tuple[PodStatusWriter, RecordingCoreApi]:
-        core = RecordingCoreApi()
-        writer = PodStatusWriter(api_client=object())
-        writer._core = lambda: core  # type: ignore[method-assign]
-        return writer, core
+    def writer(self) -> tuple[PodStatusWriter, RecordingApi]:
+        api = RecordingApi()
+        return PodStatusWriter(api), api  # type: ignore[arg-type]
 
-    def test_a_repeat_is_skipped_and_a_new_container_start_is_sent(self) -> None:
-        writer, core = self.writer()
+    async def test_a_repeat_is_skipped_and_a_new_container_start_is_sent(self) -> None:
+        writer, api = self.writer()
         body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:05:00Z")
         body["metadata"]["uid"] = "uid-1"
         pod = TritonPod.from_body(body)
-        assert writer.set_gate(pod, restarted(pod), NOW) is None
-        assert writer.set_gate(pod, restarted(pod), NOW) is None
-        assert len(core.patched) == 1
+        assert await writer.set_gate(pod, restarted(pod), NOW) is None
+        assert await writer.set_gate(pod, restarted(pod), NOW) is None
+        assert len(api.patched) == 1
         body["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] = (
             "2027-01-15T07:09:00Z"
         )
         again = TritonPod.from_body(body)
-        writer.set_gate(again, restarted(again), NOW)
-        assert len(core.patched) == 2
+        await writer.set_gate(again, restarted(again), NOW)
+        assert len(api.patched) == 2
 
-    def test_a_forgotten_pod_is_sent_again(self) -> None:
-        writer, core = self.writer()
+    async def test_a_forgotten_pod_is_sent_again(self) -> None:
+        writer, api = self.writer()
         body = restarted_body("2027-01-15T07:00:10Z", "2027-01-15T07:05:00Z")
         body["metadata"]["uid"] = "uid-2"
         pod = TritonPod.from_body(body)
-        writer.set_gate(pod, restarted(pod), NOW)
+        await writer.set_gate(pod, restarted(pod), NOW)
         writer.forget("uid-2")
         writer.forget("never-seen")  # a pod it never wrote to: nothing to drop
-        writer.set_gate(pod, restarted(pod), NOW)
-        assert len(core.patched) == 2
+        await writer.set_gate(pod, restarted(pod), NOW)
+        assert len(api.patched) == 2

@@ -356,7 +356,8 @@ def _sample_names(text: str) -> set[str]:
 async def _ticks(
     triton: LocalTriton, prometheus_url: str, metrics, rounds: int
 ) -> AsyncIterator[None]:
-    """Real control ticks, one round per call: a model sized from Prometheus, a model forced
+    """Real control ticks, one round per call: a model sized from Prometheus (to a latency
+    objective, with its prediction), a model forced
     to 2 instances and back to 1 (real loads), and a source that cannot be reached. The first
     two share a budget (its series feed the budget panels and the adapter rule)."""
     from tritonscale.control.ledger import BudgetLedger
@@ -391,9 +392,16 @@ async def _ticks(
     dead_source = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=1)
     for index in range(rounds):
         # dryRun: decides (and may ask for more) but leaves the session's Triton as it is.
+        # With a latency objective: the latency panel's objective, prediction and measurement.
         await tick(
             "pipeline-async",
-            {"model": "pipeline_async", "maxInstances": 4, "dryRun": True, "budget": budget},
+            {
+                "model": "pipeline_async",
+                "maxInstances": 4,
+                "dryRun": True,
+                "budget": budget,
+                "targets": {"latency": {"milliseconds": 250}},
+            },
             live_source,
         )
         await tick("unreachable-prometheus", {"model": "bls_async"}, dead_source)

@@ -8,11 +8,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hack.drills.harness import Record, count_in_flight, tritonserver_exits
+from hack.drills.harness import Drills, Record, Settings, count_in_flight, tritonserver_exits
 from hack.drills.oom import _ready_while_gate_closed
 from hack.drills.runner import _outside_window
 from tests.waiting import wait_for
@@ -179,3 +180,24 @@ def test_the_moment_a_watched_process_ends_is_noted_by_its_pod() -> None:
     finally:
         process.kill()
         process.wait()
+
+
+class _Events:
+    """A kubectl that answers `get events` with what the operators posted."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+        self.asked: list[tuple[str, ...]] = []
+
+    def items(self, *args: str) -> list[dict[str, Any]]:
+        self.asked.append(args)
+        return self.events
+
+
+@unit
+def test_a_drill_counts_the_reload_timeouts_posted_with_their_repeats(tmp_path: Path) -> None:
+    kubectl = _Events([{"count": 3}, {}, {"count": 1}])
+    drills = Drills(kubectl, tmp_path, Settings.quick(), namespace="ns")  # type: ignore[arg-type]
+    assert drills.reload_timeouts() == 5
+    [asked] = kubectl.asked
+    assert asked == ("events", "-n", "ns", "--field-selector", "reason=ReloadTimeout")

@@ -1,7 +1,7 @@
 """status.latency: a root's latency objective beside what the metrics measured.
 
 Triton's duration counters give means: the measured side is the mean time a request spent
-queued and computing; the predicted quantile is the planner's to fill in.
+queued and computing; the predicted quantile is the planner's (tests/test_latency_sizing.py).
 """
 
 from __future__ import annotations

@@ -85,6 +85,22 @@ async def test_a_load_past_its_deadline_is_in_flight_until_it_ends(
     assert sent == ["first", "pod-b", "third"]
 
 
+async def test_the_end_of_a_late_load_is_told_and_a_load_in_time_is_not() -> None:
+    loads = LoadsInFlight(deadline_s=DEADLINE_S)
+    ended: list[tuple[str, str]] = []
+    loads.on_late_end(lambda pod, model: ended.append((pod, model)))
+    release = asyncio.Event()
+
+    async def hangs() -> None:
+        await asyncio.wait_for(release.wait(), WAIT_S)
+
+    assert await loads.run("pod-a", "m", "2 instances", appends([], 1)) is None
+    assert await loads.run("pod-b", "m", "2 instances", hangs) is not None
+    assert ended == []  # nobody waits for the in-time load's end; the late one goes on
+    release.set()
+    await until(lambda: ended == [("pod-b", "m")], "the late load's end to be told")
+
+
 async def test_a_late_failure_is_logged_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
     loads = LoadsInFlight(deadline_s=DEADLINE_S)
     release = asyncio.Event()

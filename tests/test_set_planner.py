@@ -261,8 +261,9 @@ def test_a_grant_cuts_a_planned_increase_but_never_below_the_current_count() -> 
     assert below.desired_instances == plan.current
 
 
-def test_a_latency_objective_on_the_root_changes_no_decision_of_todays_planner() -> None:
-    # The planner does not use the objective yet: a set with it decides as one without.
+def test_a_latency_objective_without_its_pipelines_batching_changes_no_count_and_says_why() -> None:
+    # The layered queueing model needs each model's batching (from its live config): where
+    # the tick read none, the set decides as one without the objective, and the root says so.
     specs = pipeline_specs(7)
     with_objective = {
         **specs,
@@ -275,8 +276,15 @@ def test_a_latency_objective_on_the_root_changes_no_decision_of_todays_planner()
     plain = SetPlanner().planned(plans(specs, at, snapshot, now), now)
     objective = SetPlanner().planned(plans(with_objective, at, snapshot, now), now)
     for name, plan in plain.items():
-        assert objective[name].decision == plan.decision
+        assert objective[name].decision.desired_instances == plan.decision.desired_instances
+        assert objective[name].decision.reason == plan.decision.reason
         assert objective[name].notes == plan.notes
+    said = objective["pipeline-async"].decision.message
+    assert said.endswith(
+        "pipeline_async is not sized to its latency objective: the batching of branch_classify,"
+        " branch_embed, branch_rank, pipeline_async is not known (no config was read)"
+    )
+    assert objective["pipeline-async"].decision.latency is None
 
 
 def test_a_latency_objective_on_a_child_is_ignored_and_says_why() -> None:

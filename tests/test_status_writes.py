@@ -88,6 +88,16 @@ def test_a_status_never_written_is_written_whole() -> None:
     assert changed({}, after) == after
 
 
+def test_a_null_the_api_server_dropped_is_not_news() -> None:
+    # A merge patch deletes a key whose value is null: the stored backoff has no retryAt.
+    before = status("2026-12-03T10:00:00Z", backoff={"failures": 0})
+    after = status("2026-12-03T10:00:15Z", backoff={"failures": 0, "retryAt": None})
+    assert changed(before, after) == {}
+    # A null where the stored status has a value is news, and is written to delete it.
+    retrying = status("2026-12-03T10:00:00Z", backoff={"failures": 1, "retryAt": 1.0e9})
+    assert changed(retrying, after)["backoff"] == {"failures": 0, "retryAt": None}
+
+
 def test_a_measured_latency_that_moves_is_no_news_of_its_own() -> None:
     objective = {"quantile": 0.95, "objectiveMilliseconds": 100.0}
     before = status(

@@ -49,6 +49,9 @@ class Record:
     # The failed requests that were inside a Triton pod when its process ended (killed or
     # drained): what no client can save. None when no Triton process ended during the drill.
     requests_in_flight_at_fault: int | None = None
+    # The operators' ReloadTimeout events during the drill: a count change that did not
+    # finish within its deadline (issue: none in any drill, whatever the fault).
+    reload_timeouts: int = 0
     passed: bool = False
     # Failures the drill allows, and why (0 unless Kubernetes itself cannot promise 0).
     allowed_failures: str = "0"
@@ -182,6 +185,14 @@ class Drills:
 
     def ready(self, selector: str) -> list[dict[str, Any]]:
         return [p for p in self.pods(selector) if is_ready(p)]
+
+    def reload_timeouts(self) -> int:
+        """The ReloadTimeout events the operators have posted in the namespace so far (an
+        event repeated is one object with a count)."""
+        events = self.k.items(
+            "events", "-n", self.namespace, "--field-selector", "reason=ReloadTimeout"
+        )
+        return sum(int(event.get("count") or 1) for event in events)
 
     def autoscalers(self) -> list[dict[str, Any]]:
         return self.k.items("instancegroupautoscalers", "-n", self.namespace)

@@ -108,9 +108,11 @@ def run_drill(drills: Drills, name: str, load: Load | None, values: dict[str, An
     if name == "rollout-http":
         return rollout_over_http(drills, load)
     drills.settle()
+    timeouts_before = drills.reload_timeouts()
     with tritonserver_exits(drills) as ended:
         record, start, end = UNDER_LOAD[name](drills)
     time.sleep(2)  # the requests in flight at the end finish
+    record.reload_timeouts = drills.reload_timeouts() - timeouts_before
     requests = load.requests()
     failed = tally(record, requests, start, end, drills.settings.before_s)
     count_in_flight(record, requests, ended, start, end)
@@ -130,7 +132,7 @@ def run_drill(drills: Drills, name: str, load: Load | None, values: dict[str, An
         record.passed = not _outside_window(record, failed)
     else:
         record.passed = record.requests_failed == 0
-    record.passed = record.passed and record.requests_sent > 0
+    record.passed = record.passed and record.requests_sent > 0 and record.reload_timeouts == 0
     return record
 
 
@@ -161,14 +163,14 @@ def table(records: Sequence[Record]) -> list[str]:
 
     lines = [
         f"{'drill':<14}{'sent':>7}{'failed':>8}{'in flight':>11}{'p95 before':>12}"
-        f"{'p95 during':>12}{'recovery s':>12}  passed"
+        f"{'p95 during':>12}{'recovery s':>12}{'reload t/o':>11}  passed"
     ]
     for r in records:
         lines.append(
             f"{r.drill:<14}{r.requests_sent:>7}{r.requests_failed:>8}"
             f"{cell(r.requests_in_flight_at_fault):>11}"
             f"{cell(r.p95_before_ms):>12}{cell(r.p95_during_ms):>12}{cell(r.recovery_s):>12}"
-            f"  {'yes' if r.passed else 'NO'}"
+            f"{r.reload_timeouts:>11}  {'yes' if r.passed else 'NO'}"
         )
     return lines
 

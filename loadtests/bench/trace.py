@@ -91,8 +91,10 @@ PEAK_SHARE = 0.8
 ARMS = ("static_at_peak", "hpa_way", "operator")
 
 QUICK: dict[str, Any] = {
-    "budget": 5,
-    "seconds": 20,
+    # One instance each (a sweep of one split) and one window per arm: the plumbing of every
+    # arm in about a minute, not their numbers.
+    "budget": 4,
+    "seconds": 10,
     "repeats": 1,
     "seed": 1,
     "capacity_concurrency": 8,

@@ -3,8 +3,9 @@
     await run_set(stopped, lambda: the_set, tick)   # tick(due members, now) at the set's phase
 
 Both drivers tick their pod sets (tritonscale.control.pod_sets) through `run_set`: the
-Kubernetes driver in the kopf daemon of each set's leader (`stopped` is kopf's
-`DaemonStopped`), the local driver (`tritonscale tune`) in one task (`stopped` is a `Stop`).
+Kubernetes driver in the kopf daemon of each set's leader (`stopped` is set when kopf stops the
+daemon or another member leads the set: tritonscale.drivers.set_loop.Tenure), the local driver
+(`tritonscale tune`) in one task (`stopped` is a `Stop`).
 A set ticks at its phase, one interval apart; each tick decides the members that are due.
 """
 
@@ -20,7 +21,9 @@ from tritonscale.control.pod_sets import PodSet
 
 
 class Stopped(Protocol):
-    """What the loop needs of its stop signal (kopf's `DaemonStopped`, a `Stop`)."""
+    """What the loop needs of its stop signal (a kopf daemon's tenure as its set's leader, a
+    `Stop`); `wait` may return before its timeout without being set, and the loop then looks
+    at its set again."""
 
     def is_set(self) -> bool: ...
 

@@ -168,6 +168,29 @@ class OperatorMetrics:
             SET_LABELS,
             registry=r,
         )
+        # A root's latency objective (spec.targets.latency) beside what the planner predicts
+        # and what was measured: status.latency, in seconds.
+        self.latency_objective = Gauge(
+            queries.LATENCY_OBJECTIVE_SECONDS,
+            "The latency objective's bound on its quantile (spec.targets.latency).",
+            LABELS,
+            registry=r,
+        )
+        self.latency_predicted = Gauge(
+            queries.LATENCY_PREDICTED_SECONDS,
+            "The objective's quantile the set planner predicts at the counts it chose, at the "
+            "offered rate with headroom; absent where it was not sized to it or the counts "
+            "cannot serve that rate.",
+            LABELS,
+            registry=r,
+        )
+        self.latency_measured = Gauge(
+            queries.LATENCY_MEASURED_MEAN_SECONDS,
+            "The mean time a request spent queued and computing at the root over the metrics "
+            "window (Triton's counters give means, not quantiles).",
+            LABELS,
+            registry=r,
+        )
         self._lock = threading.Lock()
         self._signals_seen: dict[tuple[str, str, str], set[str]] = {}
 
@@ -199,6 +222,25 @@ class OperatorMetrics:
             self.last_reconcile.labels(*labels).set(result.finished_at)
             if result.budget is not None:
                 self._record_budget(result.budget)
+            self._record_latency(result, labels)
+
+    def _record_latency(self, result: TickResult, labels: tuple[str, str, str]) -> None:
+        """The latency gauges of a root with an objective; a value not known this tick (or
+        an objective taken away) leaves no series behind with an old value."""
+        latency = result.latency
+        values = (
+            (self.latency_objective, latency.objective.milliseconds if latency else None),
+            (self.latency_predicted, latency.predicted_ms if latency else None),
+            (self.latency_measured, latency.measured_mean_ms if latency else None),
+        )
+        for gauge, milliseconds in values:
+            if milliseconds is not None:
+                gauge.labels(*labels).set(milliseconds / 1000.0)
+            else:
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
 
     def _record_budget(self, budget: BudgetStatus) -> None:
         labels = (budget.namespace, budget.name)
@@ -254,6 +296,9 @@ class OperatorMetrics:
                 self.errors,
                 self.observed,
                 self.last_reconcile,
+                self.latency_objective,
+                self.latency_predicted,
+                self.latency_measured,
             ):
                 # prometheus_client keeps label values in `_metrics`; there is no public lister.
                 for values in list(metric._metrics):  # noqa: SLF001

@@ -455,16 +455,28 @@ async def finish(
         healing=list(planned.healing),
         budget=granted.budget if granted is not None else None,
         prediction=planned.prediction,
-        latency=_latency(spec, planned.snapshot),
+        latency=_latency(spec, planned.snapshot, decision),
     )
 
 
-def _latency(spec: AutoscalerSpec, snapshot: MetricSnapshot | None) -> LatencyStatus | None:
-    """status.latency where the spec sets an objective: the measured mean from the snapshot."""
+def _latency(
+    spec: AutoscalerSpec, snapshot: MetricSnapshot | None, decision: policy.Decision
+) -> LatencyStatus | None:
+    """status.latency where the spec sets an objective: the measured mean from the snapshot,
+    the planner's prediction from the decision."""
     objective = spec.targets.latency
     if objective is None:
         return None
-    return LatencyStatus.of(objective, snapshot.model(spec.model) if snapshot else None)
+    measured = LatencyStatus.of(objective, snapshot.model(spec.model) if snapshot else None)
+    predicted = decision.latency
+    if predicted is None:
+        return measured
+    return replace(
+        measured,
+        predicted_ms=predicted.predicted_ms,
+        rate_rps=predicted.rate_rps,
+        met=predicted.met,
+    )
 
 
 async def _apply(

@@ -43,10 +43,17 @@ class SetPlanner:
         # Per model, when the last load that changed its count ended (the ticks' clock): the
         # windows before then mix the old count with the new.
         self.live_since: dict[str, float] = {}
+        # Per model, how long its last change took from the tick that decided it until its
+        # count was live: what a latency objective's sizing covers (tritonscale.core.latency).
+        self.load_s: dict[str, float] = {}
+        self._decided_at: float | None = None  # the `now` of the last tick decided
 
     def went_live(self, model: str, at: float) -> None:
-        """A load that changed `model`'s count ended at `at` (the clock of the ticks' `now`)."""
+        """A load that changed `model`'s count ended at `at` (the clock of the ticks' `now`),
+        after the tick last decided."""
         self.live_since[model] = max(at, self.live_since.get(model, at))
+        if self._decided_at is not None and at >= self._decided_at:
+            self.load_s[model] = at - self._decided_at
 
     @property
     def state(self) -> SetState:
@@ -60,6 +67,7 @@ class SetPlanner:
             groups.setdefault(id(plans[name].snapshot), {})[name] = plans[name]
         planned: dict[str, Plan] = {}
         largest = 0
+        self._decided_at = now
         for group in groups.values():
             decided, notes = self._decided(group, now)
             models = len(decided.models)
@@ -121,6 +129,7 @@ class SetPlanner:
             if own is not None:
                 batching[model] = own
         live_since = {model: at for model, at in self.live_since.items() if model in specs}
-        decided = decide_set(specs, current, snapshot, state, now, batching, live_since)
+        load_s = {model: s for model, s in self.load_s.items() if model in specs}
+        decided = decide_set(specs, current, snapshot, state, now, batching, live_since, load_s)
         self.decisions[key] = decided
         return decided, notes

@@ -101,19 +101,28 @@ class ReconcileState:
 @dataclass(frozen=True)
 class LatencyStatus:
     """status.latency: a root's latency objective (spec.targets.latency) beside what was
-    measured and, once the planner predicts latency, what it predicts at the chosen counts."""
+    measured and what the planner predicts at the counts it chose (tritonscale.core.latency)."""
 
     objective: LatencyObjective
     # Triton's duration counters give means, not quantiles: the mean time a request of this
     # model spent queued and computing over the metrics window (for a BLS root, its calls
     # included, since a parent computes while its children run); None without requests.
     measured_mean_ms: float | None
-    # The objective's quantile as the planner predicts it; None until a planner predicts latency.
+    # The objective's quantile as the planner predicts it at the counts it chose
+    # (tritonscale.core.latency); None where it was not sized to it this tick, or where the
+    # split cannot serve the rate (then `met` is False).
     predicted_ms: float | None = None
+    rate_rps: float | None = None  # the rate it predicts at: the offered one with headroom
+    met: bool | None = None  # whether the prediction meets the objective; None: not sized
 
     @classmethod
     def of(cls, objective: LatencyObjective, signals: ModelSignals | None) -> LatencyStatus:
         return cls(objective, mean_latency_ms(signals))
+
+    @property
+    def unmet(self) -> bool:
+        """The planner found no split within the budget that meets the objective."""
+        return self.met is False
 
     def to_dict(self) -> dict[str, Any]:
         measured = {}
@@ -124,8 +133,15 @@ class LatencyStatus:
             "objectiveMilliseconds": self.objective.milliseconds,
             "measured": measured,
         }
+        predicted: dict[str, Any] = {}
         if self.predicted_ms is not None:
-            status["predicted"] = {"quantileMilliseconds": round(self.predicted_ms, 1)}
+            predicted["quantileMilliseconds"] = round(self.predicted_ms, 1)
+        if self.rate_rps is not None:
+            predicted["atRps"] = round(self.rate_rps, 1)
+        if self.met is not None:
+            predicted["met"] = self.met
+        if predicted:
+            status["predicted"] = predicted
         return status
 
 

@@ -14,9 +14,15 @@ What it maximises, under what:
 - when the budget holds every model under its target utilization (`spec.targets.utilization`),
   the answer is the fewest instances that do: each model's own count, with the policy's
   tolerance and scale-down margin (tritonscale.core.sizing), so that a steady load keeps it;
-- when it cannot, or a root is a closed loop (`Stage.closed_loop`: its clients wait on the
-  set and send more as soon as it serves more, so no count holds it under its target), the
-  answer is the split with the most headroom, and among equals the fewest instances.
+- where a root carries a latency objective (`spec.targets.latency`, the `latency` search of
+  tritonscale.core.latency), its pipeline's models get the fewest instances whose predicted
+  latency meets it within the bounds and the budget, the other models their targets beside
+  them (LATENCY_OBJECTIVE); where no split within the budget meets it, the split that
+  serves the most, below, with what the objective would take as the models' `wanted`;
+- when the budget cannot hold the targets (or the latency objective), or a root is a closed
+  loop (`Stage.closed_loop`: its clients wait on the set and send more as soon as it serves
+  more, so no count holds it under its target), the answer is the split with the most
+  headroom, and among equals the fewest instances.
   Today's split is kept while it serves within `switch_margin` of the best (a
   configuration can only be told from a better one by more than the noise), unless the
   set's requests pile up at some stage (its queue grows): that stage's limit is measured,
@@ -59,6 +65,7 @@ from typing import Any
 
 from tritonscale.core import sizing
 from tritonscale.core.budget import Limits, strictest
+from tritonscale.core.latency import Choice, LatencyPrediction, LatencySearch
 from tritonscale.core.pipeline_model import (
     MIN_REQUESTS_PER_WINDOW,
     NOISE_FLOOR,
@@ -85,6 +92,9 @@ HELD = "Held"
 
 HOLD_TARGETS = "HoldTargets"  # every model under its target utilization, fewest instances
 MOST_HEADROOM = "MostHeadroom"  # the budget is short: the most the set can serve
+# A root's latency objective (spec.targets.latency) met at the fewest instances
+# (tritonscale.core.latency): the objective and the models' reason.
+LATENCY_OBJECTIVE = "LatencyObjective"
 
 # Two floats of a headroom that differ by less than this are equal.
 _EQUAL = 1e-9
@@ -142,8 +152,10 @@ class Prediction:
 class Allocation:
     targets: Mapping[str, Target] = field(hash=False)
     prediction: Prediction
-    objective: str  # HOLD_TARGETS or MOST_HEADROOM
+    objective: str  # HOLD_TARGETS, LATENCY_OBJECTIVE or MOST_HEADROOM
     problem: str | None  # the budget cannot hold the models' minimums (one line)
+    # Per root with a latency objective: what the model predicts of the chosen counts.
+    latency: tuple[LatencyPrediction, ...] = ()
 
     @property
     def counts(self) -> dict[str, int]:
@@ -210,6 +222,7 @@ def allocate(
     settling: frozenset[str] = frozenset(),
     lowered: frozenset[str] = frozenset(),
     switch_margin: float = 0.0,
+    latency: LatencySearch | None = None,
 ) -> Allocation:
     """Every model's count (see the module's docstring for the objective).
 
@@ -222,7 +235,10 @@ def allocate(
     taken back on the estimates it was changed by). `lowered`: models whose count just went
     down and whose load has not risen since; they do not go back up until a window at their
     new count says so, for the same reason. `switch_margin`: relative headroom a better split
-    must gain over today's before the counts move (the estimates' noise).
+    must gain over today's before the counts move (the estimates' noise). `latency`: the
+    roots with a latency objective (tritonscale.core.latency): their pipelines' models get the
+    fewest instances that meet it, the other models their targets; where no split within the
+    budget meets it, the split that serves the most, as when the budget is short.
     """
     held = dict(held or {})
     alone = alone or {}
@@ -290,11 +306,23 @@ def allocate(
     # turn for the fewest instances, and the two would swap an instance every few windows.
     closed_loops = sorted(m for m in pipeline.roots if m in sized and sized[m].closed_loop)
     why = ""  # why the split serving the most is chosen
-    if not closed_loops and fits({m: _within(n, lower[m], helpful[m]) for m, n in needed.items()}):
+    choice = None
+    if latency is not None and not closed_loops:
+        choice = _latency_choice(latency, fixed_counts, lower, upper, at_target, fits)
+    if choice is not None and choice.counts is not None:
+        objective = LATENCY_OBJECTIVE
+        counts = {**at_target, **{m: n for m, n in choice.counts.items() if m in sized}}
+    elif choice is None and (
+        not closed_loops and fits({m: _within(n, lower[m], helpful[m]) for m, n in needed.items()})
+    ):
         objective = HOLD_TARGETS
     else:
         objective = MOST_HEADROOM
-        why = _closed_loops(closed_loops) or "the budget cannot hold every model under its target"
+        why = _closed_loops(closed_loops) or (
+            "no split within the budget meets the latency objective"
+            if choice is not None
+            else "the budget cannot hold every model under its target"
+        )
         shortfall = served_short(pipeline, sized, current, switch_margin)
         for model, share in shortfall.items():
             why += (
@@ -306,14 +334,55 @@ def allocate(
         if most is None:
             problem = room.overflow({**fixed_counts, **counts})
     prediction = predict(pipeline, sized, counts, shortfall)
+    predicted = ()
+    if latency is not None and choice is not None:
+        predicted = latency.predictions({**current, **fixed_counts, **counts})
+    # Beside a latency objective met, the models outside its pipelines hold their targets.
+    sized_for = HOLD_TARGETS if objective == LATENCY_OBJECTIVE else objective
     targets = dict(fixed)
     for model, stage in sized.items():
         target = _target(
-            stage, specs[model], current[model], counts[model], objective, why, prediction
+            stage, specs[model], current[model], counts[model], sized_for, why, prediction
         )
         wanted = _within(needed[model], specs[model].min_instances, specs[model].max_instances)
+        if choice is not None and model in choice.wanted:
+            wanted = choice.wanted[model]  # what the latency objective asks, were there room
+            target = _latency_target(target, objective, predicted)
         targets[model] = replace(target, wanted=max(wanted, target.count))
-    return Allocation(targets, prediction, objective, problem)
+    return Allocation(targets, prediction, objective, problem, predicted)
+
+
+def _latency_choice(
+    latency: LatencySearch,
+    fixed_counts: Mapping[str, int],
+    lower: Mapping[str, int],
+    upper: Mapping[str, int],
+    at_target: Mapping[str, int],
+    fits: Callable[[Mapping[str, int]], bool],
+) -> Choice:
+    """The latency search over its pipelines' models: a fixed model (held, quiet, unmeasured)
+    at its count, the others within their bounds; the models outside those pipelines at
+    their targets, in the budget beside them."""
+    models = latency.models
+    low = {m: fixed_counts.get(m, lower.get(m, 1)) for m in models}
+    high = {m: fixed_counts.get(m, upper.get(m, 1)) for m in models}
+    others = {m: n for m, n in at_target.items() if m not in models}
+    return latency.choose(low, high, lambda counts: fits({**others, **counts}))
+
+
+def _latency_target(
+    target: Target, objective: str, predicted: tuple[LatencyPrediction, ...]
+) -> Target:
+    """A model of a pipeline sized to its root's latency objective: the reason, and the
+    objective against the prediction in its message."""
+    said = "; ".join(p.describe for p in predicted)
+    if objective == LATENCY_OBJECTIVE:
+        return replace(
+            target,
+            reason=LATENCY_OBJECTIVE,
+            message=f"the fewest instances that meet the latency objective: {said}",
+        )
+    return replace(target, message=f"{target.message}; {said}")
 
 
 def _most_headroom(

@@ -93,6 +93,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 from typing import Any
 
 from tritonscale.core.pipeline_model import NOISE_FLOOR, PipelineHistory, Reading, Window
@@ -269,6 +270,17 @@ class Prediction:
     stations: Mapping[str, StationResult] = field(hash=False)
     rounds: int = 0  # of the layered fixed point
     converged: bool = True
+    latency_var_s2: float = 0.0  # the variance of the root's response (its p95's gamma)
+
+    def latency_quantile_s(self, quantile: float) -> float:
+        """The root's response at `quantile` (0.95: p95): the gamma distribution with the
+        response's mean and variance, as `p95_latency_s` is; infinite where the arrivals
+        exceed what the split serves."""
+        if not math.isfinite(self.mean_latency_s):
+            return math.inf
+        return gamma_quantile(
+            self.mean_latency_s, self.latency_var_s2, NormalDist().inv_cdf(quantile)
+        )
 
 
 # ---- one load-dependent station --------------------------------------------------------
@@ -817,7 +829,7 @@ def _prediction(
     mean = root.response_s
     hold = _request_hold_of(root)
     var = root.wait_var + servers[network.root].hold_scv * hold * hold
-    return Prediction(throughput, mean, gamma_quantile(mean, var), results, rounds, converged)
+    return Prediction(throughput, mean, gamma_quantile(mean, var), results, rounds, converged, var)
 
 
 def gamma_quantile(mean: float, var: float, z: float = P95_Z) -> float:

@@ -90,6 +90,10 @@ class Batching:
 
     max_batch_size: int  # rows in one batch; 0: the model does not batch
     dynamic: bool  # a dynamic batcher joins queued requests into one execution
+    # The batcher's max_queue_delay_microseconds (in seconds) and preferred_batch_size (rows),
+    # for the layered queueing model (tritonscale.core.lqn); the allocator does not use them.
+    queue_delay_s: float = 0.0
+    preferred_sizes: tuple[int, ...] = ()
 
     @classmethod
     def of_config(cls, config: Mapping[str, Any]) -> Batching | None:
@@ -100,7 +104,15 @@ class Batching:
             size = int(size)  # Triton's JSON gives some integers as strings
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             return None
-        return cls(size, isinstance(config.get("dynamic_batching"), Mapping))
+        batcher = config.get("dynamic_batching")
+        if not isinstance(batcher, Mapping):
+            return cls(size, False)
+        try:
+            delay_s = int(batcher.get("max_queue_delay_microseconds", 0) or 0) / 1e6
+            preferred = tuple(sorted(int(n) for n in batcher.get("preferred_batch_size", ()) or ()))
+        except (TypeError, ValueError):
+            delay_s, preferred = 0.0, ()  # told wrong: the batcher taken as joining at once
+        return cls(size, True, delay_s, preferred)
 
     @property
     def batches(self) -> bool:
@@ -510,7 +522,7 @@ def _stage(
     instances = counts[model]
     children = tuple(child for child in spec.calls if child in callers)
     serving, at_counts = _service_windows(history, model, (model, *children), counts)
-    apart = _apart(serving)
+    apart = windows_apart(serving)
 
     # Per execution, the windows agree at one count; per request, the time depends on the
     # batch, and the batch on the load: today's batch divides them.
@@ -523,7 +535,7 @@ def _stage(
             for w in apart
         ]
     )
-    arrivals = _apart([w for w in history.windows if model in w.readings])
+    arrivals = windows_apart([w for w in history.windows if model in w.readings])
     arrival = _now(
         _estimate([(w, w.readings[model].arrival_rate) for w in arrivals]), reading.arrival_rate
     )
@@ -633,7 +645,7 @@ def _at_counts(window: Window, models: Sequence[str], counts: Mapping[str, int])
     return all(window.counts.get(model) == counts.get(model) for model in models)
 
 
-def _apart(windows: Sequence[Window]) -> list[Window]:
+def windows_apart(windows: Sequence[Window]) -> list[Window]:
     """The newest window, then each older one that ends before the last one kept begins:
     overlapping windows share their requests, and their spread would understate the noise."""
     kept: list[Window] = []

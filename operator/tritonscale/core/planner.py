@@ -38,6 +38,7 @@ from tritonscale.core import behavior, policy, sizing, verifier
 from tritonscale.core.allocator import UNMEASURED, Allocation, Prediction, Room, Target, allocate
 from tritonscale.core.behavior import PolicyState
 from tritonscale.core.budget import BUDGET_EXHAUSTED
+from tritonscale.core.latency import LatencyPrediction, search_of
 from tritonscale.core.pipeline_model import (
     NOISE_FLOOR,
     NOISE_SIGMAS,
@@ -110,6 +111,9 @@ class ModelDecision:
     # What the model would take were there room (`Target.wanted`): the need a budget's demand
     # ratio counts, reported as the decision's recommendation. None: not sized.
     wanted_instances: int | None = None
+    # A root with a latency objective: what the model predicts of the chosen counts (None:
+    # no objective, or not sized to it this tick).
+    latency: LatencyPrediction | None = None
 
     @property
     def changes(self) -> bool:
@@ -191,6 +195,7 @@ def as_policy_decision(
         scaling_limited=limited,
         observed=policy.observed_metrics(spec, current, signals, snapshot),
         state=decided.state.policies[spec.model],
+        latency=model.latency,
     )
 
 
@@ -219,6 +224,7 @@ def decide_set(
     now: float,
     batching: Mapping[str, Batching] | None = None,
     live_since: Mapping[str, float] | None = None,
+    load_s: Mapping[str, float] | None = None,
 ) -> SetDecision:
     """Decide every model's count of one pod set (see the module's docstring for the stages).
 
@@ -226,7 +232,9 @@ def decide_set(
     (the highest where pods disagree). `batching`: each model's batching from its live config
     (`Batching.of_config`); a model left out is taken at today's batch. `live_since`: when a
     model's count went live, where the driver knows it (the end of its load; without it, the
-    last window that ran the old count stands for it). Raises ValueError
+    last window that ran the old count stands for it). `load_s`: per model, how long its last
+    load took until its count was live, where the driver measured it (the time a change
+    takes, which a latency objective's sizing covers). Raises ValueError
     when a model has no live count (with no ready pod, report NoReadyPods instead of asking
     the planner).
     """
@@ -243,6 +251,7 @@ def decide_set(
     history, checks = state.history, state.verifier
     allocation = None
     served = None
+    left: dict[str, str] = {}  # roots with a latency objective left to today's sizing, and why
     problem = _unusable(specs, snapshot, now)
     if problem is not None or snapshot is None:
         reason, why = problem or (METRICS_MISSING, "no metrics snapshot")
@@ -268,6 +277,7 @@ def decide_set(
             settling = frozenset(
                 model for model, stage in pipeline.stages.items() if not stage.measured_at_counts
             )
+            search, left = search_of(specs, pipeline, history, batching, load_s)
 
             def allocated(ceilings: Mapping[str, int]) -> Allocation:
                 return allocate(
@@ -280,6 +290,7 @@ def decide_set(
                     settling=settling,
                     lowered=_lowered(pipeline, history, current, policies),
                     switch_margin=_switch_margin(pipeline),
+                    latency=search,
                 )
 
             allocation = allocated(ceilings)
@@ -305,6 +316,13 @@ def decide_set(
             allocated = allocation.targets[model].count
             wanted = allocation.targets[model].wanted_count
         decisions[model] = _rendered(model, current[model], steps[model], allocated, wanted)
+        if model in left:
+            decided = decisions[model]
+            decisions[model] = replace(decided, message=f"{decided.message}; {left[model]}")
+        if allocation is not None:
+            for predicted in allocation.latency:
+                if predicted.root == model:
+                    decisions[model] = replace(decisions[model], latency=predicted)
     prediction = allocation.prediction if allocation is not None else None
     new_state = SetState(history, policies, checks)
     return SetDecision(decisions, prediction, _summary(prediction, decisions), new_state, served)
@@ -660,9 +678,12 @@ def _summary(prediction: Prediction | None, decisions: Mapping[str, ModelDecisio
     if prediction is None:
         return moved
     bottleneck = prediction.bottleneck or "none"
+    latencies = "".join(
+        f"; {d.latency.describe}" for d in decisions.values() if d.latency is not None
+    )
     return (
         f"{moved}; predicted {prediction.expected_rps:.1f} req/s of {prediction.offered_rps:.1f} "
-        f"offered (capacity {prediction.capacity_rps:.1f}, bottleneck {bottleneck})"
+        f"offered (capacity {prediction.capacity_rps:.1f}, bottleneck {bottleneck}){latencies}"
     )
 
 

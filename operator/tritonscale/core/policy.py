@@ -21,6 +21,7 @@ from typing import NamedTuple
 from tritonscale.core import behavior, sizing
 from tritonscale.core.behavior import PolicyState
 from tritonscale.core.budget import BUDGET_EXHAUSTED, Grant
+from tritonscale.core.latency import LatencyPrediction
 from tritonscale.core.signals import MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec
 
@@ -88,6 +89,9 @@ class Decision:
     scaling_limited: Condition
     observed: dict[str, float] = field(hash=False)  # status.observedMetrics (camelCase keys)
     state: PolicyState  # store it and pass it to the next call
+    # A root with a latency objective: what the planner predicts of the counts it chose
+    # (status.latency.predicted); None without one.
+    latency: LatencyPrediction | None = None
 
     @property
     def changes(self) -> bool:

@@ -174,8 +174,9 @@ class Targets(SpecModel):
         None,
         description=(
             "A latency objective for the requests of a pipeline's root (a model no other model"
-            " of its set calls), shown against the measured latency in status.latency; the"
-            " planner does not size by it yet (unset: none)."
+            " of its set calls): the planner gives the pipeline the fewest instances whose"
+            " predicted latency meets it, and status.latency shows it beside the prediction"
+            " and the measured mean (unset: none)."
         ),
     )
 

@@ -4,8 +4,8 @@ The chart gives each Triton pod that readinessGate, so the kubelet keeps a new p
 Service's endpoints (not Ready) until the operator sets the pod's condition of that type True.
 A pod waits while Triton answers in it but the gate is closed (`TritonPod.waiting_for_instances`).
 
-- Each autoscaler's tick brings the waiting pods it selects to the count it decided (the count
-  its peers run), then asks `judge`: the pod is admitted once, for every autoscaler that
+- The loop of each autoscaler's pod set brings the waiting pods it selects to the count it
+  decided (the count its peers run; tritonscale.drivers.gates), then asks `judge`: the pod is admitted once, for every autoscaler that
   selects it and acts (neither paused nor dryRun) and has decided a count, the pod's live count
   of that model is that count.
 - A pod that no autoscaler selects is admitted at once (the operator's watch of the pods does
@@ -26,7 +26,6 @@ A pod waits while Triton answers in it but the gate is closed (`TritonPod.waitin
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -34,13 +33,14 @@ from typing import Any
 
 from tritonscale.core.selectors import selector_matches
 from tritonscale.core.spec import AutoscalerSpec, LabelSelector
+from tritonscale.drivers.kube_api import JSON_PATCH, ApiError, KubeApi
+from tritonscale.drivers.kube_api import USER_AGENT as USER_AGENT  # what the calls say they are
 from tritonscale.drivers.pods import INSTANCES_READY, TritonPod
 
 NO_AUTOSCALER = "NoAutoscaler"
 INSTANCES_MATCH = "InstancesMatch"
 INSTANCES_PENDING = "InstancesPending"
 CONTAINER_RESTARTED = "ContainerRestarted"
-USER_AGENT = "tritonscale-operator"
 
 
 @dataclass(frozen=True)
@@ -143,64 +143,32 @@ def gate_patch(pod: TritonPod, verdict: Verdict, now: float) -> list[dict[str, A
 
 
 class PodStatusWriter:
-    """Sends `gate_patch` to the API server with the `kubernetes` client.
+    """Sends `gate_patch` to the API server (tritonscale.drivers.kube_api), awaited on kopf's
+    loop."""
 
-    Credentials as kopf finds them (in-cluster service account, then kubeconfig), unless an
-    `api_client` is given.
-    """
-
-    def __init__(self, api_client: Any = None) -> None:
-        self._api_client = api_client
+    def __init__(self, api: KubeApi) -> None:
+        self._api = api
         self._sent: dict[str, tuple[str | None, bool]] = {}
-        self._lock = threading.Lock()
 
-    @property
-    def api_client(self) -> Any:
-        """The `kubernetes` client's ApiClient, made on first use (the operator's other writes
-        to the API server share it)."""
-        from kubernetes import client, config
-
-        if self._api_client is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            self._api_client = client.ApiClient()
-            self._api_client.user_agent = USER_AGENT
-        return self._api_client
-
-    def _core(self) -> Any:
-        from kubernetes import client
-
-        return client.CoreV1Api(self.api_client)
-
-    def set_gate(self, pod: TritonPod, verdict: Verdict, now: float) -> str | None:
+    async def set_gate(self, pod: TritonPod, verdict: Verdict, now: float) -> str | None:
         """Set the pod's condition as the verdict says; the reason it failed, in one line, or
         None."""
-        from kubernetes.client.exceptions import ApiException
-
         # A second look at the pod before its new status arrives (a watch event, a tick)
         # sends the same condition again for nothing: skip what was last sent for this pod
         # and container start.
         key = pod.uid or f"{pod.namespace}/{pod.name}"
         sent = (pod.started_at, verdict.admit)
-        with self._lock:
-            if self._sent.get(key) == sent:
-                return None
+        if self._sent.get(key) == sent:
+            return None
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
         try:
-            self._core().patch_namespaced_pod_status(
-                pod.name, pod.namespace, gate_patch(pod, verdict, now)
-            )
-        except ApiException as error:
+            await self._api.patch(path, gate_patch(pod, verdict, now), JSON_PATCH)
+        except ApiError as error:
             # 409/422: the pod changed since it was read; the next look tries again.
-            return f"patching {pod.namespace}/{pod.name}'s status failed: {error.status} {error.reason}"
-        except Exception as error:  # noqa: BLE001 - the connection's trouble, reported by the caller
             return f"patching {pod.namespace}/{pod.name}'s status failed: {error}"
-        with self._lock:
-            self._sent[key] = sent
+        self._sent[key] = sent
         return None
 
     def forget(self, uid: str) -> None:
         """Drop what was last sent to a pod that is gone (the memory holds live pods only)."""
-        with self._lock:
-            self._sent.pop(uid, None)
+        self._sent.pop(uid, None)

@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp.web
 
+from tritonscale.drivers.kube_api import KubeApi
 from tritonscale.drivers.status import GROUP, PLURAL, VERSION
 
 PEERING_GROUP, PEERING_VERSION = "kopf.dev", "v1"
@@ -166,66 +167,47 @@ def _one_line(error: BaseException) -> str:
 
 
 class ApiReads:
-    """The probe's questions to the API server, through the `kubernetes` client (one short
-    call in a worker thread each, as the driver's writes go): only `list`, which the
-    operator's Role grants (docs/rbac.md)."""
+    """The probe's questions to the API server (tritonscale.drivers.kube_api): only `list`,
+    which the operator's Role grants (docs/rbac.md)."""
 
     # Below the chart's probe timeout (5 s), so that a slow API server gets an answer that
     # says so rather than a probe that times out.
     TIMEOUT_S = 3.0
 
-    def __init__(
-        self, api_client: Callable[[], Any], namespaces: Collection[str], peering: str | None
-    ) -> None:
-        self._api_client = api_client
+    def __init__(self, api: KubeApi, namespaces: Collection[str], peering: str | None) -> None:
+        self._api = api
         self._namespaces = list(namespaces)  # empty: every namespace
         self._peering = peering
 
+    async def _listed(self, path: str, params: Mapping[str, str]) -> list[Any]:
+        found = await self._api.get(path, params, timeout_s=self.TIMEOUT_S)
+        return list(found.get("items") or [])
+
     async def nothing_to_index(self) -> bool:
-        return not await asyncio.to_thread(self._any_listed)
-
-    def _any_listed(self) -> bool:
-        from kubernetes import client
-
-        core, custom = (
-            client.CoreV1Api(self._api_client()),
-            client.CustomObjectsApi(self._api_client()),
-        )
-        options = {"limit": 1, "_request_timeout": self.TIMEOUT_S}
+        one = {"limit": "1"}
+        custom = f"/apis/{GROUP}/{VERSION}"
         if not self._namespaces:
-            pods = core.list_pod_for_all_namespaces(**options).items
-            found = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **options)
-            return bool(pods or found.get("items"))
+            for path in ("/api/v1/pods", f"{custom}/{PLURAL}"):
+                if await self._listed(path, one):
+                    return False
+            return True
         for namespace in self._namespaces:
-            if core.list_namespaced_pod(namespace, **options).items:
-                return True
-            found = custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, **options
-            )
-            if found.get("items"):
-                return True
-        return False
+            for path in (
+                f"/api/v1/namespaces/{namespace}/pods",
+                f"{custom}/namespaces/{namespace}/{PLURAL}",
+            ):
+                if await self._listed(path, one):
+                    return False
+        return True
 
     async def peering_status(self, namespace: str) -> Mapping[str, Any]:
-        return await asyncio.to_thread(self._peering_status, namespace)
-
-    def _peering_status(self, namespace: str) -> Mapping[str, Any]:
-        from kubernetes import client
-
-        custom = client.CustomObjectsApi(self._api_client())
-        options = {
-            "field_selector": f"metadata.name={self._peering}",
-            "_request_timeout": self.TIMEOUT_S,
-        }
+        base = f"/apis/{PEERING_GROUP}/{PEERING_VERSION}"
         if namespace:
-            found = custom.list_namespaced_custom_object(
-                PEERING_GROUP, PEERING_VERSION, namespace, NAMESPACED_PEERINGS, **options
-            )
+            path = f"{base}/namespaces/{namespace}/{NAMESPACED_PEERINGS}"
         else:
-            found = custom.list_cluster_custom_object(
-                PEERING_GROUP, PEERING_VERSION, CLUSTER_PEERINGS, **options
-            )
-        for item in found.get("items") or []:
+            path = f"{base}/{CLUSTER_PEERINGS}"
+        items = await self._listed(path, {"fieldSelector": f"metadata.name={self._peering}"})
+        for item in items:
             if (item.get("metadata") or {}).get("name") == self._peering:
                 return item.get("status") or {}
         raise LookupError(f"no KopfPeering {self._peering!r}")

@@ -1,13 +1,14 @@
 """What the Kubernetes driver writes about each autoscaler: its status and its events.
 
 A set's tick (tritonscale.control.set_tick) gives one `TickResult` per member; the driver
-writes each member's status (`StatusWriter`, a merge patch of the status subresource) and its
-events (`post_events`). Status is written when its content changed (a count, a condition, the
-decision's direction or reason, a condition's status or reason, the budget, the set). What
-changes at every tick by the passing of time alone (the measured signals, the policy's
-history, the messages with their numbers, `lastTickTime`) goes with such a write, or once a minute as a heartbeat
-(`changed`): a fleet at steady state costs the API server one write per autoscaler a minute,
-and a restarted operator still finds the policy's history at most a minute old.
+writes each member's status (`StatusWriter`, a merge patch of the status subresource,
+awaited on kopf's event loop) and its events (`post_events`). Status is written when its
+content changed (a count, a condition, the decision's direction or reason, a condition's
+status or reason, the budget, the set). What changes at every tick by the passing of time
+alone (the measured signals, the policy's history, the messages with their numbers,
+`lastTickTime`) goes with such a write, or once a minute as a heartbeat (`changed`): a fleet
+at steady state costs the API server one write per autoscaler a minute, and a restarted
+operator still finds the policy's history at most a minute old.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ import kopf
 
 from tritonscale.control.tick import FAILED_RESCALE, RELOAD_TIMEOUT, TickResult, parse_iso_time
 from tritonscale.core.budget import BUDGET_EXHAUSTED
-from tritonscale.drivers import admission
+from tritonscale.core.latency import LatencyPrediction
+from tritonscale.drivers.kube_api import ApiError, KubeApi
 
 GROUP, VERSION, PLURAL = "tritonscale.io", "v1alpha1", "instancegroupautoscalers"
+# The Warning event's reason where no split within the budget meets a latency objective.
+LATENCY_OBJECTIVE_UNMET = "LatencyObjectiveUnmet"
 KIND = "InstanceGroupAutoscaler"
 # The status field that says when the last tick ran, and how often the fields that change
 # with time alone are worth a write of their own.
@@ -33,25 +37,17 @@ _VOLATILE = frozenset({HEARTBEAT, "observedMetrics", "policyState", "prediction"
 
 
 class StatusWriter:
-    """Merge-patches an autoscaler's status with the `kubernetes` client (credentials and
-    client as the pods' writer has them: tritonscale.drivers.admission.PodStatusWriter)."""
+    """Merge-patches an autoscaler's status subresource (tritonscale.drivers.kube_api)."""
 
-    def __init__(self, pod_status: admission.PodStatusWriter) -> None:
-        self._pod_status = pod_status
+    def __init__(self, api: KubeApi) -> None:
+        self._api = api
 
-    def patch(self, namespace: str, name: str, status: Mapping[str, Any]) -> str | None:
+    async def patch(self, namespace: str, name: str, status: Mapping[str, Any]) -> str | None:
         """Write the fields of `status`; the reason it failed, in one line, or None."""
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
-        api = client.CustomObjectsApi(self._pod_status.api_client)
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
         try:
-            api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}
-            )
-        except ApiException as error:
-            return f"patching {namespace}/{name}'s status failed: {error.status} {error.reason}"
-        except Exception as error:  # noqa: BLE001 - the connection's trouble, reported by the caller
+            await self._api.patch(path, {"status": dict(status)})
+        except ApiError as error:
             return f"patching {namespace}/{name}'s status failed: {error}"
         return None
 
@@ -59,9 +55,15 @@ class StatusWriter:
 def changed(status: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of `new` to write over `status`: nothing when only what moves with time
     changed and the last write is younger than `HEARTBEAT_S`; else every field that differs."""
-    differing = {key: value for key, value in new.items() if status.get(key) != value}
+    # `status` is what the API server kept of the last write, `new` what the tick made: compare
+    # them as stored, or a field whose value holds a null (a merge patch deletes the key) would
+    # differ at every tick and be written at every tick.
+    differing = {
+        key: value for key, value in new.items() if _stored(status.get(key)) != _stored(value)
+    }
     if any(
-        _content(key, status.get(key)) != _content(key, value) for key, value in differing.items()
+        _content(key, _stored(status.get(key))) != _content(key, _stored(value))
+        for key, value in differing.items()
     ):
         return differing
     before, now = status.get(HEARTBEAT), new.get(HEARTBEAT)
@@ -70,6 +72,16 @@ def changed(status: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]
     if written is None or at is None or at - written >= HEARTBEAT_S:
         return differing
     return {}
+
+
+def _stored(value: Any) -> Any:
+    """`value` as the API server keeps it from a merge patch: objects without their null
+    members (a null deletes the key), sequences as lists."""
+    if isinstance(value, Mapping):
+        return {key: _stored(item) for key, item in value.items() if item is not None}
+    if isinstance(value, (list, tuple)):
+        return [_stored(item) for item in value]
+    return value
 
 
 def _content(key: str, value: Any) -> Any:
@@ -102,6 +114,15 @@ class Reported:
 
     failing: frozenset[str] = frozenset()
     budget_exhausted: bool = False
+    latency_unmet: bool = False
+
+
+def latency_unmet_message(latency: LatencyPrediction) -> str:
+    """The event's message: the objective against the prediction, and what is done instead."""
+    return (
+        f"no split within the budget meets the latency objective ({latency.describe}); the "
+        "split that serves the most is chosen instead"
+    )
 
 
 def post_events(
@@ -138,6 +159,13 @@ def post_events(
         kopf.warn(obj, reason=BUDGET_EXHAUSTED, message=result.decision.message)
         logger.warning(result.line())
     reported.budget_exhausted = exhausted
+    # A latency objective that no split within the budget meets is a Warning when it starts.
+    latency = result.decision.latency if result.decision is not None else None
+    unmet = latency is not None and not latency.met
+    if unmet and not reported.latency_unmet and latency is not None:
+        kopf.warn(obj, reason=LATENCY_OBJECTIVE_UNMET, message=latency_unmet_message(latency))
+        logger.warning(result.line())
+    reported.latency_unmet = unmet
     # Healing results are events of their own; the Healer's back-off and attempt limit
     # bound how often a sick model can post one.
     for healing in result.healing_actions:

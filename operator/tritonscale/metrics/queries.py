@@ -70,6 +70,11 @@ BUDGET_GPU_MEMORY_USED = "tritonscale_budget_gpu_memory_used_bytes"
 # set's roots served.
 SET_PREDICTED_RPS = "tritonscale_set_predicted_rps"
 SET_SERVED_RPS = "tritonscale_set_served_rps"
+# Per autoscaler of a root with a latency objective (spec.targets.latency): the bound, the
+# planner's prediction of its quantile at the counts it chose, and the measured mean.
+LATENCY_OBJECTIVE_SECONDS = "tritonscale_latency_objective_seconds"
+LATENCY_PREDICTED_SECONDS = "tritonscale_latency_predicted_seconds"
+LATENCY_MEASURED_MEAN_SECONDS = "tritonscale_latency_measured_mean_seconds"
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,13 @@ class LoadsInFlight:
         self._clock = clock
         self._running: dict[tuple[str, str], _Running] = {}
         self._changed_at: dict[tuple[str, str], float] = {}
+        # Called with (pod, model) when a load that outlived its deadline ends: nobody waits
+        # for it any more, and a caller that held back for it may go on.
+        self._on_late_end: list[Callable[[str, str], None]] = []
+
+    def on_late_end(self, listener: Callable[[str, str], None]) -> None:
+        """Call `listener(pod, model)` whenever a load ends after its deadline."""
+        self._on_late_end.append(listener)
 
     def changed_at(self, pod: str, model: str) -> float | None:
         """When a load of `model` on `pod` was last sent or ended (the clock's time): a config
@@ -185,3 +192,5 @@ class LoadsInFlight:
             took,
             load.deadline_s,
         )
+        for listener in self._on_late_end:
+            listener(load.pod, load.model)
