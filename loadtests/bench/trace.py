@@ -41,8 +41,9 @@ one instance, the static arm at its split, and the load drained before each):
   no joint budget. The target, windows and bounds are the chart's defaults
   (charts/tritonscale/values.yaml); a controller of this benchmark, not of the product;
 - **operator**: `tritonscale tune` on the chart's autoscalers with the budget as `spec.budget`
-  and the latency objective in the root's `spec.targets.latency` (today's planner ignores the
-  objective: this arm shows what it costs until the planner uses it);
+  and the latency objective in the root's `spec.targets.latency`: the planner sizes the
+  root's pipeline to it (tritonscale.core.latency: the fewest instances whose predicted
+  quantile meets the objective at the rate it sizes for, within the budget);
 - **limit**: computed, not run: for each second, the fewest-instance split that meets the
   objective at the sweep's level for that second's rate, summed; what perfect foresight of the
   trace would pay.
