@@ -121,7 +121,19 @@ def local_triton(models: list[str] | None = None) -> Iterator[LocalTriton]:
     progress(f"starting tritonserver ({', '.join(models) if models else 'all models'}) ...")
     with LocalTriton(http_port=0, grpc_port=0, metrics_port=0, models=models) as triton:
         progress(f"  ready in {triton.startup_s:.1f} s (gRPC {triton.grpc_url})")
-        yield triton
+        try:
+            yield triton
+        except Exception as error:
+            # A server that died mid-run (a crash in a backend) is the cause, not the step that
+            # found it unreachable: one line that says so, and where its log is.
+            code = triton.process.poll() if triton.process is not None else None
+            if code is None:
+                raise
+            how = f"signal {-code}" if code < 0 else f"code {code}"
+            raise SystemExit(
+                f"tritonserver exited ({how}) while the benchmark ran: {triton.last_error()} "
+                f"(log: {triton.log_path}); it was found by: {error}"
+            ) from None
 
 
 class Instances:

@@ -395,7 +395,7 @@ class LocalTriton:
             if self.process is not None and self.process.poll() is not None:
                 code = self.process.returncode
                 crashed = TritonCrashedWhileStarting if code < 0 else LocalTritonError
-                raise crashed(f"tritonserver exited with code {code}: {self._last_error()}")
+                raise crashed(f"tritonserver exited with code {code}: {self.last_error()}")
             try:
                 states = self._repository_index()
             except TritonError:  # not listening yet, or not answering yet
@@ -435,7 +435,7 @@ class LocalTriton:
                 return f"model '{name}' failed to load: {reason}"
         return f"model '{name}' failed to load: Triton did not list it (log: {self.log_path})"
 
-    def _last_error(self) -> str:
+    def last_error(self) -> str:
         """The most telling line of the server's log, for a one-line error."""
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
