@@ -40,16 +40,17 @@ gains an instance (the model says so of a parent in front of a child that batche
 second parent instance sends the child more calls at once, and the child's queue grows), so
 no model's count can be bounded alone. Its cost grows with how far the answer lies above the
 lower bounds (the splits of a total of k models d above them: (d + k - 1)! / (d! (k - 1)!)),
-10 to 30 ms a split on a 2-core machine (lqn's fixed point): the current counts'
+10 to 40 ms a split on a 2-core machine (lqn's fixed point): the current counts'
 neighbourhood at steady load, more on a start from the minimums under a high load.
 
 Where no split within the budget meets, what the objective would take (`Choice.wanted`, a
 figure for the status and the HPA's demand ratio, never applied) is walked up from the
 budget's best split: one instance a step, to the model whose instance raises the margin the
 most, until it meets (the models' highest counts do, or nothing is wanted). k predictions a
-step rather than every split of every total up to the models' bounds, which on a generated
-pipeline of three models (budget 7) was two thirds of a tick's 3.6 s of search; not always
-the fewest, for the reason above.
+step rather than every split of every total up to the models' bounds: on a generated
+pipeline of three models (budget 7) the most splits a tick predicts fell from 101 to 51 and
+its longest search from 3.6 to 2.9 s of CPU (the higher counts' fixed points cost more);
+not always the fewest, for the reason above.
 
 Assumptions beside lqn's own (its docstring): the arrivals at a root are Poisson within a
 window (a request's time is its own; open clients, not a closed loop: a root whose clients
