@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -45,17 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         help="run only this family (repeatable)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "summary.json")
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=min(2, os.cpu_count() or 1),
-        help="processes that run the scenarios (default: 2, or 1 on one CPU)",
-    )
+    sim_jobs.add_jobs_argument(parser, "scenarios")
     args = parser.parse_args(argv)
     if args.scenarios is not None and args.scenarios < 1:
         parser.error(f"--scenarios must be at least 1, got {args.scenarios}")
-    if args.jobs < 1:
-        parser.error(f"--jobs must be at least 1, got {args.jobs}")
 
     started = time.monotonic()
     chosen = scenarios.generate(tuple(args.family), args.scenarios)

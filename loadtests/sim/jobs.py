@@ -8,9 +8,14 @@ the same for any number of jobs.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
+
+# Two processes by default, one on a machine with a single CPU.
+DEFAULT_JOBS = min(2, os.cpu_count() or 1)
 
 # What a forked job runs, set before the fork.
 _JOB: dict[str, Callable[[int], Any]] = {}
@@ -30,3 +35,20 @@ def in_order(run: Callable[[int], Any], count: int, jobs: int, chunksize: int = 
 
 def _run(index: int) -> Any:
     return _JOB["run"](index)
+
+
+def add_jobs_argument(parser: argparse.ArgumentParser, runs: str) -> None:
+    """`--jobs`: how many processes share the `runs` (at least 1)."""
+    parser.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=DEFAULT_JOBS,
+        help=f"processes that run the {runs} (default: 2, or 1 on one CPU)",
+    )
+
+
+def positive_int(text: str) -> int:
+    count = int(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {count}")
+    return count

@@ -32,17 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.sim.trace_main", description=__doc__)
     parser.add_argument("--traces", type=int, default=None, help="run only the first N")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "traces.json")
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=min(2, os.cpu_count() or 1),
-        help="processes that run the traces (default: 2, or 1 on one CPU)",
-    )
+    sim_jobs.add_jobs_argument(parser, "traces")
     args = parser.parse_args(argv)
     if args.traces is not None and args.traces < 1:
         parser.error(f"--traces must be at least 1, got {args.traces}")
-    if args.jobs < 1:
-        parser.error(f"--jobs must be at least 1, got {args.jobs}")
 
     started = time.monotonic()
     chosen = trace_cases.generate(args.traces)
