@@ -33,6 +33,7 @@ from tritonscale.core.pipeline_model import (
     Batching,
     PipelineHistory,
     PipelineModel,
+    Stage,
     measure,
 )
 from tritonscale.core.signals import MetricSnapshot, ModelSignals
@@ -171,25 +172,37 @@ class TestOneWindow:
         assert not light.stages[PARENT].saturated
         assert not light.stages[PARENT].overloaded
 
-    @pytest.mark.parametrize(("mean_queue", "closed_loop"), [(38.0, True), (20.0, False)])
-    def test_a_first_window_tells_a_queue_that_stood_from_one_that_grew(
-        self, mean_queue: float, closed_loop: bool
+    @pytest.mark.parametrize("mean_queue", [38.0, 20.0])
+    def test_a_first_window_reads_a_waiting_queue_as_a_floor_and_the_next_tells(
+        self, mean_queue: float
     ) -> None:
-        # No window before it, so the gauge's growth is unknown. A queue that stood through
-        # the window averages about its length at the end (a closed loop's 40 clients
-        # waiting); one that grew from empty (an open load above what the set serves) about
-        # half of it.
+        # No window before it, so whether the queue grew is unknown: one that stood through
+        # the window (a closed loop's 40 clients waiting, mean about its end) and one that
+        # grew from empty (mean about half: a closed loop that started within the window,
+        # or an open load above what the set serves) both say the root is offered at least
+        # what it serves. The window after tells them apart by the gauge.
         at = counts(1, 1)
-        snapshot = Load(200.0).snapshot(START, at)
+        first = Load(200.0).snapshot(START, at)
         parent = replace(
-            snapshot.models[PARENT], queue_seconds_per_second=mean_queue, pending_requests=40.0
+            first.models[PARENT], queue_seconds_per_second=mean_queue, pending_requests=40.0
         )
-        model, _ = measured(
-            [MetricSnapshot(START, WINDOW_S, {**snapshot.models, PARENT: parent})], at
-        )
+        window = MetricSnapshot(START, WINDOW_S, {**first.models, PARENT: parent})
+        model, _ = measured([window], at)
         assert model.stages[PARENT].saturated
         assert model.stages[PARENT].overloaded  # either way, requests pile up in front of it
-        assert model.stages[PARENT].closed_loop is closed_loop
+        assert model.stages[PARENT].closed_loop
+
+        def then(pending: float) -> Stage:
+            later = Load(200.0).snapshot(START + WINDOW_S, at)
+            models = {**later.models, PARENT: replace(parent, pending_requests=pending)}
+            return measured([window, MetricSnapshot(later.taken_at, WINDOW_S, models)], at)[
+                0
+            ].stages[PARENT]
+
+        assert then(40.0).closed_loop  # it stood
+        grown = then(40.0 + 30.0 * WINDOW_S)  # 30 requests a second more than it serves
+        assert not grown.closed_loop and grown.queue_grows
+        assert grown.offered_rps == pytest.approx(grown.arrival_rps.value + 30.0)
 
     def test_a_queue_that_grows_beyond_the_noise_is_seen_below_saturation(self) -> None:
         # A load that just rose: branch_embed's four instances are not yet busy all the time,

@@ -26,6 +26,7 @@ from tritonscale.core.behavior import (
     scale_down_limit,
     scale_up_limit,
 )
+from tritonscale.core.pipeline_model import SATURATED_UTILIZATION
 from tritonscale.core.planner import SetState, as_policy_decision, decide_set
 from tritonscale.core.policy import Decision
 from tritonscale.core.spec import AutoscalerSpec, ScalingPolicy, ScalingRules
@@ -346,7 +347,17 @@ class TestHysteresis:
     def test_no_noise_within_ten_percent_reverses_the_count_with_a_queue_either(
         self, load: float, queue_ratio: float, noise: list[float], current: int
     ) -> None:
-        assert reversals(noisy_run(load, noise, current, queue_ratio)) == 0
+        counts = noisy_run(load, noise, current, queue_ratio)
+        # A first window that saturates the starting count with more waiting than running
+        # reads as a closed loop (tests/test_policy_properties.py's flap property): the
+        # planner steps up to the split that serves the most, and a load that did not rise
+        # with it has it give back what the step did not buy, once. That is a probe, not
+        # noise; any other turn is.
+        probed = queue_ratio > 1 and load * (1 + noise[0]) >= SATURATED_UTILIZATION * current
+        if probed and counts[1] > counts[0]:
+            assert reversals(counts) <= 1, counts
+        else:
+            assert reversals(counts) == 0, counts
 
 
 class TestInferredScaleEvents:

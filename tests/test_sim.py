@@ -311,9 +311,23 @@ def test_the_set_planner_steps_within_the_budget_and_settles_within_three_interv
 def test_the_set_planner_does_not_reverse_under_a_steady_load(
     budget: int, rps: float, seed: int
 ) -> None:
-    row = run_scenario(steady_scenario(budget, rps, seed), AllocatorController, SEARCH)
+    recorded: list[_Recorded] = []
+
+    def controller() -> _Recorded:
+        recorded.append(_Recorded())
+        return recorded[-1]
+
+    row = run_scenario(steady_scenario(budget, rps, seed), controller, SEARCH)
     phase = row["phases"][0]
-    assert phase["reversals"] == 0, (phase["reversal_reasons"], phase["held_at_end"])
+    # An open load above what every model at 1 serves fills the root's queue from empty in
+    # the first window, as a closed loop that starts does: with no gauge reading before it,
+    # that window reads as a floor (a closed loop: the split that serves the most), and the
+    # planner gives back what the open load turns out not to need, once (the flap property
+    # in tests/test_policy_properties.py states the same). Any other turn is a flap.
+    first = next(m for m in recorded[0].history if "warming up" not in m["pipeline_async"])
+    probed = "pipeline_async is a closed loop" in first["pipeline_async"]
+    allowed = 1 if probed else 0
+    assert phase["reversals"] <= allowed, (phase["reversal_reasons"], phase["held_at_end"])
 
 
 class _Recorded(AllocatorController):

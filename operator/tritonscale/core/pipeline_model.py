@@ -78,9 +78,6 @@ UNKNOWN_NOISE = 0.25
 # At or above this busy fraction per instance a model is saturated: what it serves is what it
 # can, and its arrival rate understates what is offered to it.
 SATURATED_UTILIZATION = 0.95
-# A queue whose mean length over a window is at least this share of its length at the end
-# stood through it (a closed loop's: 0.95 measured); one that grew from empty averages 0.5.
-STOOD_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -551,9 +548,15 @@ def _stage(
     queue_grows = queue_growth > NOISE_FLOOR * reading.arrival_rate
     # A root that queues more requests than it runs: the clients wait on the set, and a
     # closed loop of them sends more as soon as the set serves more (its queue stands, it
-    # does not grow). A child's queue says only that it is today's bottleneck.
+    # does not grow). A child's queue says only that it is today's bottleneck. In the first
+    # window no gauge reading before it tells whether the queue grew (queue_grows is False):
+    # a closed loop that started within the window fills its queue from empty just as an
+    # open load above what the set serves does, and either is offered at least what it
+    # serves, so the first window reads as a floor; the window after tells them apart. A
+    # growth taken as none would size an open overload to what it serves, fewer instances
+    # than the same root with a shorter queue gets as a closed loop.
     clients_wait = saturated and not callers.get(model) and _queue_stands(reading)
-    closed_loop = clients_wait and _queue_stood(history, model, queue_grows)
+    closed_loop = clients_wait and not queue_grows
     return Stage(
         model=model,
         instances=instances,
@@ -678,19 +681,6 @@ def _backlog_growth(history: PipelineHistory, model: str) -> float:
         windows[-1].readings[model].pending_requests - windows[-2].readings[model].pending_requests
     )
     return max(0.0, grown / (windows[-1].taken_at - windows[-2].taken_at))
-
-
-def _queue_stood(history: PipelineHistory, model: str, grows: bool) -> bool:
-    """Whether the model's queue stood through the latest window rather than grew. With a
-    window before it, its gauge tells (`grows`, from `_backlog_growth`); with none (the first
-    window after a start), the mean length over the window (queue seconds per second) is near
-    the length at its end: a queue that grew from empty within the window averages about half
-    of it."""
-    windows = [w for w in history.windows if model in w.readings]
-    if len(windows) >= 2:
-        return not grows
-    reading = windows[-1].readings[model]
-    return reading.queue_seconds_per_second >= STOOD_SHARE * reading.pending_requests
 
 
 def _queue_stands(reading: Reading) -> bool:
