@@ -296,6 +296,7 @@ class _Server:
     batch: tuple[float, ...]
     hold: tuple[float, ...]
     hold_scv: float
+    most_batch: float = 1.0  # the most requests one execution takes
 
     @classmethod
     def of(
@@ -326,7 +327,7 @@ class _Server:
         mean_hold = hold[-1] if most else station.service.at(rows_per_request) + calls_s
         own = mean_hold - calls_s
         scv = (station.scv * own * own + calls_var) / (mean_hold * mean_hold)
-        return cls(c, tuple(rate), tuple(batch), tuple(hold), scv)
+        return cls(c, tuple(rate), tuple(batch), tuple(hold), scv, most_batch)
 
     def at(self, j: int) -> int:
         return min(j, len(self.rate) - 1)
@@ -356,20 +357,38 @@ class _Layer:
     hold_s: float
 
 
-def _found_moments(server: _Server, found: Sequence[float]) -> tuple[float, float]:
+def _found_moments(
+    server: _Server, found: Sequence[float], random_arrivals: bool
+) -> tuple[float, float]:
     """Mean and second moment of the wait, from the distribution of the requests an arrival
     finds: the batches ahead of it leave one per interval of hold / instances (renewal
-    departures with the hold's variability)."""
+    departures with the hold's variability).
+
+    An arrival at a random moment (Poisson, or clients that think) waits for what is left of
+    the execution under way before the whole intervals after it: the renewal residual, its
+    moments those of a gamma-distributed interval (for a fixed hold uniform over the interval:
+    a twelfth of its square as variance; for an exponential one the whole interval again).
+    Without it, a batch server that every arrival finds busy would wait a fixed time: its
+    p95 would fall as its load rises. Clients in step with the executions (a closed loop
+    that does not think) come back as a batch leaves and wait whole intervals."""
+    cs2 = server.hold_scv
+    first_mean, first_var = 1.0, cs2
+    if random_arrivals:
+        first_mean = (1.0 + cs2) / 2.0
+        first_var = (1.0 + cs2) * (1.0 + 2.0 * cs2) / 3.0 - first_mean * first_mean
     mean = second = 0.0
     for j, p in enumerate(found):
         if p <= 0 or j < server.instances:
             continue
         k = server.at(j + 1)
-        ahead = j - server.instances * server.batch[k]  # waiting before it
-        departures = max(0.0, ahead) / server.batch[k] + 1.0
+        ahead = max(0.0, j - server.instances * server.batch[k])  # waiting before it
+        # It leaves with the first batch that has room for it: the full batches ahead of its
+        # own are whole intervals after the first departure (one per request ahead where
+        # nothing batches).
+        whole = max(0.0, (ahead + 1.0) / server.most_batch - 1.0)
         interval = server.hold[k] / server.instances
-        m = departures * interval
-        v = departures * interval * interval * server.hold_scv
+        m = (first_mean + whole) * interval
+        v = (first_var + whole * cs2) * interval * interval
         mean += p * m
         second += p * (v + m * m)
     return mean, second
@@ -413,7 +432,9 @@ def _closed(server: _Server, station: Station, population: float, think_s: float
         probabilities = [1.0 - total, *tail]
         if n >= top - 1:  # the populations around the mean asked for
             results.append(
-                _layer_at(server, station, throughput, response, previous, probabilities)
+                _layer_at(
+                    server, station, throughput, response, previous, probabilities, think_s > 0
+                )
             )
     upper = results[-1]
     if top == population or top == 1:
@@ -445,6 +466,7 @@ def _layer_at(
     response: float,
     found: Sequence[float],
     present: Sequence[float],
+    random_arrivals: bool,
 ) -> _Layer:
     # Requests leave state j at rate[j] in batches of batch[j]: the mean batch and hold are
     # those of the executions that finish.
@@ -462,7 +484,7 @@ def _layer_at(
     batch = max(batch, throughput * hold / server.instances)
     executions = throughput / batch
     busy = executions * hold
-    wait_mean, wait_second = _found_moments(server, found)
+    wait_mean, wait_second = _found_moments(server, found, random_arrivals)
     delay = _batcher_delay(station, server, found)
     # The hold of the batch a request runs in is what it spends served; the rest of its
     # response is its wait.
@@ -542,7 +564,9 @@ def _open(server: _Server, station: Station, arrival_rps: float) -> _Layer | Non
     in_system = sum(j * p for j, p in enumerate(probabilities)) + tail_in_system / total
     # The tail's states behave as the last one: folded into it (PASTA: what arrivals find).
     found = [*probabilities[:-1], probabilities[-1] + tail_mass / total]
-    layer = _layer_at(server, station, arrival_rps, in_system / arrival_rps, found, found)
+    layer = _layer_at(
+        server, station, arrival_rps, in_system / arrival_rps, found, found, random_arrivals=True
+    )
     factor = (1.0 + server.hold_scv) / 2.0
     hold = layer.response_s - layer.wait_s
     delay = _batcher_delay(station, server, found)
