@@ -43,13 +43,13 @@ lint: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# The unit tests on every core (pytest-xdist: they share nothing), then the rest one at a
-# time (they start servers and a cluster), with the 25 slowest at the end: where the suite's
-# time goes, run after run. Exit status 5 is pytest's "nothing selected" (PYTEST_ARGS naming
-# only tests of the other kind).
+# The unit tests on every core (pytest-xdist, an idle worker taking from a busy one: they
+# share nothing), then the rest one at a time (they start servers and a cluster), with the
+# 25 slowest at the end: where the suite's time goes, run after run. Exit status 5 is
+# pytest's "nothing selected" (PYTEST_ARGS naming only tests of the other kind).
 test: deps
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q -m unit -n auto $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(VENV)/bin/pytest -q -m unit -n auto --dist worksteal $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(VENV)/bin/pytest -m 'not unit' --durations=25 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The fast lane, under a minute: ruff and the tests marked `unit` (pure: no Triton, no
@@ -57,7 +57,7 @@ test: deps
 check: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/pytest -q -m unit -n auto $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -m unit -n auto --dist worksteal $(PYTEST_ARGS)
 
 # Every test that starts something real (not marked unit), 5 runs quiet and 5 with the other
 # core busy, then a table of each test that failed even once (reports/flake-hunt/). Narrow it:
