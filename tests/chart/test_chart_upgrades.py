@@ -11,6 +11,7 @@ both on a real API server.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -232,6 +233,31 @@ def test_a_headless_run_is_named_after_what_it_runs_and_the_service_follows_it(r
     service = one(objects, "Service", "-locust")
     assert service["spec"]["selector"]["tritonscale.io/locust-run"] == run
     assert job_names(render(LOCUST).objects) == job_names(objects)  # the same run renders alike
+
+
+def _label_maps(obj: dict) -> list[dict]:
+    spec = obj.get("spec") or {}
+    template = (spec.get("template") or {}).get("metadata") or {}
+    selector = spec.get("selector") or {}
+    maps = [obj["metadata"].get("labels"), template.get("labels"), selector.get("matchLabels")]
+    if obj["kind"] == "Service":
+        maps.append(selector)
+    return [m for m in maps if m]
+
+
+def test_label_values_stay_strings_whatever_their_characters(render) -> None:
+    # A run's id is ten hex digits of a hash: all digits, or digits around one "e" (a float),
+    # in about one render of fifty (the hash covers the image registry's address, the
+    # values, the chart), and the API server refuses a label that is no string ("cannot
+    # unmarshal number into Go struct field ObjectMeta.metadata.labels"): helm install
+    # failed so on a fresh clone's CI run. A name or release of digits alike.
+    result = render(LOCUST, extra=("--set-string", "nameOverride=123"))
+    for obj in result.objects:
+        for labels in _label_maps(obj):
+            numbers = {k: v for k, v in labels.items() if not isinstance(v, str)}
+            assert not numbers, (obj["kind"], obj["metadata"]["name"], numbers)
+    runs = re.findall(r'tritonscale\.io/locust-run: ("?)[0-9a-f]{10}"?\n', result.stdout)
+    assert runs and all(quote == '"' for quote in runs), runs
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,8 @@
 
 {{/* Labels that select this release's pods; reused by workloads, Services, monitors and autoscalers. */}}
 {{- define "tritonscale.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "tritonscale.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "tritonscale.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end -}}
 
 {{/* Labels on every object. */}}

@@ -30,7 +30,7 @@ metadata:
     {{- include "tritonscale.componentLabels" (list $ "locust") | nindent 4 }}
     tritonscale.io/locust-role: {{ $role }}
     {{- with $run }}
-    tritonscale.io/locust-run: {{ . }}
+    tritonscale.io/locust-run: {{ . | quote }}
     {{- end }}
 spec:
   {{- if $job }}
@@ -61,7 +61,7 @@ spec:
         {{- include "tritonscale.componentLabels" (list $ "locust") | nindent 8 }}
         tritonscale.io/locust-role: {{ $role }}
         {{- with $run }}
-        tritonscale.io/locust-run: {{ . }}
+        tritonscale.io/locust-run: {{ . | quote }}
         {{- end }}
       annotations:
         checksum/locustfiles: {{ ($.Files.Glob "files/loadtests/*.py").AsConfig | sha256sum }}
