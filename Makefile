@@ -52,7 +52,7 @@ test: deps
 	$(VENV)/bin/pytest -q -m unit -n auto --dist worksteal $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(VENV)/bin/pytest -m 'not unit' --durations=25 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
-# The fast lane, under a minute: ruff and the tests marked `unit` (pure: no Triton, no
+# The fast lane, about a minute on two cores: ruff and the tests marked `unit` (pure: no Triton, no
 # Prometheus, no helm, no cluster; tests/conftest.py refuses a process in them), on every core.
 check: venv
 	$(VENV)/bin/ruff check .

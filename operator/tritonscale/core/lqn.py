@@ -296,7 +296,7 @@ class _Server:
     batch: tuple[float, ...]
     hold: tuple[float, ...]
     hold_scv: float
-    most_batch: float = 1.0  # the most requests one execution takes
+    most_batch: float  # the most requests one execution takes
 
     @classmethod
     def of(
