@@ -148,6 +148,14 @@ class TestTheSlowestCall:
         mean, _ = expected_max([(1, a, a * a), (1, b, b * b)])
         assert mean == pytest.approx(a + b - 1 / (1 / a + 1 / b), rel=1e-4)
 
+    def test_two_exponential_calls_spread_as_the_closed_form_says(self) -> None:
+        # E[max^2] = E[X^2] + E[Y^2] - E[min^2], min exponential with rate 1/a + 1/b.
+        a, b = 0.01, 0.03
+        mean, var = expected_max([(1, a, a * a), (1, b, b * b)])
+        smallest = 1 / (1 / a + 1 / b)
+        assert mean == pytest.approx(a + b - smallest, rel=1e-9)
+        assert var == pytest.approx(2 * a * a + 2 * b * b - 2 * smallest**2 - mean**2, rel=1e-9)
+
     def test_a_call_made_for_half_the_executions_counts_half(self) -> None:
         # max(10 ms fixed, a 30 ms call made half the time) = 0.5 * 10 + 0.5 * 30.
         mean, _ = expected_max([(1, 0.01, 0), (0.5, 0.03, 0)])
@@ -200,6 +208,26 @@ class TestLayers:
         leaf = Station("leaf", 1, ServiceTime(0.020))
         prediction = closed_loop(Network({"p": parent, "leaf": leaf}, "p"), 1)
         assert prediction.mean_latency_s == pytest.approx(0.0015 + 0.060, rel=0.05)
+
+
+class TestTheFixedPoint:
+    def test_a_steep_feedback_converges_instead_of_taking_turns(self) -> None:
+        # Two parents, each execution three calls to a 28 ms child of two instances: a parent
+        # that holds longer sends the child fewer calls, which then answer sooner. At half a
+        # step the waits took turns between two states until the last round.
+        root = Station(
+            "root",
+            2,
+            ServiceTime(0.0),
+            BatchPolicy(32, False),
+            rows_per_request=8,
+            calls=(Call("fast", 1.0), Call("slow", 3.01)),
+        )
+        fast = Station("fast", 1, ServiceTime(0.00078), BatchPolicy(64, True), rows_per_request=8)
+        slow = Station("slow", 2, ServiceTime(0.0284), BatchPolicy(64, True), rows_per_request=8)
+        prediction = closed_loop(Network({"root": root, "fast": fast, "slow": slow}, "root"), 32)
+        assert prediction.converged, prediction.rounds
+        assert prediction.rounds < lqn.MAX_ROUNDS / 5
 
 
 class TestProperties:

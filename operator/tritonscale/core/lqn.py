@@ -66,10 +66,18 @@ response times):
 - the expected maximum of a parent's async calls: each call's response time is taken as
   independent of the others and as a shifted exponential with the call's mean and variance
   (a constant part and an exponential part; one whose variance exceeds its squared mean is
-  taken as exponential); `E[max] = integral of 1 - prod F_i(t) dt`, computed numerically.
+  taken as exponential); `E[max] = integral of 1 - prod F_i(t) dt`, in closed form (the
+  product expanded, between two shifts, into a sum of exponentials).
   The calls of one execution to one child arrive together and are not independent: they
   take `k = ceil(calls / (instances * batch))` of its executions one after another, the last
   ending `(k - 1) / 2` holds after their mean.
+- the rounds: each parent's wait for its calls moves a share of the way to what its callees'
+  responses give (half a step; the first round the whole). Where the residuals turn back
+  against the last round's, the step is halved (under-relaxation), and doubled again, up to
+  half, while they keep their direction: a steep feedback (a parent slower, its children
+  less loaded, their answers quicker) converges instead of taking turns between two states,
+  and where the map jumps (calls that take one execution more of a child) the rounds end at
+  the jump. They stop when a round moves no wait by more than `TOLERANCE`.
 
 Spreads and tails. Triton's counters give means only: an execution's time at a given batch is
 taken as its mean (`EXECUTION_SCV`, no spread; the spread of a parent's hold is that of its
@@ -103,14 +111,12 @@ P95_Z = 1.6448536269514722
 # An execution's squared coefficient of variation at a given batch: Triton's counters give
 # means only, and the same code on the same batch shape takes about the same time.
 EXECUTION_SCV = 0.0
-# The fixed point stops when no hold moves by more than this share between two rounds.
-TOLERANCE = 1e-6
+# The fixed point stops when no parent's wait for its calls moves by more than this share
+# in a round: 1e-8, so that two splits a model's idle instance apart come out equal to well
+# within a millionth (tests/test_lqn.py holds them to ten of it), where the contraction is
+# slow and the residual overstates how close the iterate is by up to a hundredfold.
+TOLERANCE = 1e-8
 MAX_ROUNDS = 500
-# The numerical integral of E[max]: Simpson's rule with this many intervals a piece; after
-# the last shift, pieces that end at these multiples of the longest exponential mean (the
-# tail beyond 50 of them is below e^-50 of the integrand).
-_SIMPSON_POINTS = 32
-_TAIL_STEPS = (0.0, 0.5, 1.5, 3.5, 7.0, 12.0, 20.0, 32.0, 50.0)
 
 
 @dataclass(frozen=True)
@@ -593,39 +599,61 @@ def _shifted_exponential(mean: float, var: float) -> tuple[float, float]:
 
 def expected_max(calls: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
     """Mean and variance of the slowest of independent calls, each (probability it is
-    made, mean response, variance), each a shifted exponential; a call not made takes 0."""
+    made, mean response, variance), each a shifted exponential; a call not made takes 0.
+
+    Exact: between two shifts the distribution of the slowest is a product of terms
+    `1 - q e^(-(t - shift) / scale)` (a call under way), `1 - q` (one not begun) and 1 (a
+    fixed one that has ended); expanded, a sum of exponentials of t over the subsets of the
+    calls under way, whose integrals `E[max] = integral of (1 - F(t)) dt` and
+    `E[max^2] = integral of 2t (1 - F(t)) dt` have closed forms. Its cost grows as 2^n in the
+    n calls with a spread (a parent's distinct children, about 16 terms for 4)."""
     shapes = [(q, *_shifted_exponential(m, v)) for q, m, v in calls if q > 0 and m > 0]
     if not shapes:
         return 0.0, 0.0
-
-    def cdf(t: float) -> float:
-        product = 1.0
-        for q, shift, scale in shapes:
-            if t < shift:
-                product *= 1.0 - q
-            elif scale > 0:
-                product *= 1.0 - q * math.exp(-(t - shift) / scale)
-        return product
-
-    shifts = sorted({0.0, *(shift for _, shift, _ in shapes)})
-    scale = max(s for _, _, s in shapes)
-    # After the last shift only exponential tails remain: pieces that widen with them.
-    tail = [shifts[-1] + scale * k for k in _TAIL_STEPS] if scale > 0 else []
-    points = [*shifts, *tail]
+    points = sorted({0.0, *(shift for _, shift, _ in shapes)})
     first = second = 0.0
-    for low, high in zip(points, points[1:], strict=False):
-        # Simpson's rule on each piece (the integrand has a kink or a step at each shift),
-        # just inside its ends so that a step belongs to the piece it closes.
-        n = _SIMPSON_POINTS
-        h = (high - low) / n
-        inside = 1e-12 * max(1.0, high)
-        for i in range(n + 1):
-            t = min(max(low + i * h, low + inside), high - inside)
-            weight = 1 if i in (0, n) else (4 if i % 2 else 2)
-            survival = 1.0 - cdf(t)
-            first += weight * survival * h / 3
-            second += weight * 2 * t * survival * h / 3
+    for index, low in enumerate(points):
+        high = points[index + 1] if index + 1 < len(points) else math.inf
+        # On [low, high): the calls not begun and those under way (their terms at `low`).
+        constant = 1.0
+        terms = [(1.0, 0.0)]  # (coefficient, rate): F(t) = constant * sum c e^(-rate (t - low))
+        for q, shift, scale in shapes:
+            if shift > low:
+                constant *= 1.0 - q
+            elif scale > 0:
+                factor = q * math.exp(-(low - shift) / scale)
+                terms += [(-c * factor, rate + 1.0 / scale) for c, rate in terms]
+        first_piece, second_piece = _survival_moments(low, high, constant, terms)
+        first += first_piece
+        second += second_piece
     return first, max(0.0, second - first * first)
+
+
+def _survival_moments(
+    low: float, high: float, constant: float, terms: Sequence[tuple[float, float]]
+) -> tuple[float, float]:
+    """The integrals of `1 - F(t)` and `2t (1 - F(t))` over [low, high), where
+    `F(t) = constant * sum of c e^(-rate (t - low))` (`high` infinite: F reaches 1 there)."""
+    length = high - low
+    first = second = 0.0
+    if math.isfinite(length):
+        first = length
+        second = high * high - low * low
+    for c, rate in terms:
+        weight = -constant * c
+        if rate == 0.0:
+            if math.isfinite(length):
+                first += weight * length
+                second += weight * (high * high - low * low)
+            continue
+        decayed = math.exp(-rate * length) if math.isfinite(length) else 0.0
+        # integral of e^(-rate u) and of (low + u) e^(-rate u), u from 0 to the length.
+        plain = (1.0 - decayed) / rate
+        tail = 0.0 if not math.isfinite(length) else length * decayed
+        moment = low * plain + (plain - tail) / rate
+        first += weight * plain
+        second += weight * 2.0 * moment
+    return first, second
 
 
 # ---- the layered fixed point ----------------------------------------------------------
@@ -681,6 +709,9 @@ def _solve(
     rows: dict[str, float] = {}
     rounds = 0
     converged = False
+    # The share of a step the waits move by (the first round's whole) and the last round's
+    # residuals.
+    step, last = 1.0, {}
     for rounds in range(1, MAX_ROUNDS + 1):
         for name in order:
             station = stations[name]
@@ -708,17 +739,26 @@ def _solve(
                 hold,
                 station.instances * batch,
             )
-        moved = 0.0
+        moved = 0.0  # the largest residual: how far a parent's wait is from its calls'
+        residuals = {}
         for name in reversed(order):
             mean, var = _wait_for_calls(stations[name], responses)
             if calls_s[name] > 0:
-                moved = max(moved, abs(mean - calls_s[name]) / calls_s[name])
-            # Half a step: a child's queue and its callers' holds feed each other.
-            calls_s[name] = (calls_s[name] + mean) / 2 if rounds > 1 else mean
-            calls_var[name] = (calls_var[name] + var) / 2 if rounds > 1 else var
-        if rounds > 2 and moved < TOLERANCE:
+                residuals[name] = (mean - calls_s[name]) / calls_s[name]
+                moved = max(moved, abs(residuals[name]))
+            calls_s[name] += step * (mean - calls_s[name])
+            calls_var[name] += step * (var - calls_var[name])
+        if rounds > 2 and step * moved < TOLERANCE / 2:
             converged = True
             break
+        # A child's queue and its callers' holds feed each other. Half a step from the second
+        # round on; where the residuals turn back against the last round's (two states take
+        # turns: a steep feedback, or a jump of the map between them) the step is halved, and
+        # doubled again, up to half, while they keep their direction: under-relaxation that
+        # ends at the fixed point, or at the jump where there is none.
+        turned = sum(r * last.get(name, 0.0) for name, r in residuals.items()) < 0
+        step = 0.5 if rounds == 1 else (step / 2 if turned else min(0.5, 2 * step))
+        last = residuals
     return _prediction(network, order, layers, servers, rounds, converged)
 
 
