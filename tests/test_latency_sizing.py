@@ -238,6 +238,33 @@ def test_the_planner_sizes_the_pipeline_to_its_objective() -> None:
     assert sum(at.values()) <= 10
 
 
+def steps_judged(specs: Mapping[str, AutoscalerSpec], load: Load, ticks: int) -> set[str]:
+    """The models whose steps up the verifier was handed over `ticks` ticks from one instance
+    each, and whether any step up was taken."""
+    planner, at, judged = SetPlanner(), counts(1, 1), set()
+    stepped = False
+    for tick in range(ticks):
+        now = START + tick * TICK_S
+        members = plans(specs, at, load.snapshot(now, at), now)
+        members = {name: replace(plan, batching=BATCHING) for name, plan in members.items()}
+        decided = planner.planned(members, now)
+        check = planner.state.verifier.check
+        judged |= {e.model for e in check.expectations} if check is not None else set()
+        new = {plan.spec.model: plan.decision.desired_instances for plan in decided.values()}
+        stepped = stepped or any(new[m] > at[m] for m in at)
+        at = new
+    assert stepped, "the load never asked for a step up"
+    return judged
+
+
+def test_a_step_the_latency_search_chose_is_judged_by_the_search_not_the_verifier() -> None:
+    # The verifier reads a parent that holds longer per execution after a step (its child now
+    # kept busier) as a step that bought nothing; the search predicts again every tick.
+    assert steps_judged(with_objective(pipeline_specs(10), 100.0), Load(300.0), 3) == set()
+    # Sized for throughput, the same steps are the verifier's to judge.
+    assert steps_judged(pipeline_specs(10), Load(400.0), 3)
+
+
 def test_an_objective_no_split_meets_serves_the_most_and_says_budget_exhausted() -> None:
     decided, _ = planned(with_objective(pipeline_specs(5), 1.0), Load(150.0), counts(1, 1), 2)
     root = decided["pipeline-async"].decision

@@ -12,7 +12,8 @@ count with a reason and a message, the prediction, and the state to keep. Stages
    signals (tritonscale.core.sizing), as the streams it holds open ask;
 3. the verifier (tritonscale.core.verifier) judges the last step up once a window lies
    wholly after it: a step that fell short goes back at once, past the stages below (a step
-   taken while another waits is judged with it, against the same baseline);
+   taken while another waits is judged with it, against the same baseline; a step the latency
+   search chose is left to that search, which predicts again every tick);
    the first window whose roots' arrivals moved within it by more than chance (a load step
    it straddles) is not decided on: every model holds for that tick (`LOAD_STEP_IN_WINDOW`);
 4. the allocator (tritonscale.core.allocator) chooses every count together; where the pods'
@@ -35,7 +36,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tritonscale.core import behavior, policy, sizing, verifier
-from tritonscale.core.allocator import UNMEASURED, Allocation, Prediction, Room, Target, allocate
+from tritonscale.core.allocator import (
+    LATENCY_OBJECTIVE,
+    UNMEASURED,
+    Allocation,
+    Prediction,
+    Room,
+    Target,
+    allocate,
+)
 from tritonscale.core.behavior import PolicyState
 from tritonscale.core.budget import BUDGET_EXHAUSTED
 from tritonscale.core.latency import LatencyPrediction, search_of
@@ -306,6 +315,13 @@ def decide_set(
                 allocation = _refused(allocated({**ceilings, **capped}), refused)
             steps = _behaving(specs, current, held, allocation, policies, now, settling)
             desired = {model: model_steps[-1].count for model, model_steps in steps.items()}
+            if allocation.objective == LATENCY_OBJECTIVE and search is not None:
+                # A step the latency search chose is judged by the search itself: each tick
+                # predicts again from windows at the counts that run. The verifier's measures
+                # judge the capacity an instance adds; a parent whose child it keeps busier
+                # holds longer per execution, which they read as a step that bought nothing,
+                # and the parent would be held there for CORRECTION_TTL_S, the objective unmet.
+                desired = {m: n for m, n in desired.items() if m not in search.models}
             checks = verifier.start(checks, pipeline, current, desired, now)
     decisions = {}
     for model in specs:
