@@ -240,7 +240,7 @@ def test_the_planner_sizes_the_pipeline_to_its_objective() -> None:
 
 def steps_judged(specs: Mapping[str, AutoscalerSpec], load: Load, ticks: int) -> set[str]:
     """The models whose steps up the verifier was handed over `ticks` ticks from one instance
-    each, and whether any step up was taken."""
+    each (failing where no step up was taken at all: nothing would have been handed)."""
     planner, at, judged = SetPlanner(), counts(1, 1), set()
     stepped = False
     for tick in range(ticks):
