@@ -114,6 +114,41 @@ class TestOneWindow:
             assert parent.own_execution_s.value == pytest.approx(0.004)
             assert parent.hold_per_request_s.value == pytest.approx((0.004 + 0.020) / 4)
 
+    @pytest.mark.parametrize("leaf_queue_s", [0.0, 0.030, 0.120])
+    def test_a_sync_parent_is_sized_net_of_every_call_and_a_chain_net_of_its_depth(
+        self, leaf_queue_s: float
+    ) -> None:
+        # One request an execution everywhere. `sync` calls `leaf` three times one after
+        # another: it waits for each call's queue and execution (4 ms of its own). `chain` calls
+        # `middle` once, which calls `deep` once: middle's execution holds deep's queue, and so
+        # does chain's wait for middle. However long the leaves queue, each holds the same with
+        # the queue taken out: its own work and its calls answered at once.
+        rate, leaf_s = 10.0, 0.010
+        answered_s = leaf_queue_s + leaf_s
+        middle_s = 0.003 + answered_s
+        timings = {  # model: (requests a second, seconds an execution, queue seconds a request)
+            "sync": (rate, 0.004 + 3 * answered_s, 0.0),
+            "chain": (rate, 0.002 + middle_s, 0.0),
+            "middle": (rate, middle_s, 0.0),
+            "leaf": (3 * rate, leaf_s, leaf_queue_s),
+            "deep": (rate, leaf_s, leaf_queue_s),
+        }
+        signals = {
+            model: ModelSignals(
+                model, requests, 0.0, requests, requests * execution, requests * queue, 0.0, 1
+            )
+            for model, (requests, execution, queue) in timings.items()
+        }
+        calls = {"sync": ["leaf"], "chain": ["middle"], "middle": ["deep"], "leaf": [], "deep": []}
+        specs = {model: make_spec(model, calls=called) for model, called in calls.items()}
+        at = dict.fromkeys(calls, 1)
+        model, _ = measured([MetricSnapshot(START, WINDOW_S, signals)], at, specs)
+        assert model.stages["sync"].own_execution_s.value == pytest.approx(0.004)
+        assert model.stages["sync"].hold_per_execution_s.value == pytest.approx(0.004 + 0.030)
+        assert model.stages["middle"].hold_per_execution_s.value == pytest.approx(0.013)
+        assert model.stages["chain"].own_execution_s.value == pytest.approx(0.002)
+        assert model.stages["chain"].hold_per_execution_s.value == pytest.approx(0.015)
+
     def test_a_saturated_model_is_offered_what_it_serves_and_what_queues(self) -> None:
         # One parent instance waits on branch_embed, which serves 50 req/s: both are busy all
         # the time, and the parent's queue grows by 300 requests a window: 5 req/s more are

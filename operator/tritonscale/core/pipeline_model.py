@@ -18,11 +18,13 @@ From the metric snapshots of one pod set (the latest, and a short history the ca
 - the hold per request: the instance seconds one request will cost at the allocator's counts.
   A BLS parent's busy time includes its wait for its children (a parent in front of a
   saturated child reads 99 % busy), and that wait shrinks when the children get instances.
-  So its own work is its execution time less the longest time a call spends in a child
-  (queue + compute: the calls of an async parent run together; a parent that calls in
-  sequence keeps part of its wait in its own work, which understates its capacity, the safe
-  side), and it holds an instance for its own work plus the children's execution time,
-  without their queue. A leaf holds an instance for its busy time per request. Both per
+  So its own work is its execution time less its wait (its calls per execution times each
+  call's time in its child, queue and compute, summed for a parent that calls one after
+  another; the longest call for one whose calls run together, an async parent: which one
+  it is shows in its execution, `_own_and_hold_s`), and it holds an instance for its own work
+  plus its calls answered without a queue, each in its child's hold (a child's own work and
+  its calls, one level down: a chain's middle holds its own children's queue). A leaf holds
+  an instance for its busy time per request. Both per
   execution (averaged over the windows) and per request (that over today's mean batch:
   batches grow with the load, so the capacity this gives is what an instance serves at least).
 - the batch a stage reaches once it is the set's limit (`Stage.batch_at`): a child whose
@@ -52,7 +54,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from tritonscale.core import sizing
 from tritonscale.core.signals import MetricSnapshot, ModelSignals
@@ -352,7 +354,7 @@ class Stage:
     time_in_model_s: float  # queue + compute per request: what a caller waits, latest window
     own_execution_s: Estimate  # per execution, net of the wait for its children
     # Instance seconds per execution and per request at the allocator's counts: its own work
-    # plus its children's execution, without their queue.
+    # plus its calls answered without a queue below it.
     hold_per_execution_s: Estimate
     hold_per_request_s: Estimate
     calls: Mapping[str, Estimate] = field(hash=False)  # child -> calls per request, today's
@@ -379,6 +381,9 @@ class Stage:
     # (a closed loop) and send more as soon as it serves more. What it is offered is a floor,
     # and no count holds it under its target.
     closed_loop: bool = False
+    # A BLS parent whose calls read as made one after another (a sync parent) in the newest
+    # window that timed it: its execution holds their times summed (`_own_and_hold_s`).
+    calls_in_turn: bool = False
 
     @property
     def batch_full(self) -> bool:
@@ -480,9 +485,7 @@ def measure(
             readings[model] = reading
     callers = _callers(specs, readings)
     stages = {
-        model: _stage(model, specs[model], counts, history, callers)
-        for model in readings
-        if model in counts
+        model: _stage(model, counts, history, callers) for model in readings if model in counts
     }
     demand = _demand(stages, callers)
     stages = {model: _with_demand(stage, demand[model]) for model, stage in stages.items()}
@@ -509,7 +512,6 @@ def _callers(
 
 def _stage(
     model: str,
-    spec: AutoscalerSpec,
     counts: Mapping[str, int],
     history: PipelineHistory,
     callers: Mapping[str, tuple[str, ...]],
@@ -517,7 +519,7 @@ def _stage(
     latest = history.windows[-1]
     reading = latest.readings[model]
     instances = counts[model]
-    children = tuple(child for child in spec.calls if child in callers)
+    children = _children(model, callers)
     serving, at_counts = _service_windows(history, model, (model, *children), counts)
     apart = windows_apart(serving)
 
@@ -525,13 +527,9 @@ def _stage(
     # batch, and the batch on the load: today's batch divides them.
     batch = reading.mean_batch
     execution = _estimate([(w, w.readings[model].execution_s) for w in apart])
-    own = _estimate([(w, _own_execution_s(w, model, children)) for w in apart])
-    hold_per_execution = _estimate(
-        [
-            (w, _own_execution_s(w, model, children) + _children_execution_s(w, children))
-            for w in apart
-        ]
-    )
+    held = [(w, _own_and_hold_s(w, model, callers)) for w in apart]
+    own = _estimate([(w, h.own_s) for w, h in held])
+    hold_per_execution = _estimate([(w, h.hold_s) for w, h in held])
     arrivals = windows_apart([w for w in history.windows if model in w.readings])
     arrival = _now(
         _estimate([(w, w.readings[model].arrival_rate) for w in arrivals]), reading.arrival_rate
@@ -587,6 +585,7 @@ def _stage(
         closed_loop=closed_loop,
         idle=reading.arrival_rate <= 0 and reading.pending_requests <= 0,
         queue_grows=queue_grows,
+        calls_in_turn=bool(held) and held[0][1].calls_in_turn,
     )
 
 
@@ -702,19 +701,63 @@ def _per_request(per_execution: Estimate, batch: float) -> Estimate:
     )
 
 
-def _own_execution_s(window: Window, model: str, children: Sequence[str]) -> float:
-    """The execution time less the longest wait for a child (at least 0)."""
-    wait = max(
-        (window.readings[c].time_in_model_s for c in children if _served(window, c)), default=0.0
-    )
-    return max(0.0, window.readings[model].execution_s - wait)
+def _children(model: str, callers: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    return tuple(child for child, parents in callers.items() if model in parents)
 
 
-def _children_execution_s(window: Window, children: Sequence[str]) -> float:
-    """What a call waits once the children queue no more: the longest child's execution."""
-    return max(
-        (window.readings[c].execution_s for c in children if _served(window, c)), default=0.0
-    )
+class _Held(NamedTuple):
+    """An execution's own work and its hold with no queue below it (seconds), and whether its
+    calls read as made one after another."""
+
+    own_s: float
+    hold_s: float
+    calls_in_turn: bool
+
+
+def _own_and_hold_s(
+    window: Window,
+    model: str,
+    callers: Mapping[str, tuple[str, ...]],
+    below: frozenset[str] = frozenset(),
+) -> _Held:
+    """An execution's own work in `window` (its execution less its wait for its calls, at
+    least 0) and what it holds with nothing queued below it: its own work and its calls
+    answered at once, each in its child's own hold (this, one level down: a child's
+    execution holds its own children's queue).
+
+    Calls per execution: the child's arrivals over its callers' executions. The calls of an
+    async parent go out together: it waits for the longest (a call's time in the child, queue
+    and execution). A sync parent waits for each in turn: its calls' times summed. Which one a
+    parent is shows in its execution: a sync one takes at least the sum (its own work besides),
+    an async one less where it calls more than once. Within NOISE_FLOOR of the sum it reads
+    as sync; an async parent whose own work exceeds its calls' sum less the longest reads so
+    too, and then takes out every call's queue where the longest's was the wait: the error is
+    the other calls' queues, none where the children have room.
+    """
+    reading = window.readings[model]
+    calls = []
+    for child in _children(model, callers):
+        if child in below or not _served(window, child):
+            continue
+        executions = sum(
+            window.readings[p].execution_rate for p in callers[child] if p in window.readings
+        )
+        if executions <= 0:
+            continue
+        per_execution = window.readings[child].arrival_rate / executions
+        held = _own_and_hold_s(window, child, callers, below | {model}).hold_s
+        calls.append((per_execution, window.readings[child].time_in_model_s, held))
+    if not calls:
+        return _Held(reading.execution_s, reading.execution_s, False)
+    summed = math.fsum(n * waited for n, waited, _ in calls)
+    in_turn = reading.execution_s >= summed * (1 - NOISE_FLOOR)
+    if in_turn:
+        waited, answered = summed, math.fsum(n * held for n, _, held in calls)
+    else:
+        waited = max(waited for _, waited, _ in calls)
+        answered = max(held for _, _, held in calls)
+    own = max(0.0, reading.execution_s - waited)
+    return _Held(own, own + answered, in_turn)
 
 
 def starts_after(window: Window, changed_at: float) -> bool:

@@ -9,7 +9,8 @@ compared with the prediction (`judge`), by measures that a change of the offered
 the windows does not pass off as a gain or a loss (raw throughput would):
 
 - per model stepped up: the instance seconds it holds per execution and per request (its
-  own work and its children's execution, a parent's wait on their queue taken out). The
+  own work and its calls answered without a queue, `Stage.hold_per_execution_s`: a parent's
+  wait on every queue below it taken out, a sync parent's several and a chain's). The
   step fell short when both grew by more than the estimate's noise (`Estimate.noise`: two standard deviations of its
   windows; 25 % when one window was all there was), and by at least `MIN_SHORTFALL`, so far
   that the capacity the step bought is under `USEFUL_SHARE` of its prediction. Both,
@@ -61,8 +62,8 @@ USEFUL_SHARE = 0.25
 @dataclass(frozen=True)
 class Expectation:
     """What one model stepped up was predicted to keep: the instance seconds it holds per
-    execution and per request (its own work and its children's execution, their queue taken
-    out), each with its relative noise."""
+    execution and per request (its own work and its calls answered without a queue below it),
+    each with its relative noise."""
 
     model: str
     before: int
