@@ -28,6 +28,7 @@ from tritonscale.core.latency import (
     LatencySearch,
     RootObjective,
     horizon_s,
+    search_of,
     sizing_rate,
 )
 from tritonscale.core.lqn import BatchPolicy, Call, Network, ServiceTime, Station
@@ -37,7 +38,9 @@ from tritonscale.core.pipeline_model import (
     PipelineHistory,
     Reading,
     Window,
+    measure,
 )
+from tritonscale.core.signals import MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec, LatencyObjective
 from tritonscale.core.verifier import SETTLE_S
 from tritonscale.drivers import status
@@ -282,6 +285,45 @@ def test_without_an_objective_the_decisions_are_todays() -> None:
     decided, _ = planned(specs, Load(150.0), counts(1, 1), 2)
     assert all(plan.decision.latency is None for plan in decided.values())
     assert not any(plan.decision.reason == LATENCY_OBJECTIVE for plan in decided.values())
+
+
+@pytest.mark.parametrize("in_turn", [True, False])
+def test_a_parent_that_calls_in_turn_is_modelled_so(in_turn: bool) -> None:
+    # A root calling its leaf three times an execution with 4 ms of its own: in turn, its
+    # execution holds the three calls' times summed (one leaf instance, 5 ms of queue); at
+    # once (async), the longest (three leaf instances, one call each, no queue).
+    rate, leaf_s = 20.0, 0.010
+    queue_s = 0.005 if in_turn else 0.0
+    waited = 3 * (queue_s + leaf_s) if in_turn else leaf_s
+    signals = {
+        "root": ModelSignals("root", rate, 0.0, rate, rate * (0.004 + waited), 0.0, 0.0, 1),
+        "leaf": ModelSignals(
+            "leaf", 3 * rate, 0.0, 3 * rate, 3 * rate * leaf_s, 3 * rate * queue_s, 0.0, 1
+        ),
+    }
+    specs = {
+        "root": AutoscalerSpec.from_dict(
+            {
+                "selector": {"matchLabels": {"app": "triton"}},
+                "model": "root",
+                "calls": ["leaf"],
+                "targets": {"latency": {"quantile": 0.95, "milliseconds": 500}},
+            }
+        ),
+        "leaf": AutoscalerSpec.from_dict(
+            {"selector": {"matchLabels": {"app": "triton"}}, "model": "leaf"}
+        ),
+    }
+    at = {"root": 1, "leaf": 1 if in_turn else 3}
+    history = PipelineHistory().observed(MetricSnapshot(START, 60.0, signals), at)
+    model = measure(specs, at, history)
+    assert model.stages["root"].calls_in_turn is in_turn
+    batching = dict.fromkeys(at, Batching(0, dynamic=False))
+    found, left = search_of(specs, model, history, batching)
+    assert found is not None, left
+    station = found.roots[0].network.stations["root"]
+    assert station.sequential is in_turn
+    assert station.service.at(1) == pytest.approx(0.004)
 
 
 # ---- the status, the metrics and the events ----------------------------------------------

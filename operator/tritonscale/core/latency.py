@@ -2,9 +2,10 @@
 
 A root that carries `spec.targets.latency` (a quantile q and a bound B in milliseconds) is
 sized on the layered queueing model of its pipeline (tritonscale.core.lqn): the network is
-measured from the windows the planner keeps (`lqn.from_history`), and a split's latency at
-quantile q is the model's prediction under Poisson arrivals (`lqn.open_loop`) at the rate
-the split must hold (`sizing_rate`). The search (`LatencySearch.choose`) returns the fewest
+measured from the windows the planner keeps (`lqn.from_history`; a parent's calls taken as
+made one after another where its execution reads so, `Stage.calls_in_turn`, else together),
+and a split's latency at quantile q is the model's prediction under Poisson arrivals
+(`lqn.open_loop`) at the rate the split must hold (`sizing_rate`). The search (`LatencySearch.choose`) returns the fewest
 instances within the bounds and the budget whose prediction meets B at every root with an
 objective, the larger predicted margin `(B - predicted) / B` breaking ties; where none does,
 the caller serves the most it can (the allocator's throughput split) and reports what the
@@ -316,6 +317,8 @@ def search_of(
     off_root = latency_objectives_off_root(specs.values())
     horizon = horizon_s(specs, load_s or {})
     configs = {model: _config(b) for model, b in (batching or {}).items()}
+    # A sync parent is told by its execution, as the pipeline model reads it.
+    sequential = {model for model, stage in pipeline.stages.items() if stage.calls_in_turn}
     roots: list[RootObjective] = []
     left: dict[str, str] = {}
     for model, spec in sorted(specs.items()):
@@ -333,7 +336,7 @@ def search_of(
             )
             continue
         try:
-            network = lqn.from_history(history, calls, model, configs)
+            network = lqn.from_history(history, calls, model, configs, sequential)
         except ValueError as error:
             left[model] = f"{model} is not sized to its latency objective yet: {error}"
             continue
