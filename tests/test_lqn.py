@@ -209,6 +209,18 @@ class TestLayers:
         prediction = closed_loop(Network({"p": parent, "leaf": leaf}, "p"), 1)
         assert prediction.mean_latency_s == pytest.approx(0.0015 + 0.060, rel=0.05)
 
+    def test_calls_beyond_a_batching_childs_instances_wait_one_execution_and_go_together(
+        self,
+    ) -> None:
+        # Three calls at once to a 28 ms child of one instance that batches up to 8: the
+        # first finds it free and runs alone (a free instance takes what waits), the other two
+        # wait for it and go together: two executions, the last ending after 56 ms (counted as
+        # the calls' capacity of one instance times 8 would make it one; one each, three).
+        parent = Station("p", 1, ServiceTime(0.002), calls=(Call("leaf", 3.0),))
+        leaf = Station("leaf", 1, ServiceTime(0.028), BatchPolicy(8, True))
+        prediction = closed_loop(Network({"p": parent, "leaf": leaf}, "p"), 1)
+        assert prediction.mean_latency_s == pytest.approx(0.002 + 0.056, rel=0.02)
+
 
 class TestTheFixedPoint:
     def test_a_steep_feedback_converges_instead_of_taking_turns(self) -> None:

@@ -68,9 +68,10 @@ response times):
   (a constant part and an exponential part; one whose variance exceeds its squared mean is
   taken as exponential); `E[max] = integral of 1 - prod F_i(t) dt`, in closed form (the
   product expanded, between two shifts, into a sum of exponentials).
-  The calls of one execution to one child arrive together and are not independent: they
-  take `k = ceil(calls / (instances * batch))` of its executions one after another, the last
-  ending `(k - 1) / 2` holds after their mean.
+  The calls of one execution to one child arrive together and are not independent: as a
+  batch forms (above), at most `c` of them run alone at once and the rest wait and go in
+  batches of at most the largest, `k = 1 + ceil((calls - c) / (c * largest))` of its
+  executions one after another, the last ending `(k - 1) / 2` holds after their mean.
 - the rounds: each parent's wait for its calls moves a share of the way to what its callees'
   responses give (half a step; the first round the whole). Where the residuals turn back
   against the last round's, the step is halved (under-relaxation), and doubled again, up to
@@ -342,12 +343,13 @@ class _Server:
 @dataclass(frozen=True)
 class _Response:
     """A callee as its callers see it: the mean and variance of a call's response, the hold
-    of its executions, and the calls it runs at once (instances times batch)."""
+    of its executions, its instances and the most calls one execution takes."""
 
     mean: float
     var: float
     hold: float
-    slots: float
+    instances: float
+    most_batch: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -732,12 +734,12 @@ def _solve(
                 )
             layers[name], servers[name] = layer, server
             hold = _request_hold_of(layer)
-            batch = layer.requests_per_s / layer.executions_per_s if layer.executions_per_s else 1
             responses[name] = _Response(
                 layer.response_s,
                 layer.wait_var + server.hold_scv * hold * hold,
                 hold,
-                station.instances * batch,
+                station.instances,
+                server.most_batch,
             )
         moved = 0.0  # the largest residual: how far a parent's wait is from its calls'
         residuals = {}
@@ -840,23 +842,31 @@ def _wait_for_calls(station: Station, responses: Mapping[str, _Response]) -> tup
     made: list[tuple[float, float, float]] = []
     for call in station.calls:
         r = responses[call.child]
-        made += _siblings(call.per_execution, r.mean, r.var, r.hold, r.slots)
+        made += _siblings(call.per_execution, r.mean, r.var, r.hold, r.instances, r.most_batch)
     return expected_max(made)
 
 
 def _siblings(
-    per_execution: float, mean: float, var: float, hold: float, slots: float
+    per_execution: float,
+    mean: float,
+    var: float,
+    hold: float,
+    instances: float,
+    most_batch: float,
 ) -> list[tuple[float, float, float]]:
     """The calls of one execution to one child as (probability, mean, variance) for
-    `expected_max`. They arrive together, so they are not independent: they take
-    ceil(calls / slots) of the child's executions (slots: its instances times its batch),
-    the last ending (that - 1) / 2 holds after their mean. A share of a call left over is a
-    call of its own, made for that share of the executions."""
+    `expected_max`. They arrive together, so they are not independent: as the batch forms
+    (the module's docstring), at most `instances` of them run alone at once and the rest wait
+    for an instance and go in batches of at most `most_batch`: 1 + ceil((calls - instances) /
+    (instances x most_batch)) of the child's executions one after another, the last ending
+    (that - 1) / 2 holds after their mean. A share of a call left over is a call of its own,
+    made for that share of the executions."""
     whole = math.floor(per_execution + 1e-9)
     share = per_execution - whole
     made = []
     if whole >= 1:
-        rounds = math.ceil(whole / max(1.0, slots) - 1e-9)
+        alone = max(1.0, instances)
+        rounds = 1 + math.ceil(max(0.0, whole - alone) / (alone * max(1.0, most_batch)) - 1e-9)
         made.append((1.0, mean + (rounds - 1) * hold / 2, var))
     if share > 1e-9:
         made.append((share, mean, var))
@@ -971,7 +981,7 @@ def from_history(
         for w in served:
             reading = w.readings[name]
             rows = reading.mean_batch * (reading.rows_per_request or 1.0)
-            waited = _measured_wait(w, name, children, name in sequential, execution_scv)
+            waited = _measured_wait(w, name, children, name in sequential, execution_scv, configs)
             points.append((rows, max(0.0, reading.execution_s - waited)))
         made = tuple(_call(history, name, child, calls) for child in children)
         rows_per_request = _mean([w.readings[name].rows_per_request or 1.0 for w in served])
@@ -1009,12 +1019,18 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def _measured_wait(
-    window: Window, name: str, children: Sequence[str], sequential: bool, execution_scv: float
+    window: Window,
+    name: str,
+    children: Sequence[str],
+    sequential: bool,
+    execution_scv: float,
+    configs: Mapping[str, Mapping[str, Any]],
 ) -> float:
     """What an execution of `name` waited for its calls in the window, from each child's time
     in model (queue and execution per request): their sum for a sync parent; for an async one
     the expected max, each call's response with its queue's spread (as an exponential's) and
-    its execution's (`execution_scv`), as the model takes a response."""
+    its execution's (`execution_scv`), as the model takes a response (the calls to one child
+    as `_siblings` has them, its batches as its config in `configs` forms them)."""
     parent = window.readings[name]
     made: list[tuple[float, float, float]] = []
     waited = 0.0
@@ -1025,9 +1041,18 @@ def _measured_wait(
         per_execution = reading.arrival_rate / parent.execution_rate
         queue = reading.queue_seconds_per_second / reading.request_rate
         waited += per_execution * reading.time_in_model_s
-        slots = window.counts.get(child, 1) * max(1, reading.pods) * reading.mean_batch
+        most_batch = BatchPolicy.of_config(configs.get(child, {})).most_requests(
+            reading.rows_per_request or 1.0
+        )
         var = queue * queue + execution_scv * reading.execution_s**2
-        made += _siblings(per_execution, reading.time_in_model_s, var, reading.execution_s, slots)
+        made += _siblings(
+            per_execution,
+            reading.time_in_model_s,
+            var,
+            reading.execution_s,
+            window.counts.get(child, 1),
+            most_batch,
+        )
     return waited if sequential else expected_max(made)[0]
 
 
