@@ -40,6 +40,8 @@ from tritonscale.core.pipeline_model import (
     Window,
     measure,
 )
+from tritonscale.core.planner import SetState, decide_set
+from tritonscale.core.policy import WARMING_UP
 from tritonscale.core.signals import MetricSnapshot, ModelSignals
 from tritonscale.core.spec import AutoscalerSpec, LatencyObjective
 from tritonscale.core.verifier import SETTLE_S
@@ -266,6 +268,29 @@ def test_a_step_the_latency_search_chose_is_judged_by_the_search_not_the_verifie
     assert steps_judged(with_objective(pipeline_specs(10), 100.0), Load(300.0), 3) == set()
     # Sized for throughput, the same steps are the verifier's to judge.
     assert steps_judged(pipeline_specs(10), Load(400.0), 3)
+
+
+def test_an_objective_is_sized_on_part_of_a_window_up_and_never_down() -> None:
+    # 20 s of a window (a set's start): 200 req/s keeps branch_embed (20 ms a request) busy
+    # beyond one instance, so the objective steps it up at once; the parent's four instances
+    # are more than it needs, but no count goes down on part of a window. Without an
+    # objective the same snapshot holds every count until the window is whole.
+    at = counts(4, 1)
+    partial = MetricSnapshot(START, 20.0, Load(200.0).signals(at), complete=False)
+    at_once = {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}}
+    specs = with_objective(pipeline_specs(10, pipeline_async=at_once), 100.0)
+    decided = decide_set(specs, at, partial, SetState(), START, batching=BATCHING)
+    assert decided.targets["branch_embed"] > 1
+    assert decided.targets[PARENT] == 4
+    assert decided.models[PARENT].reason == WARMING_UP
+    assert "no scale-down" in decided.models[PARENT].message
+    whole = decide_set(
+        specs, at, replace(partial, complete=True), SetState(), START, batching=BATCHING
+    )
+    assert whole.targets[PARENT] < 4  # the same window, whole, takes it down
+    held = decide_set(pipeline_specs(10), at, partial, SetState(), START, batching=BATCHING)
+    assert held.targets == at
+    assert {d.reason for d in held.models.values()} == {WARMING_UP}
 
 
 def test_an_objective_no_split_meets_serves_the_most_and_says_budget_exhausted() -> None:

@@ -6,7 +6,9 @@ last tick (`SetState.from_dict` of what it stored) and `now`. It returns each mo
 count with a reason and a message, the prediction, and the state to keep. Stages, in order:
 
 1. a model that is paused, or whose live count is outside [min, max], is held (or goes to the
-   bound at once); with no usable snapshot (none, stale, incomplete) every model holds;
+   bound at once); with no usable snapshot (none, stale, incomplete) every model holds, but
+   a set with a latency objective decides on an incomplete one, no count going down
+   (`_up_only`);
 2. the pipeline model (tritonscale.core.pipeline_model) from the snapshot and the history; a
    model it cannot measure (a decoupled model whose timings miss its work) is sized on its own
    signals (tritonscale.core.sizing), as the streams it holds open ask;
@@ -314,6 +316,8 @@ def decide_set(
                 capped = {m: min(current[m], ceilings.get(m, current[m])) for m in full}
                 allocation = _refused(allocated({**ceilings, **capped}), refused)
             steps = _behaving(specs, current, held, allocation, policies, now, settling)
+            if not snapshot.complete:
+                steps = _up_only(steps, current, snapshot)
             desired = {model: model_steps[-1].count for model, model_steps in steps.items()}
             if allocation.objective == LATENCY_OBJECTIVE and search is not None:
                 # A step the latency search chose is judged by the search itself: each tick
@@ -423,9 +427,31 @@ def _unusable(
     age = now - snapshot.taken_at
     if age > oldest:
         return METRICS_STALE, f"the metrics are {age:.0f} s old (more than {oldest:.0f} s)"
-    if not snapshot.complete:
+    if not snapshot.complete and all(s.targets.latency is None for s in specs.values()):
         return WARMING_UP, f"the metrics cover {snapshot.window_s:.0f} s of a window (warming up)"
     return None
+
+
+def _up_only(
+    steps: dict[str, list[_Step]], current: Mapping[str, int], snapshot: MetricSnapshot
+) -> dict[str, list[_Step]]:
+    """A set with a latency objective decides on a snapshot that covers less than a window
+    (a young series: a set's start, a restarted source): its objective is missed for as long
+    as its counts wait for a whole window, and the latency search's headroom for the rate's
+    chance spread widens as the window shortens (`latency.sizing_rate`: a Poisson stream's
+    spread over the window's length). A set without one holds until the window is whole: the
+    allocator's split judged on part of a window turned under a steady load (the steady-load
+    property of the simulator's tests). Either way no count goes down on part of a window:
+    a load that reads low may have risen since it began (the sources' contract)."""
+    why = (
+        f"the metrics cover {snapshot.window_s:.0f} s of a window (warming up): no scale-down on it"
+    )
+    return {
+        model: model_steps
+        if model_steps[-1].count >= current[model]
+        else [*model_steps, _Step(current[model], WARMING_UP, why)]
+        for model, model_steps in steps.items()
+    }
 
 
 def _sized_alone(
