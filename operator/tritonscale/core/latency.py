@@ -5,11 +5,11 @@ sized on the layered queueing model of its pipeline (tritonscale.core.lqn): the 
 measured from the windows the planner keeps (`lqn.from_history`; a parent's calls taken as
 made one after another where its execution reads so, `Stage.calls_in_turn`, else together),
 and a split's latency at quantile q is the model's prediction under Poisson arrivals
-(`lqn.open_loop`) at the rate the split must hold (`sizing_rate`). The search (`LatencySearch.choose`) returns the fewest
-instances within the bounds and the budget whose prediction meets B at every root with an
-objective, the larger predicted margin `(B - predicted) / B` breaking ties; where none does,
-the caller serves the most it can (the allocator's throughput split) and reports what the
-objective would take.
+(`lqn.open_loop`) at the rate the split must hold (`sizing_rate`). The search
+(`LatencySearch.choose`) returns the fewest instances within the bounds and the budget whose
+prediction meets B at every root with an objective, the larger predicted margin
+`(B - predicted) / B` breaking ties; where none does, the caller serves the most it can (the
+allocator's throughput split) and reports what the objective would take.
 
 The rate a split must hold (`sizing_rate`). The split chosen now serves until the next
 decision's change is live: one interval until the next tick, and the time its loads take
