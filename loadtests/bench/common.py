@@ -193,6 +193,22 @@ def start_tune(triton: LocalTriton, config: Path, log: Path, output: Path) -> su
     )
 
 
+def wait_for_first_tick(
+    tune: subprocess.Popen, log: Path, output: Path, timeout_s: float = 120.0
+) -> None:
+    """Until `tritonscale tune` has logged its first tick (it logs every one): a run timed
+    from its start would otherwise give its first seconds to the interpreter starting, more
+    of them on a busy machine. Exits with the tune's last line where it stops or hangs."""
+    deadline = time.monotonic() + timeout_s
+    while not (log.exists() and log.read_text().strip()):
+        tail = output.read_text().strip().splitlines()[-1:] if output.exists() else []
+        if tune.poll() is not None:
+            raise SystemExit(f"bench: tritonscale tune exited ({tune.returncode}): {tail}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: tritonscale tune logged no tick in {timeout_s:.0f} s: {tail}")
+        time.sleep(0.1)
+
+
 def stop_tune(tune: subprocess.Popen) -> None:
     """Stop `tritonscale tune` as a user does (SIGTERM); kill it if it has not gone in 30 s."""
     tune.send_signal(signal.SIGTERM)

@@ -466,6 +466,7 @@ def run_arm(
             config.write_text(yaml.safe_dump(policy_file, sort_keys=False))
             log, output = Path(folder) / "decisions.jsonl", Path(folder) / "tune.out"
             tune = common.start_tune(triton, config, log, output)
+            common.wait_for_first_tick(tune, log, output)
 
             def driver_up() -> None:
                 if tune.poll() is not None:
