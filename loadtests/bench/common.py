@@ -200,13 +200,23 @@ def wait_for_first_tick(
     from its start would otherwise give its first seconds to the interpreter starting, more
     of them on a busy machine. Exits with the tune's last line where it stops or hangs."""
     deadline = time.monotonic() + timeout_s
-    while not (log.exists() and log.read_text().strip()):
-        tail = output.read_text().strip().splitlines()[-1:] if output.exists() else []
-        if tune.poll() is not None:
-            raise SystemExit(f"bench: tritonscale tune exited ({tune.returncode}): {tail}")
+    while not read_decisions(log)[0].strip():
+        exit_if_stopped(tune, output)
         if time.monotonic() > deadline:
-            raise SystemExit(f"bench: tritonscale tune logged no tick in {timeout_s:.0f} s: {tail}")
+            raise SystemExit(
+                f"bench: tritonscale tune logged no tick in {timeout_s:.0f} s: {_tail(output)}"
+            )
         time.sleep(0.1)
+
+
+def exit_if_stopped(tune: subprocess.Popen, output: Path) -> None:
+    """Exit the benchmark, with the tune's last line, where `tritonscale tune` has stopped."""
+    if tune.poll() is not None:
+        raise SystemExit(f"bench: tritonscale tune exited ({tune.returncode}): {_tail(output)}")
+
+
+def _tail(output: Path) -> list[str]:
+    return output.read_text().strip().splitlines()[-1:] if output.exists() else []
 
 
 def stop_tune(tune: subprocess.Popen) -> None:

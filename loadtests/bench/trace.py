@@ -469,9 +469,7 @@ def run_arm(
             common.wait_for_first_tick(tune, log, output)
 
             def driver_up() -> None:
-                if tune.poll() is not None:
-                    tail = output.read_text().strip().splitlines()[-1:]
-                    raise SystemExit(f"bench: tritonscale tune exited ({tune.returncode}): {tail}")
+                common.exit_if_stopped(tune, output)
 
             try:
                 start, end = replay(load, trace, arm, poller, driver_up)
